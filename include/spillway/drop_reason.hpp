@@ -1,0 +1,66 @@
+// Why a packet was dropped. Every drop in Spillway has exactly one reason and
+// one counter; the names are the label values of the drops metric, so they
+// are stable identifiers (lower_snake_case), never reworded.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string_view>
+
+namespace spillway {
+
+enum class DropReason : std::uint8_t {
+  None = 0,
+  // Parser: the frame is malformed or carries something a VIP cannot take.
+  Truncated,             // the frame ends inside a header
+  VlanStacked,           // more than one 802.1Q / 802.1ad tag
+  BadIpVersion,          // IP version nibble disagrees with the EtherType
+  BadIpHeaderLength,     // IPv4 IHL below 5
+  BadTotalLength,        // IP length field shorter than the header or past the frame
+  Ipv4Fragment,          // MF set or non-zero offset: no ports to steer by
+  Ipv6Fragment,          // fragment header with M set or non-zero offset
+  TtlExhausted,          // TTL or hop limit of 0 or 1: forwarding would expire it
+  ExtensionHeaderLimit,  // more IPv6 extension headers than the parser walks
+  UnsupportedProtocol,   // L4 other than TCP, UDP, ICMP, ICMPv6 (ESP, no-next-header, ...)
+  BadTcpHeaderLength,    // TCP data offset below 5 or past the IP payload
+  BadUdpLength,          // UDP length below 8 or past the IP payload
+  // ICMP error steering: the quoted inner packet is unusable.
+  IcmpInnerTruncated,    // the quoted header is cut before the ports
+  IcmpInnerMalformed,    // the quoted header is not an IP header of the outer family
+  IcmpUnsupported,       // an ICMP type a VIP does not take
+  // Encapsulation.
+  MtuExceeded,           // too big after encapsulation; an ICMP error was sent back
+  MtuExceededNoDf,       // too big after encapsulation, DF clear: dropped, not fragmented
+  NoHeadroom,            // the buffer cannot take the outer headers
+  kCount,
+};
+
+inline constexpr std::array<std::string_view, static_cast<std::size_t>(DropReason::kCount)>
+    kDropReasonNames = {
+        "none",
+        "truncated",
+        "vlan_stacked",
+        "bad_ip_version",
+        "bad_ip_header_length",
+        "bad_total_length",
+        "ipv4_fragment",
+        "ipv6_fragment",
+        "ttl_exhausted",
+        "extension_header_limit",
+        "unsupported_protocol",
+        "bad_tcp_header_length",
+        "bad_udp_length",
+        "icmp_inner_truncated",
+        "icmp_inner_malformed",
+        "icmp_unsupported",
+        "mtu_exceeded",
+        "mtu_exceeded_no_df",
+        "no_headroom",
+};
+
+[[nodiscard]] constexpr std::string_view dropReasonName(DropReason r) noexcept {
+  const auto i = static_cast<std::size_t>(r);
+  return i < kDropReasonNames.size() ? kDropReasonNames[i] : std::string_view("unknown");
+}
+
+}  // namespace spillway
