@@ -1,5 +1,5 @@
 // Packet views: a bounds-checked parse of one Ethernet frame held in a byte
-// span, never an rte_mbuf.
+// span, never a DPDK buffer.
 //
 // parsePacket() walks Ethernet (at most one 802.1Q tag), IPv4 (with options)
 // or IPv6 (extension headers up to kMaxIpv6ExtensionHeaders), then TCP, UDP,

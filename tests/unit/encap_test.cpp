@@ -1,0 +1,660 @@
+// Encapsulation writers: golden frames (tests/data/golden), structure and
+// checksums of every variant, ECMP entropy, MTU edges, headroom.
+#include "spillway/encap.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <optional>
+#include <ostream>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "golden_file.hpp"
+#include "packet_builder.hpp"
+#include "spillway/checksum.hpp"
+#include "spillway/packet.hpp"
+#include "spillway/wire.hpp"
+
+namespace spillway {
+namespace {
+
+using test::ipBytes;
+using test::JsonObject;
+using test::PacketBuilder;
+
+constexpr std::size_t kHeadroom = 128;
+constexpr std::size_t kTailroom = 64;
+constexpr std::byte kHeadroomFill{0xee};
+constexpr std::uint64_t kGoldenHash = 0x9e3779b97f4a7c15ULL;
+constexpr MacAddress kOurMac{0x02, 0x00, 0x00, 0x00, 0x01, 0x01};
+constexpr MacAddress kNextHopMac{0x02, 0x00, 0x00, 0x00, 0x02, 0x02};
+constexpr MacAddress kRouterMac{0x02, 0x00, 0x00, 0x00, 0x00, 0x01};
+constexpr std::uint8_t kInnerTos = 0xb9;  // DSCP EF (46), ECN ECT(1)
+constexpr std::uint32_t kInnerFlowLabel = 0x12345;
+
+constexpr const char* kClient4 = "198.51.100.7";
+constexpr const char* kVip4 = "192.0.2.10";
+constexpr const char* kClient6 = "2001:db8:c::7";
+constexpr const char* kVip6 = "2001:db8:f::10";
+constexpr const char* kSource4 = "10.1.0.1";
+constexpr const char* kBackend4 = "10.2.0.20";
+constexpr const char* kSource6 = "fd00:1::1";
+constexpr const char* kBackend6 = "fd00:2::20";
+
+constexpr std::array kKinds = {EncapKind::IpInIp4, EncapKind::IpInIp6, EncapKind::Gue4,
+                               EncapKind::Gue6};
+constexpr std::array kInnerVersions = {IpVersion::V4, IpVersion::V6};
+
+const char* kindName(EncapKind kind) {
+  switch (kind) {
+    case EncapKind::IpInIp4:
+      return "ipip4";
+    case EncapKind::IpInIp6:
+      return "ipip6";
+    case EncapKind::Gue4:
+      return "gue4";
+    case EncapKind::Gue6:
+      return "gue6";
+  }
+  return "?";
+}
+
+// A received frame inside a buffer with headroom and tailroom.
+struct Buffer {
+  std::vector<std::byte> bytes;
+  std::size_t dataOffset = 0;
+  std::size_t frameLength = 0;
+
+  [[nodiscard]] std::span<std::byte> frame() { return {bytes.data() + dataOffset, frameLength}; }
+};
+
+Buffer withHeadroom(const std::vector<std::byte>& frame, std::size_t headroom = kHeadroom) {
+  Buffer b;
+  b.bytes.assign(headroom, kHeadroomFill);
+  b.bytes.insert(b.bytes.end(), frame.begin(), frame.end());
+  b.bytes.insert(b.bytes.end(), kTailroom, kHeadroomFill);
+  b.dataOffset = headroom;
+  b.frameLength = frame.size();
+  return b;
+}
+
+EncapTarget targetFor(EncapKind kind, std::optional<std::uint16_t> vlan = std::nullopt) {
+  EncapTarget t;
+  t.kind = kind;
+  const bool v4 = outerIpVersion(kind) == IpVersion::V4;
+  t.source = ipBytes(v4 ? kSource4 : kSource6);
+  t.backend = ipBytes(v4 ? kBackend4 : kBackend6);
+  t.nextHopMac = kNextHopMac;
+  t.ourMac = kOurMac;
+  t.vlanTci = vlan;
+  return t;
+}
+
+// The client packet to a VIP, as the router hands it to us.
+PacketBuilder clientPacket(IpVersion inner, bool udp, std::size_t payload,
+                           std::optional<std::uint16_t> vlan = std::nullopt, bool df = true,
+                           std::uint8_t ttl = 64) {
+  PacketBuilder b;
+  b.eth(kOurMac, kRouterMac);
+  if (vlan) b.vlan(*vlan);
+  if (inner == IpVersion::V4) {
+    b.ipv4(kClient4, kVip4, ttl, kInnerTos, df);
+  } else {
+    b.ipv6(kClient6, kVip6, ttl, kInnerTos, kInnerFlowLabel);
+  }
+  if (udp) {
+    b.udp(40001, 53);
+  } else {
+    b.tcp(40000, 443, kTcpAck | kTcpPsh, 0x01020304);
+  }
+  b.payload(payload, 0x5a);
+  return b;
+}
+
+struct EncapCase {
+  std::string name;
+  EncapKind kind;
+  IpVersion inner;
+  std::optional<std::uint16_t> ingressVlan;
+  std::optional<std::uint16_t> egressVlan;
+  bool udp = false;
+  std::size_t padding = 0;  // Ethernet padding after the IP packet
+};
+
+void PrintTo(const EncapCase& c, std::ostream* os) {
+  *os << c.name;
+}
+
+std::vector<EncapCase> goldenCases() {
+  std::vector<EncapCase> cases;
+  const auto add = [&](const char* stem, EncapKind kind, IpVersion inner, bool udp) {
+    cases.push_back({stem, kind, inner, std::nullopt, std::nullopt, udp, 0});
+    cases.push_back({std::string(stem) + "_vlan", kind, inner, 100, 200, udp, 0});
+  };
+  add("ip4in4", EncapKind::IpInIp4, IpVersion::V4, false);
+  add("ip6in4", EncapKind::IpInIp4, IpVersion::V6, false);
+  add("ip4in6", EncapKind::IpInIp6, IpVersion::V4, false);
+  add("ip6in6", EncapKind::IpInIp6, IpVersion::V6, false);
+  add("gue4_ip4", EncapKind::Gue4, IpVersion::V4, false);
+  add("gue4_ip6", EncapKind::Gue4, IpVersion::V6, true);
+  add("gue6_ip4", EncapKind::Gue6, IpVersion::V4, true);
+  add("gue6_ip6", EncapKind::Gue6, IpVersion::V6, false);
+  cases.push_back({"ip4in4_vlan_in", EncapKind::IpInIp4, IpVersion::V4, 100, std::nullopt, false});
+  cases.push_back({"gue6_ip6_vlan_out", EncapKind::Gue6, IpVersion::V6, std::nullopt, 300, true});
+  cases.push_back(
+      {"ip4in4_padded", EncapKind::IpInIp4, IpVersion::V4, std::nullopt, std::nullopt, true, 18});
+  return cases;
+}
+
+std::vector<std::byte> inputFrame(const EncapCase& c) {
+  auto frame = clientPacket(c.inner, c.udp, c.padding > 0 ? 0 : 32, c.ingressVlan).build();
+  frame.insert(frame.end(), c.padding, std::byte{0});
+  return frame;
+}
+
+std::string hex64(std::uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "0x%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+// The decoded fields the output must have, from the case alone; the scapy
+// test checks the golden frames against them independently.
+std::string expectedJson(const EncapCase& c, const EncapTarget& t, std::uint64_t hash) {
+  const IpVersion outer = outerIpVersion(c.kind);
+  const bool gue = usesGue(c.kind);
+  const bool innerV4 = c.inner == IpVersion::V4;
+  const long long innerProto = innerV4 ? 4 : 41;
+  const auto innerLength =
+      static_cast<long long>((innerV4 ? 20 : 40) + (c.udp ? 8 : 20) + (c.padding > 0 ? 0 : 32));
+
+  JsonObject eth;
+  eth.add("src", test::macText(kOurMac)).add("dst", test::macText(kNextHopMac));
+  if (c.egressVlan) {
+    eth.add("vlan", static_cast<long long>(*c.egressVlan));
+  } else {
+    eth.addNull("vlan");
+  }
+  JsonObject ip;
+  ip.add("version", static_cast<long long>(outer == IpVersion::V4 ? 4 : 6))
+      .add("src", test::ipText(t.source, outer))
+      .add("dst", test::ipText(t.backend, outer))
+      .add("proto", gue ? 17LL : innerProto)
+      .add("ttl", static_cast<long long>(t.outerTtl))
+      .add("tos", static_cast<long long>(kInnerTos))
+      .add("length", static_cast<long long>(encapOverhead(c.kind)) + innerLength);
+  if (outer == IpVersion::V4) {
+    ip.add("df", true);
+  } else {
+    ip.add("flow_label", static_cast<long long>(outerFlowLabel(hash)));
+  }
+  JsonObject in;
+  in.add("version", innerV4 ? 4LL : 6LL)
+      .add("src", innerV4 ? kClient4 : kClient6)
+      .add("dst", innerV4 ? kVip4 : kVip6)
+      .add("proto", c.udp ? 17LL : 6LL)
+      .add("sport", c.udp ? 40001LL : 40000LL)
+      .add("dport", c.udp ? 53LL : 443LL)
+      .add("ttl", 63LL)
+      .add("tos", static_cast<long long>(kInnerTos))
+      .add("length", innerLength);
+
+  JsonObject j;
+  j.add("case", c.name).add("type", "encap").add("encap", kindName(c.kind));
+  j.add("flow_hash", hex64(hash)).add("eth", eth).add("outer", ip);
+  if (gue) {
+    JsonObject udp;
+    udp.add("sport", static_cast<long long>(gueSourcePort(hash)))
+        .add("dport", static_cast<long long>(t.gueDstPort));
+    JsonObject g;
+    g.add("version", 0LL).add("proto", innerProto);
+    j.add("udp", udp).add("gue", g);
+  } else {
+    j.addNull("udp").addNull("gue");
+  }
+  j.add("inner", in);
+  return j.render();
+}
+
+std::array<std::uint8_t, 4> addr4(const IpBytes& b) {
+  std::array<std::uint8_t, 4> a{};
+  for (std::size_t i = 0; i < 4; ++i) a[i] = std::to_integer<std::uint8_t>(b[i]);
+  return a;
+}
+std::array<std::uint8_t, 16> addr16(const IpBytes& b) {
+  std::array<std::uint8_t, 16> a{};
+  for (std::size_t i = 0; i < 16; ++i) a[i] = std::to_integer<std::uint8_t>(b[i]);
+  return a;
+}
+
+// Decodes the encapsulated frame field by field and checks it against the
+// input: L2, outer IP, UDP + GUE, checksums by recomputation, the inner packet
+// unchanged but for TTL / hop limit (and the IPv4 header checksum).
+void checkEncapsulated(std::span<const std::byte> out, std::span<const std::byte> input,
+                       const PacketView& view, const EncapTarget& t,
+                       std::optional<std::uint16_t> egressVlan, std::uint64_t hash) {
+  const IpVersion innerVersion = view.key.version;
+  const bool innerV4 = innerVersion == IpVersion::V4;
+  const bool outerV4 = outerIpVersion(t.kind) == IpVersion::V4;
+  const bool gue = usesGue(t.kind);
+  const std::uint8_t innerProto = innerV4 ? 4 : 41;
+  const std::size_t innerLength = view.l3Length;
+  const std::size_t outerPayload = (gue ? 12 : 0) + innerLength;
+
+  ASSERT_GE(out.size(), encapHeaderBytes(t.kind, egressVlan.has_value()));
+  const auto eth = loadAt<EthernetHeader>(out, 0);
+  EXPECT_EQ(eth.dst, t.nextHopMac);
+  EXPECT_EQ(eth.src, t.ourMac);
+  std::size_t at = sizeof eth;
+  std::uint16_t etherType = eth.etherType.host();
+  if (egressVlan) {
+    EXPECT_EQ(etherType, kEtherTypeVlan);
+    const auto tag = loadAt<VlanTag>(out, at);
+    EXPECT_EQ(tag.tci.host(), *egressVlan);
+    etherType = tag.etherType.host();
+    at += sizeof tag;
+  }
+  EXPECT_EQ(etherType, outerV4 ? kEtherTypeIpv4 : kEtherTypeIpv6);
+
+  std::uint32_t pseudo = 0;
+  if (outerV4) {
+    const auto ip = loadAt<Ipv4Header>(out, at);
+    EXPECT_EQ(ip.versionIhl, 0x45);
+    EXPECT_EQ(internetChecksum(out.subspan(at, sizeof ip)), 0) << "outer IPv4 header checksum";
+    EXPECT_EQ(ip.tos, kInnerTos) << "DSCP and ECN copied outward";
+    EXPECT_EQ(ip.totalLength.host(), sizeof ip + outerPayload);
+    EXPECT_EQ(ip.flagsFragment.host(), kIpv4FlagDf);
+    EXPECT_EQ(ip.ttl, t.outerTtl);
+    EXPECT_EQ(ip.protocol, gue ? 17 : innerProto);
+    EXPECT_EQ(ip.src, addr4(t.source));
+    EXPECT_EQ(ip.dst, addr4(t.backend));
+    pseudo = pseudoHeaderSumV4(ip.src, ip.dst, 17, static_cast<std::uint32_t>(outerPayload));
+    at += sizeof ip;
+  } else {
+    const auto ip = loadAt<Ipv6Header>(out, at);
+    const std::uint32_t vcl = ip.versionClassLabel.host();
+    EXPECT_EQ(vcl >> 28, 6u);
+    EXPECT_EQ((vcl >> 20) & 0xff, kInnerTos) << "DSCP and ECN copied outward";
+    EXPECT_EQ(vcl & 0xfffff, outerFlowLabel(hash));
+    EXPECT_NE(vcl & 0xfffff, 0u);
+    EXPECT_EQ(ip.payloadLength.host(), outerPayload);
+    EXPECT_EQ(ip.nextHeader, gue ? 17 : innerProto);
+    EXPECT_EQ(ip.hopLimit, t.outerTtl);
+    EXPECT_EQ(ip.src, addr16(t.source));
+    EXPECT_EQ(ip.dst, addr16(t.backend));
+    pseudo = pseudoHeaderSumV6(ip.src, ip.dst, 17, static_cast<std::uint32_t>(outerPayload));
+    at += sizeof ip;
+  }
+
+  if (gue) {
+    const auto udp = loadAt<UdpHeader>(out, at);
+    EXPECT_EQ(udp.srcPort.host(), gueSourcePort(hash));
+    EXPECT_GE(udp.srcPort.host(), 0xc000);
+    EXPECT_EQ(udp.dstPort.host(), t.gueDstPort);
+    EXPECT_EQ(udp.length.host(), outerPayload);
+    EXPECT_NE(udp.checksum.host(), 0) << "UDP checksum present";
+    ASSERT_LE(at + outerPayload, out.size());
+    EXPECT_EQ(checksumFinish(checksumPartial(out.subspan(at, outerPayload), pseudo)), 0)
+        << "UDP checksum verifies";
+    const auto g = loadAt<GueHeader>(out, at + sizeof udp);
+    EXPECT_EQ(g.versionControlHlen, 0) << "GUE version 0, C 0, Hlen 0";
+    EXPECT_EQ(g.protocol, innerProto);
+    EXPECT_EQ(g.flags.host(), 0);
+    at += sizeof udp + sizeof g;
+  }
+
+  ASSERT_EQ(at + innerLength, out.size()) << "inner packet, no padding, nothing after";
+  const auto inner = out.subspan(at);
+  const auto original = input.subspan(view.l3Offset, innerLength);
+  const std::size_t ttlAt = innerV4 ? offsetof(Ipv4Header, ttl) : offsetof(Ipv6Header, hopLimit);
+  for (std::size_t i = 0; i < innerLength; ++i) {
+    if (i == ttlAt) continue;
+    if (innerV4 && (i == 10 || i == 11)) continue;  // header checksum
+    ASSERT_EQ(inner[i], original[i]) << "inner byte " << i;
+  }
+  EXPECT_EQ(std::to_integer<int>(inner[ttlAt]), std::to_integer<int>(original[ttlAt]) - 1);
+  if (innerV4) {
+    const std::size_t ihl = (std::to_integer<std::size_t>(inner[0]) & 0xf) * 4;
+    EXPECT_EQ(internetChecksum(inner.subspan(0, ihl)), 0) << "inner IPv4 header checksum";
+  }
+
+  // The inner packet, re-framed, parses to the client's flow.
+  std::vector<std::byte> innerFrame(sizeof(EthernetHeader));
+  EthernetHeader e{};
+  e.etherType = Be16::fromHost(innerV4 ? kEtherTypeIpv4 : kEtherTypeIpv6);
+  storeAt(std::span(innerFrame), 0, e);
+  innerFrame.insert(innerFrame.end(), inner.begin(), inner.end());
+  const auto innerView = parsePacket(innerFrame);
+  ASSERT_TRUE(innerView.ok()) << dropReasonName(innerView.drop);
+  EXPECT_EQ(innerView.key, view.key);
+  EXPECT_EQ(innerView.ttl, view.ttl - 1);
+
+  // The outer frame parses as IP from us to the backend (GUE: a UDP flow).
+  const auto outerView = parsePacket(out);
+  ASSERT_TRUE(outerView.l3Valid) << dropReasonName(outerView.drop);
+  EXPECT_EQ(outerView.key.src, t.source);
+  EXPECT_EQ(outerView.key.dst, t.backend);
+  if (gue) {
+    ASSERT_TRUE(outerView.ok()) << dropReasonName(outerView.drop);
+    EXPECT_EQ(outerView.key.srcPort.host(), gueSourcePort(hash));
+    EXPECT_EQ(outerView.key.dstPort.host(), t.gueDstPort);
+  }
+}
+
+class EncapGolden : public ::testing::TestWithParam<EncapCase> {};
+
+TEST_P(EncapGolden, MatchesGoldenAndDecodes) {
+  const EncapCase& c = GetParam();
+  const auto input = inputFrame(c);
+  EXPECT_TRUE(test::matchesGoldenHex(c.name + ".in.hex", input));
+
+  auto buffer = withHeadroom(input);
+  const auto view = parsePacket(buffer.frame());
+  ASSERT_TRUE(view.ok()) << dropReasonName(view.drop);
+  ASSERT_EQ(view.key.version, c.inner);
+  const auto target = targetFor(c.kind, c.egressVlan);
+  const auto r = encapsulateAny(buffer.bytes, buffer.dataOffset, buffer.frameLength, view, target,
+                                kGoldenHash);
+  ASSERT_TRUE(r.ok()) << dropReasonName(r.drop);
+  const std::span<const std::byte> out(buffer.bytes.data() + r.dataOffset, r.frameLength);
+  EXPECT_EQ(r.dataOffset + encapHeaderBytes(c.kind, c.egressVlan.has_value()),
+            kHeadroom + view.l3Offset)
+      << "the inner packet stays where it was received";
+  EXPECT_TRUE(test::matchesGoldenHex(c.name + ".out.hex", out));
+  EXPECT_TRUE(test::matchesGoldenText(c.name + ".json", expectedJson(c, target, kGoldenHash)));
+  checkEncapsulated(out, input, view, target, c.egressVlan, kGoldenHash);
+
+  // Nothing outside the new frame was written.
+  for (std::size_t i = 0; i < r.dataOffset; ++i) ASSERT_EQ(buffer.bytes[i], kHeadroomFill) << i;
+  for (std::size_t i = kHeadroom + input.size(); i < buffer.bytes.size(); ++i) {
+    ASSERT_EQ(buffer.bytes[i], kHeadroomFill) << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllVariants, EncapGolden, ::testing::ValuesIn(goldenCases()),
+                         [](const auto& param) { return param.param.name; });
+
+// Every variant (kind x inner family x VLAN in/out) through the generic
+// structural checks, with a non-default target.
+TEST(Encap, AllVariantsWellFormed) {
+  for (const auto kind : kKinds) {
+    for (const auto inner : kInnerVersions) {
+      for (const bool vlanIn : {false, true}) {
+        for (const bool vlanOut : {false, true}) {
+          SCOPED_TRACE(std::string(kindName(kind)) + (inner == IpVersion::V4 ? " v4" : " v6") +
+                       (vlanIn ? " vlan-in" : "") + (vlanOut ? " vlan-out" : ""));
+          const auto input = clientPacket(inner, kind == EncapKind::Gue4, 100,
+                                          vlanIn ? std::optional<std::uint16_t>(7) : std::nullopt)
+                                 .build();
+          auto buffer = withHeadroom(input);
+          const auto view = parsePacket(buffer.frame());
+          ASSERT_TRUE(view.ok());
+          auto target =
+              targetFor(kind, vlanOut ? std::optional<std::uint16_t>(0x2fff) : std::nullopt);
+          target.outerTtl = 17;
+          target.gueDstPort = 7777;
+          const std::uint64_t hash = 0x0123456789abcdefULL;
+          const auto r = encapsulateAny(buffer.bytes, buffer.dataOffset, buffer.frameLength, view,
+                                        target, hash);
+          ASSERT_TRUE(r.ok()) << dropReasonName(r.drop);
+          checkEncapsulated({buffer.bytes.data() + r.dataOffset, r.frameLength}, input, view,
+                            target, target.vlanTci, hash);
+        }
+      }
+    }
+  }
+}
+
+TEST(Encap, TemplateAndDispatcherAgree) {
+  const auto input = clientPacket(IpVersion::V4, true, 40).build();
+  auto a = withHeadroom(input);
+  auto b = withHeadroom(input);
+  const auto view = parsePacket(a.frame());
+  ASSERT_TRUE(view.ok());
+  const auto target = targetFor(EncapKind::Gue6);
+  const auto ra = encapsulate<EncapKind::Gue6, IpVersion::V4>(a.bytes, a.dataOffset, a.frameLength,
+                                                              view, target, 42);
+  const auto rb = encapsulateAny(b.bytes, b.dataOffset, b.frameLength, view, target, 42);
+  ASSERT_TRUE(ra.ok());
+  EXPECT_EQ(ra.dataOffset, rb.dataOffset);
+  EXPECT_EQ(ra.frameLength, rb.frameLength);
+  EXPECT_EQ(a.bytes, b.bytes);
+}
+
+TEST(Encap, InnerChecksumUpdateMatchesRecomputation) {
+  // RFC 1624's incremental update against a full recomputation, over many
+  // headers so both end-around-carry edges (0x0000 / 0xffff) are crossed.
+  std::mt19937_64 rng(1624);
+  for (int i = 0; i < 3000; ++i) {
+    char src[16];
+    std::snprintf(src, sizeof src, "10.%u.%u.%u", static_cast<unsigned>(rng() % 256),
+                  static_cast<unsigned>(rng() % 256), static_cast<unsigned>(rng() % 256));
+    const auto ttl = static_cast<std::uint8_t>(2 + rng() % 254);
+    const auto tos = static_cast<std::uint8_t>(rng());
+    PacketBuilder p;
+    p.eth().ipv4(src, kVip4, ttl, tos).tcp(static_cast<std::uint16_t>(rng()), 443).payload(4);
+    const auto input = p.build();
+    auto buffer = withHeadroom(input);
+    const auto view = parsePacket(buffer.frame());
+    ASSERT_TRUE(view.ok());
+    const auto r = encapsulate<EncapKind::IpInIp4, IpVersion::V4>(
+        buffer.bytes, buffer.dataOffset, buffer.frameLength, view, targetFor(EncapKind::IpInIp4),
+        rng());
+    ASSERT_TRUE(r.ok());
+    const auto inner = std::span(buffer.bytes).subspan(r.dataOffset + 34, 20);
+    ASSERT_EQ(internetChecksum(inner), 0) << "ttl " << int{ttl} << " src " << src;
+    ASSERT_EQ(std::to_integer<int>(inner[8]), ttl - 1);
+  }
+}
+
+TEST(EncapEntropy, UdpSourcePortFromHighHashBits) {
+  std::mt19937_64 rng(6080);
+  std::set<std::uint16_t> ports;
+  std::array<int, 16> buckets{};
+  constexpr int kSamples = 4096;
+  for (int i = 0; i < kSamples; ++i) {
+    const std::uint64_t h = rng();
+    const auto port = gueSourcePort(h);
+    ASSERT_GE(port, 0xc000);
+    // The low 50 bits index flow tables; the port must not depend on them.
+    ASSERT_EQ(port, gueSourcePort(h ^ ((1ULL << 50) - 1)));
+    ASSERT_NE(port, gueSourcePort(h ^ (1ULL << 63)));
+    ports.insert(port);
+    ++buckets[(port - 0xc000) >> 10];
+    const auto label = outerFlowLabel(h);
+    ASSERT_GT(label, 0u);
+    ASSERT_LE(label, 0xfffffu);
+  }
+  // 4096 draws from 16384 ports: about 3624 distinct expected.
+  EXPECT_GT(ports.size(), 3400u);
+  for (const int b : buckets) {
+    EXPECT_GT(b, kSamples / 16 / 2);
+    EXPECT_LT(b, kSamples / 16 * 3 / 2);
+  }
+  EXPECT_EQ(outerFlowLabel(0), 1u) << "a zero label means unlabelled: never sent";
+}
+
+TEST(EncapEntropy, SameFlowSamePortDifferentHashesSpread) {
+  const auto input = clientPacket(IpVersion::V6, false, 16).build();
+  std::set<std::uint16_t> ports;
+  std::set<std::uint32_t> labels;
+  for (std::uint64_t k = 0; k < 64; ++k) {
+    const std::uint64_t hash = (k * 0x9e3779b97f4a7c15ULL) | 0x1;
+    std::array<std::vector<std::byte>, 2> outs;
+    for (auto& o : outs) {
+      auto buffer = withHeadroom(input);
+      const auto view = parsePacket(buffer.frame());
+      ASSERT_TRUE(view.ok());
+      const auto r = encapsulate<EncapKind::Gue6, IpVersion::V6>(buffer.bytes, buffer.dataOffset,
+                                                                 buffer.frameLength, view,
+                                                                 targetFor(EncapKind::Gue6), hash);
+      ASSERT_TRUE(r.ok());
+      o.assign(buffer.bytes.begin() + static_cast<std::ptrdiff_t>(r.dataOffset),
+               buffer.bytes.begin() + static_cast<std::ptrdiff_t>(r.dataOffset + r.frameLength));
+    }
+    EXPECT_EQ(outs[0], outs[1]) << "deterministic";
+    ports.insert(loadAt<UdpHeader>(outs[0], 14 + 40).srcPort.host());
+    labels.insert(loadAt<Ipv6Header>(outs[0], 14).versionClassLabel.host() & 0xfffff);
+  }
+  EXPECT_GE(ports.size(), 60u);
+  EXPECT_GE(labels.size(), 60u);
+}
+
+// An inner packet of exactly `l3Length` bytes for the MTU tests.
+std::vector<std::byte> packetOfLength(IpVersion inner, std::size_t l3Length, bool df = true) {
+  const std::size_t headers = (inner == IpVersion::V4 ? 20 : 40) + 20;
+  return clientPacket(inner, false, l3Length - headers, std::nullopt, df).build();
+}
+
+TEST(EncapMtu, ExactlyAtMtuPassesOneByteOverFails) {
+  for (const auto kind : kKinds) {
+    for (const auto inner : kInnerVersions) {
+      for (const bool egressVlan : {false, true}) {
+        SCOPED_TRACE(std::string(kindName(kind)) + (inner == IpVersion::V4 ? " v4" : " v6") +
+                     (egressVlan ? " tagged" : ""));
+        const auto target =
+            targetFor(kind, egressVlan ? std::optional<std::uint16_t>(5) : std::nullopt);
+        const std::size_t fits = kDefaultEgressMtu - encapOverhead(kind);
+        {
+          auto buffer = withHeadroom(packetOfLength(inner, fits));
+          const auto view = parsePacket(buffer.frame());
+          ASSERT_TRUE(view.ok());
+          const auto r =
+              encapsulateAny(buffer.bytes, buffer.dataOffset, buffer.frameLength, view, target, 1);
+          ASSERT_TRUE(r.ok()) << dropReasonName(r.drop);
+          EXPECT_EQ(r.frameLength - encapHeaderBytes(kind, egressVlan) + encapOverhead(kind),
+                    kDefaultEgressMtu)
+              << "the outer IP packet is exactly the MTU; the L2 tag does not count";
+        }
+        {
+          auto buffer = withHeadroom(packetOfLength(inner, fits + 1));
+          const auto before = buffer.bytes;
+          const auto view = parsePacket(buffer.frame());
+          ASSERT_TRUE(view.ok());
+          const auto r =
+              encapsulateAny(buffer.bytes, buffer.dataOffset, buffer.frameLength, view, target, 1);
+          EXPECT_EQ(r.drop, DropReason::MtuExceeded);
+          EXPECT_EQ(r.icmpMtu, fits);
+          EXPECT_EQ(buffer.bytes, before) << "nothing written on a drop: the ICMP error quotes it";
+        }
+      }
+    }
+  }
+}
+
+TEST(EncapMtu, Ipv4WithoutDfIsDroppedNotFragmented) {
+  const auto target = targetFor(EncapKind::Gue4);
+  const std::size_t fits = kDefaultEgressMtu - encapOverhead(EncapKind::Gue4);
+  auto atMtu = withHeadroom(packetOfLength(IpVersion::V4, fits, false));
+  const auto viewAt = parsePacket(atMtu.frame());
+  ASSERT_TRUE(viewAt.ok());
+  ASSERT_FALSE(viewAt.dontFragment);
+  EXPECT_TRUE(
+      encapsulateAny(atMtu.bytes, atMtu.dataOffset, atMtu.frameLength, viewAt, target, 1).ok());
+
+  auto over = withHeadroom(packetOfLength(IpVersion::V4, fits + 1, false));
+  const auto before = over.bytes;
+  const auto view = parsePacket(over.frame());
+  ASSERT_TRUE(view.ok());
+  const auto r = encapsulateAny(over.bytes, over.dataOffset, over.frameLength, view, target, 1);
+  EXPECT_EQ(r.drop, DropReason::MtuExceededNoDf);
+  EXPECT_EQ(over.bytes, before);
+}
+
+TEST(EncapMtu, AdvertisedMtuIsClampedToTheProtocolMinimum) {
+  // IPv6: never below 1280 (RFC 8200 §5), even if the fabric is smaller.
+  for (const std::uint16_t mtu : {1330, 1320, 1319, 1300}) {
+    auto target = targetFor(EncapKind::IpInIp6);
+    target.mtu = mtu;
+    auto buffer = withHeadroom(packetOfLength(IpVersion::V6, 1400));
+    const auto view = parsePacket(buffer.frame());
+    ASSERT_TRUE(view.ok());
+    const auto r =
+        encapsulateAny(buffer.bytes, buffer.dataOffset, buffer.frameLength, view, target, 1);
+    EXPECT_EQ(r.drop, DropReason::MtuExceeded);
+    EXPECT_EQ(r.icmpMtu, std::max(mtu - 40, 1280)) << "egress MTU " << mtu;
+  }
+  // IPv4: never below 68 (RFC 791).
+  auto target = targetFor(EncapKind::Gue4);
+  target.mtu = 90;  // room 58
+  auto buffer = withHeadroom(packetOfLength(IpVersion::V4, 200));
+  const auto view = parsePacket(buffer.frame());
+  ASSERT_TRUE(view.ok());
+  const auto r =
+      encapsulateAny(buffer.bytes, buffer.dataOffset, buffer.frameLength, view, target, 1);
+  EXPECT_EQ(r.drop, DropReason::MtuExceeded);
+  EXPECT_EQ(r.icmpMtu, 68);
+}
+
+TEST(EncapHeadroom, NoHeadroomWhenTheOuterHeadersDoNotFit) {
+  for (const auto kind : kKinds) {
+    for (const bool vlanIn : {false, true}) {
+      for (const bool vlanOut : {false, true}) {
+        SCOPED_TRACE(std::string(kindName(kind)) + (vlanIn ? " vlan-in" : "") +
+                     (vlanOut ? " vlan-out" : ""));
+        const auto input = clientPacket(IpVersion::V4, false, 8,
+                                        vlanIn ? std::optional<std::uint16_t>(9) : std::nullopt)
+                               .build();
+        const auto target =
+            targetFor(kind, vlanOut ? std::optional<std::uint16_t>(10) : std::nullopt);
+        const std::size_t l2In = vlanIn ? 18 : 14;
+        const std::size_t needed = encapHeaderBytes(kind, vlanOut) - l2In;
+        ASSERT_LE(needed, kEncapMaxHeadroom);
+        auto enough = withHeadroom(input, needed);
+        const auto view = parsePacket(enough.frame());
+        ASSERT_TRUE(view.ok());
+        const auto ok =
+            encapsulateAny(enough.bytes, enough.dataOffset, enough.frameLength, view, target, 3);
+        ASSERT_TRUE(ok.ok()) << dropReasonName(ok.drop);
+        EXPECT_EQ(ok.dataOffset, 0u);
+
+        auto tight = withHeadroom(input, needed - 1);
+        const auto before = tight.bytes;
+        const auto r =
+            encapsulateAny(tight.bytes, tight.dataOffset, tight.frameLength, view, target, 3);
+        EXPECT_EQ(r.drop, DropReason::NoHeadroom);
+        EXPECT_EQ(tight.bytes, before);
+      }
+    }
+  }
+}
+
+TEST(Encap, RejectsViewsThatDoNotFit) {
+  const auto input = clientPacket(IpVersion::V4, false, 8).build();
+  auto buffer = withHeadroom(input);
+  auto view = parsePacket(buffer.frame());
+  ASSERT_TRUE(view.ok());
+  const auto target = targetFor(EncapKind::IpInIp4);
+  const auto before = buffer.bytes;
+
+  auto notOk = view;
+  notOk.drop = DropReason::Ipv4Fragment;
+  EXPECT_EQ(
+      encapsulateAny(buffer.bytes, buffer.dataOffset, buffer.frameLength, notOk, target, 1).drop,
+      DropReason::Ipv4Fragment);
+  EXPECT_EQ((encapsulate<EncapKind::IpInIp4, IpVersion::V6>(buffer.bytes, buffer.dataOffset,
+                                                            buffer.frameLength, view, target, 1)
+                 .drop),
+            DropReason::BadIpVersion);
+  EXPECT_EQ(
+      encapsulateAny(buffer.bytes, buffer.dataOffset, buffer.frameLength - 1, view, target, 1).drop,
+      DropReason::Truncated);
+  EXPECT_EQ(
+      encapsulateAny(buffer.bytes, buffer.bytes.size(), buffer.frameLength, view, target, 1).drop,
+      DropReason::Truncated);
+  EXPECT_EQ(buffer.bytes, before);
+
+  // A view whose TTL would expire (the parser drops these first).
+  buffer.bytes[kHeadroom + 14 + 8] = std::byte{1};
+  EXPECT_EQ(
+      encapsulateAny(buffer.bytes, buffer.dataOffset, buffer.frameLength, view, target, 1).drop,
+      DropReason::TtlExhausted);
+}
+
+}  // namespace
+}  // namespace spillway
