@@ -1,0 +1,234 @@
+// Per-lcore connection tracking: flow hash -> backend index, with expiry by
+// TCP state and idle time.
+//
+// Shaped like VPP's lb plugin `lbhash.h` (power-of-two array of 64-byte
+// buckets, time passed in, lazy expiry, inserts that may fail and are
+// counted), corrected where lbhash can mis-steer or lose flows:
+//  - The fingerprint is the whole 64-bit FlowHasher hash, so two flows share
+//    an entry only on a 64-bit collision under the secret key. A hash of 0 is
+//    stored as 1 (0 marks an empty slot): hashes 0 and 1 name the same flow.
+//  - Each flow has two candidate buckets: b1 from the low 32 bits of the
+//    hash, b2 from the high 32 bits. An insert takes a free or expired slot of
+//    b1, else of b2, else moves an entry of a full candidate to its own other
+//    bucket (cuckoo, at most two moves deep; one for Embryonic and Closing
+//    inserts, so a rejected SYN in a full table costs ~0.5 us, not ~2.5 us).
+//    Lookups check b1 then b2. Capacity is sized for at most 80% slot load;
+//    filled with random flows, no Established insert failed below 80% load
+//    and under 1 in 10^4 below 90%. A failed Embryonic insert (~1 in 10^3
+//    near 80%) is harmless while the Maglev table is unchanged: the flow's
+//    next packet inserts it as Established.
+//  - Nothing is ever LRU-evicted. A new Embryonic or Closing entry never
+//    evicts: when both buckets are full it fails (counted). A new
+//    Established, Udp or Other entry may evict the oldest Embryonic or
+//    Closing entry of its two buckets, never an Established/Udp/Other one, so
+//    a SYN flood cannot push out a long-idle NCCL flow.
+//
+// Bucket layout: 4 entries of 16 bytes, struct-of-arrays so the four
+// fingerprints compare in one pass: fingerprint (u64), backend index (low 24
+// bits, 0 = none) | state (high 8 bits), last-seen stamp (u32 ms).
+//
+// Time: every call takes `now`, milliseconds from any epoch on a monotonic
+// clock; the table never reads a clock. Stamps keep the low 32 bits and age is
+// uint32(now - stamp), so an entry is live while age <= its state's timeout.
+// An expired entry is absent to lookups and its slot is reusable. The owner
+// must sweep() every bucket at least once per (2^32 ms - longest timeout),
+// about 49 days, or an entry idle that long would look fresh again; sweeping
+// a few buckets per idle poll does this many times over.
+//
+// TCP states on a hit (lookupAndTouch): FIN or RST -> Closing; a packet
+// without SYN on an Embryonic entry -> Established; SYN on a Closing entry
+// (port reuse) -> Embryonic, keeping its backend (a caller that wants to
+// re-select for a reused port checks the SYN and calls updateBackend). On a
+// miss the caller inserts: Embryonic for a SYN; Established for a first
+// packet without SYN (mid-flow after an LB restart or an ECMP move: the
+// connection is already open); Udp for UDP; Other for anything else.
+//
+// Thread contract: one owner lcore calls every member function; no locks, no
+// atomics, no allocation after construction (the constructor allocates and
+// pre-faults the buckets and may throw; every other member is noexcept).
+// Control threads read only counters(): plain 64-bit words with this one
+// writer, summed by the stats code. countByBackend() runs on the owner lcore.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "spillway/wire.hpp"
+
+namespace spillway {
+
+// Milliseconds from an arbitrary epoch, supplied by the caller.
+using Millis = std::uint64_t;
+
+enum class FlowState : std::uint8_t {
+  Embryonic = 1,    // SYN seen, handshake not completed
+  Established = 2,  // any non-SYN packet seen, or first packet mid-flow
+  Closing = 3,      // FIN or RST seen
+  Udp = 4,
+  Other = 5,  // protocols without connection state
+};
+
+// Idle timeouts per state; each at most FlowTable::kMaxTimeout.
+struct FlowTimeouts {
+  Millis embryonic = 5'000;
+  Millis established = 7'200'000;  // Linux tcp_keepalive_time: idle NCCL flows
+  Millis closing = 10'000;
+  Millis udp = 300'000;
+  Millis other = 60'000;
+};
+
+struct FlowTableConfig {
+  std::size_t capacity = std::size_t{1} << 20;  // flows; sizes the buckets
+  FlowTimeouts timeouts{};
+};
+
+// What a packet says about its flow: the TCP header's flag byte (kTcpFin,
+// kTcpSyn, kTcpRst, kTcpAck from wire.hpp).
+struct FlowEvent {
+  std::uint8_t tcpFlags = 0;
+};
+
+enum class InsertResult : std::uint8_t {
+  Inserted,       // new entry (possibly in a reclaimed or evicted slot)
+  Updated,        // a live entry for this hash was overwritten
+  FullEmbryonic,  // both buckets full of entries it may not evict; counted
+  Full,           // as above, for any other state; counted
+  Invalid,        // backend 0 or > kMaxBackend, or not a FlowState; not counted
+};
+
+// Single writer (the owner lcore).
+struct FlowTableCounters {
+  std::uint64_t lookups = 0;
+  std::uint64_t hits = 0;
+  std::uint64_t inserts = 0;            // Inserted results
+  std::uint64_t updates = 0;            // Updated results
+  std::uint64_t insertFailures = 0;     // FullEmbryonic + Full results
+  std::uint64_t embryonicRejected = 0;  // FullEmbryonic results
+  std::uint64_t evictions = 0;          // Embryonic/Closing entries pushed out
+  std::uint64_t relocations = 0;        // entries moved to their other bucket
+  std::uint64_t expiredReclaimed = 0;   // by sweep, lookup or insert
+  std::uint64_t erased = 0;
+  std::uint64_t occupancy = 0;  // slots in use: live plus expired not yet reclaimed
+};
+
+class FlowTable {
+ public:
+  static constexpr std::uint32_t kMaxBackend = (std::uint32_t{1} << 24) - 1;
+  static constexpr std::size_t kSlotsPerBucket = 4;
+  static constexpr Millis kMaxTimeout = Millis{1} << 31;  // ~24.8 days
+  static constexpr std::size_t kMaxCapacity = std::size_t{1} << 33;
+  // Hashes whose buckets are in flight together in lookupBatch().
+  static constexpr std::size_t kLookupBatch = 32;
+
+  // Throws std::invalid_argument for capacity 0 or above kMaxCapacity or a
+  // timeout above kMaxTimeout, std::bad_alloc when memory runs out.
+  explicit FlowTable(const FlowTableConfig& config);
+  ~FlowTable();
+  FlowTable(FlowTable&&) noexcept;
+  FlowTable& operator=(FlowTable&&) noexcept;
+  FlowTable(const FlowTable&) = delete;
+  FlowTable& operator=(const FlowTable&) = delete;
+
+  // Backend index of the live entry for `hash`, or 0. A hit refreshes the
+  // stamp; an expired match is reclaimed.
+  [[nodiscard]] std::uint32_t lookup(std::uint64_t hash, Millis now) noexcept;
+
+  // lookup() that also applies the TCP transition of the packet's flags.
+  [[nodiscard]] std::uint32_t lookupAndTouch(std::uint64_t hash, Millis now,
+                                             FlowEvent event) noexcept;
+
+  // lookup() / lookupAndTouch() of every hash, in order, into out[i]
+  // (out.size() and events.size() must be at least hashes.size()). Per chunk
+  // of kLookupBatch hashes: prefetch every b1, compare, then prefetch the b2
+  // of the b1 misses and compare those.
+  void lookupBatch(std::span<const std::uint64_t> hashes, std::span<std::uint32_t> out,
+                   Millis now) noexcept;
+  void lookupAndTouchBatch(std::span<const std::uint64_t> hashes, std::span<const FlowEvent> events,
+                           std::span<std::uint32_t> out, Millis now) noexcept;
+
+  // Starts buckets of `hash` on their way to the cache, for a caller that
+  // knows the hash a while before it looks up or inserts.
+  void prefetch(std::uint64_t hash) const noexcept;
+
+  // Sets backend, state and stamp of the entry for `hash`, creating it if
+  // absent. See the design note for which entries a full pair may evict.
+  InsertResult insert(std::uint64_t hash, std::uint32_t backend, FlowState state,
+                      Millis now) noexcept;
+
+  // Re-steers the live entry for `hash` (its backend FAILED), keeping state
+  // and stamp. False when there is no live entry or the backend is invalid.
+  bool updateBackend(std::uint64_t hash, std::uint32_t backend, Millis now) noexcept;
+
+  // Frees the slot of `hash`, live or expired. False when there was none.
+  bool erase(std::uint64_t hash) noexcept;
+
+  // Reclaims the expired entries of the next maxBuckets buckets (round robin
+  // over the table); returns how many. sweep(now, bucketCount()) is a full
+  // pass, after which counters().occupancy is the number of live flows.
+  std::size_t sweep(Millis now, std::size_t maxBuckets) noexcept;
+
+  // Adds, for every live entry, 1 to counts[backend] (indices beyond the
+  // span are skipped); returns the number of live entries. Walks the whole
+  // table: ~memoryBytes() of reads.
+  std::size_t countByBackend(std::span<std::uint32_t> counts, Millis now) const noexcept;
+
+  // Empties the table; counters other than occupancy keep counting.
+  void clear() noexcept;
+
+  [[nodiscard]] const FlowTableCounters& counters() const noexcept { return counters_; }
+  [[nodiscard]] const FlowTimeouts& timeouts() const noexcept { return timeouts_; }
+  [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
+  [[nodiscard]] std::size_t bucketCount() const noexcept { return mask_ + 1; }
+  [[nodiscard]] std::size_t slotCount() const noexcept { return bucketCount() * kSlotsPerBucket; }
+  [[nodiscard]] std::size_t memoryBytes() const noexcept { return memoryBytesFor(capacity_); }
+  [[nodiscard]] double bytesPerFlowAtCapacity() const noexcept {
+    return static_cast<double>(memoryBytes()) / static_cast<double>(capacity_);
+  }
+
+  // Sizing, without building a table: the smallest power-of-two bucket count
+  // whose slots hold `capacity` flows at <= 80% load, and its bytes.
+  [[nodiscard]] static std::size_t bucketCountFor(std::size_t capacity) noexcept;
+  [[nodiscard]] static std::size_t memoryBytesFor(std::size_t capacity) noexcept;
+
+ private:
+  struct alignas(64) Bucket {
+    std::array<std::uint64_t, kSlotsPerBucket> fingerprint;  // 0 = empty slot
+    std::array<std::uint32_t, kSlotsPerBucket> meta;         // backend | state << 24
+    std::array<std::uint32_t, kSlotsPerBucket> stamp;        // low 32 bits of now
+
+    // Bit i set when slot i holds `fp`.
+    [[nodiscard]] unsigned match(std::uint64_t fp) const noexcept;
+  };
+  static_assert(sizeof(Bucket) == 64 && alignof(Bucket) == 64);
+  struct FreeBuckets {
+    void operator()(Bucket* buckets) const noexcept;
+  };
+
+  template <bool kTcp>
+  std::uint32_t touch(Bucket& bucket, unsigned mask, std::uint32_t now32, FlowEvent event) noexcept;
+  template <bool kTcp>
+  std::uint32_t lookupOne(std::uint64_t fingerprint, std::uint32_t now32, FlowEvent event) noexcept;
+  template <bool kTcp>
+  void lookupChunks(std::span<const std::uint64_t> hashes, const FlowEvent* events,
+                    std::span<std::uint32_t> out, Millis now) noexcept;
+  [[nodiscard]] bool expired(const Bucket& bucket, unsigned slot,
+                             std::uint32_t now32) const noexcept;
+  void reclaim(Bucket& bucket, unsigned slot) noexcept;
+  unsigned takeFreeSlot(Bucket& bucket, std::uint32_t now32) noexcept;
+  unsigned makeRoom(std::size_t index, int depth, std::uint32_t now32) noexcept;
+  [[nodiscard]] std::size_t otherBucket(std::uint64_t fingerprint,
+                                        std::size_t index) const noexcept;
+
+  std::unique_ptr<Bucket[], FreeBuckets> buckets_;
+  std::size_t mask_ = 0;
+  std::size_t capacity_ = 0;
+  std::size_t sweepCursor_ = 0;
+  std::array<std::uint32_t, 8> timeoutByState_{};  // indexed by FlowState; 0 otherwise
+  FlowTimeouts timeouts_{};
+  FlowTableCounters counters_{};
+};
+
+}  // namespace spillway
