@@ -32,6 +32,12 @@ enum class DropReason : std::uint8_t {
   MtuExceeded,           // too big after encapsulation; an ICMP error was sent back
   MtuExceededNoDf,       // too big after encapsulation, DF clear: dropped, not fragmented
   NoHeadroom,            // the buffer cannot take the outer headers
+  // Steering.
+  VipPortNotServed,      // to a VIP address, but no VIP serves that protocol and port
+  NoBackend,             // the VIP's table has no backend (none active)
+  // DPDK adapter.
+  NoExceptionPath,       // host traffic on a port without a kernel path
+  TxQueueFull,           // the TX ring stayed full
   kCount,
 };
 
@@ -56,7 +62,20 @@ inline constexpr std::array<std::string_view, static_cast<std::size_t>(DropReaso
         "mtu_exceeded",
         "mtu_exceeded_no_df",
         "no_headroom",
+        "vip_port_not_served",
+        "no_backend",
+        "no_exception_path",
+        "tx_queue_full",
 };
+
+// Every reason has a name: a missing one would be an empty label.
+consteval bool allDropReasonsNamed() {
+  for (auto n : kDropReasonNames) {
+    if (n.empty()) return false;
+  }
+  return true;
+}
+static_assert(allDropReasonsNamed(), "add the name of every DropReason to kDropReasonNames");
 
 [[nodiscard]] constexpr std::string_view dropReasonName(DropReason r) noexcept {
   const auto i = static_cast<std::size_t>(r);

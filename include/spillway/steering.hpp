@@ -1,0 +1,111 @@
+// The per-lcore data path, DPDK-free: one burst of received frames in, one
+// verdict per frame out. The DPDK worker (src/dataplane/worker.cpp) is a thin
+// loop around it: RX burst, steerBurst(), then TX, kernel path or free by
+// verdict. Unit tests drive the very same code with byte buffers.
+//
+// Per frame (DESIGN.md, "Data path"):
+//   parse -> not IP: to the kernel
+//         -> IP, not to a VIP address: to the kernel
+//         -> ICMP error quoting a VIP flow: forwarded to that flow's backend
+//         -> ICMP echo to a VIP that answers pings: replied in place
+//         -> VIP flow: flow table (hit: its backend, re-selected only if that
+//            backend no longer keeps flows; miss: the VIP's Maglev table, then
+//            insert) -> encapsulate for the backend -> forward
+//   and every drop has a DropReason and a counter. A packet that would exceed
+//   the egress MTU once encapsulated is answered with ICMP "fragmentation
+//   needed" / ICMPv6 "packet too big" built in place of the frame.
+// The burst is processed in stages (parse and hash all, then batched flow
+// table lookups with prefetch, then select and encapsulate) so the flow
+// table's cache misses overlap.
+//
+// Thread contract: a Steering object belongs to one lcore. steerBurst() takes
+// the snapshot the lcore loaded for this burst; counters() may be read by the
+// control thread at any time (stats.hpp).
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "spillway/flow_key.hpp"
+#include "spillway/flow_table.hpp"
+#include "spillway/packet.hpp"
+#include "spillway/snapshot.hpp"
+#include "spillway/stats.hpp"
+
+namespace spillway {
+
+inline constexpr std::size_t kMaxBurst = 64;
+
+enum class Verdict : std::uint8_t {
+  Forward,  // encapsulated; send frame [dataOffset, +length) out of egressPort
+  Reply,    // an ICMP reply to the sender, built in place; send it out of the ingress port
+  ToKernel, // host traffic, unchanged: the exception path's
+  Drop,     // `drop` says why; already counted
+};
+
+// One received frame: `buffer` is its whole buffer (headroom + data),
+// the frame is buffer[dataOffset, dataOffset + length).
+struct FrameRef {
+  std::span<std::byte> buffer;
+  std::size_t dataOffset = 0;
+  std::size_t length = 0;
+};
+
+struct SteerResult {
+  Verdict verdict = Verdict::Drop;
+  DropReason drop = DropReason::None;  // with Drop
+  std::uint16_t egressPort = 0;
+  std::uint32_t backend = 0;  // with Forward
+  std::size_t dataOffset = 0;
+  std::size_t length = 0;
+};
+
+// Every received frame ends in exactly one of forwarded, replies, toKernel
+// and drops, so rxPackets is their sum.
+struct SteeringCounters {
+  Counter rxPackets;
+  Counter rxBytes;
+  Counter forwarded;
+  Counter forwardedBytes;
+  Counter replies;           // echo replies and MTU errors sent back
+  Counter mtuReplies;        // of which "fragmentation needed" / "packet too big"
+  Counter toKernel;
+  Counter newFlows;
+  Counter resteered;        // tracked flows moved off a failed or removed backend
+  Counter flowInsertFailed; // forwarded by the table, but not tracked
+  Counter icmpErrorsSteered;
+  DropCounters drops;
+};
+
+class Steering {
+ public:
+  Steering(const FlowTableConfig& flowTable, std::uint64_t hashSeed);
+
+  // Steers frames[i] into results[i] for every i (results.size() >=
+  // frames.size(); frames.size() <= kMaxBurst). `now` is the lcore's clock
+  // in milliseconds.
+  void steerBurst(std::span<const FrameRef> frames, std::span<SteerResult> results,
+                  const ForwardingSnapshot& snapshot, Millis now) noexcept;
+
+  [[nodiscard]] const SteeringCounters& counters() const noexcept { return counters_; }
+  [[nodiscard]] FlowTable& flowTable() noexcept { return flows_; }
+  [[nodiscard]] const FlowTable& flowTable() const noexcept { return flows_; }
+  [[nodiscard]] const FlowHasher& hasher() const noexcept { return hasher_; }
+
+ private:
+  struct Pending;  // per-frame state between the stages
+  void finishVipFrame(const FrameRef& frame, Pending& p, SteerResult& r,
+                      const ForwardingSnapshot& snapshot, Millis now) noexcept;
+  void encapsulateTo(const FrameRef& frame, const PacketView& view, std::uint64_t hash,
+                     std::uint32_t backendIndex, SteerResult& r,
+                     const ForwardingSnapshot& snapshot) noexcept;
+  void drop(SteerResult& r, DropReason reason) noexcept;
+
+  FlowHasher hasher_;
+  FlowTable flows_;
+  SteeringCounters counters_;
+};
+
+}  // namespace spillway

@@ -1,0 +1,242 @@
+#include "spillway/steering.hpp"
+
+#include <cstring>
+
+#include "spillway/encap.hpp"
+#include "spillway/icmp.hpp"
+
+namespace spillway {
+
+struct Steering::Pending {
+  PacketView view;
+  std::uint64_t hash = 0;
+  std::uint32_t vip = VipIndex::kNone;
+  bool vipFlow = false;  // waits for the batched flow lookup
+};
+
+namespace {
+
+FlowState firstState(const PacketView& v) noexcept {
+  if (v.key.proto == static_cast<std::uint8_t>(IpProto::Udp)) return FlowState::Udp;
+  if (v.key.proto != static_cast<std::uint8_t>(IpProto::Tcp)) return FlowState::Other;
+  if ((v.tcpFlags & (kTcpFin | kTcpRst)) != 0) return FlowState::Closing;
+  // A SYN without ACK opens a flow; any other first packet belongs to a
+  // connection that is already open (LB restart, ECMP move): established.
+  if ((v.tcpFlags & (kTcpSyn | kTcpAck)) == kTcpSyn) return FlowState::Embryonic;
+  return FlowState::Established;
+}
+
+bool answersEcho(const ForwardingSnapshot& s, const IpBytes& dst, IpVersion version) noexcept {
+  for (const auto& vip : s.vips) {
+    if (vip.answerEcho && vip.key.version == version && vip.key.address == dst) return true;
+  }
+  return false;
+}
+
+bool isEchoRequest(const PacketView& v) noexcept {
+  return v.key.proto == static_cast<std::uint8_t>(IpProto::Icmp)
+             ? v.icmpType == kIcmpEchoRequest
+             : v.icmpType == kIcmp6EchoRequest;
+}
+
+}  // namespace
+
+Steering::Steering(const FlowTableConfig& flowTable, std::uint64_t hashSeed)
+    : hasher_(hashSeed), flows_(flowTable) {}
+
+void Steering::drop(SteerResult& r, DropReason reason) noexcept {
+  r.verdict = Verdict::Drop;
+  r.drop = reason;
+  counters_.drops.add(reason);
+}
+
+void Steering::encapsulateTo(const FrameRef& frame, const PacketView& view, std::uint64_t hash,
+                             std::uint32_t backendIndex, SteerResult& r,
+                             const ForwardingSnapshot& snapshot) noexcept {
+  const SnapshotBackend* backend = snapshot.backend(backendIndex);
+  if (backend == nullptr) {
+    drop(r, DropReason::NoBackend);
+    return;
+  }
+  const EncapResult e =
+      encapsulateAny(frame.buffer, frame.dataOffset, frame.length, view, backend->encap, hash);
+  if (e.ok()) [[likely]] {
+    r.verdict = Verdict::Forward;
+    r.backend = backendIndex;
+    r.egressPort = backend->egressPort;
+    r.dataOffset = e.dataOffset;
+    r.length = e.frameLength;
+    counters_.forwarded.add();
+    counters_.forwardedBytes.add(e.frameLength);
+    return;
+  }
+  if (e.drop != DropReason::MtuExceeded) {
+    drop(r, e.drop);
+    return;
+  }
+  // Too big once encapsulated: tell the client its path MTU. The reply is
+  // built aside (it quotes the frame), then copied over the frame's buffer.
+  const std::span<const std::byte> original = frame.buffer.subspan(frame.dataOffset, frame.length);
+  std::array<std::byte, 1536> reply;
+  const std::size_t n = view.key.version == IpVersion::V4
+                            ? buildFragmentationNeeded(original, view, e.icmpMtu, reply)
+                            : buildPacketTooBig(original, view, e.icmpMtu, reply);
+  if (n == 0) {  // nothing may be sent about this packet (RFC 1812 / 4443)
+    drop(r, DropReason::MtuExceeded);
+    return;
+  }
+  const std::size_t at = frame.dataOffset + n <= frame.buffer.size() ? frame.dataOffset : 0;
+  std::memcpy(frame.buffer.data() + at, reply.data(), n);
+  r.verdict = Verdict::Reply;
+  r.dataOffset = at;
+  r.length = n;
+  counters_.replies.add();
+  counters_.mtuReplies.add();
+}
+
+void Steering::finishVipFrame(const FrameRef& frame, Pending& p, SteerResult& r,
+                              const ForwardingSnapshot& snapshot, Millis now) noexcept {
+  const SnapshotVip& vip = snapshot.vips[p.vip];
+  std::uint32_t backend = r.backend;  // the batched lookup's hit, or 0
+  if (backend != 0) {
+    const SnapshotBackend* b = snapshot.backend(backend);
+    if (b == nullptr || !keepsTrackedFlows(b->state)) {
+      // Its backend failed or was removed: re-select, and only this flow moves.
+      backend = vip.table.lookup(p.hash);
+      if (backend == 0) {
+        drop(r, DropReason::NoBackend);
+        return;
+      }
+      flows_.updateBackend(p.hash, backend, now);
+      counters_.resteered.add();
+    }
+  } else {
+    backend = vip.table.lookup(p.hash);
+    if (backend == 0) {
+      drop(r, DropReason::NoBackend);
+      return;
+    }
+    const InsertResult ins = flows_.insert(p.hash, backend, firstState(p.view), now);
+    if (ins == InsertResult::Inserted) {
+      counters_.newFlows.add();
+    } else if (ins == InsertResult::Full || ins == InsertResult::FullEmbryonic) {
+      counters_.flowInsertFailed.add();
+    }
+  }
+  encapsulateTo(frame, p.view, p.hash, backend, r, snapshot);
+}
+
+void Steering::steerBurst(std::span<const FrameRef> frames, std::span<SteerResult> results,
+                          const ForwardingSnapshot& snapshot, Millis now) noexcept {
+  std::array<Pending, kMaxBurst> pending;
+  std::array<std::uint64_t, kMaxBurst> hashes;
+  std::array<FlowEvent, kMaxBurst> events;
+  std::array<std::uint32_t, kMaxBurst> hits;
+  std::array<std::uint8_t, kMaxBurst> batchFrame;
+  std::size_t batch = 0;
+  const std::size_t n = frames.size() < kMaxBurst ? frames.size() : kMaxBurst;
+
+  // Stage 1: parse, classify, hash.
+  for (std::size_t i = 0; i < n; ++i) {
+    const FrameRef& f = frames[i];
+    Pending& p = pending[i];
+    SteerResult& r = results[i];
+    r = SteerResult{};
+    counters_.rxPackets.add();
+    counters_.rxBytes.add(f.length);
+    p.view = parsePacket(f.buffer.subspan(f.dataOffset, f.length));
+    const PacketView& v = p.view;
+    if (v.kind == PacketKind::NonIp) {
+      if (v.ok()) {
+        r.verdict = Verdict::ToKernel;
+        counters_.toKernel.add();
+      } else {
+        drop(r, v.drop);
+      }
+      continue;
+    }
+    if (!v.l3Valid) {
+      drop(r, v.drop);
+      continue;
+    }
+    const bool toVipAddress = snapshot.vipIndex.isVipAddress(v.key.dst, v.key.version);
+    if (!toVipAddress) {
+      r.verdict = Verdict::ToKernel;
+      counters_.toKernel.add();
+      continue;
+    }
+    if (!v.ok()) {
+      drop(r, v.drop);
+      continue;
+    }
+    if (v.isIcmp()) {
+      if (isIcmpError(v)) {
+        // The frame view is relative to the frame, not the buffer.
+        const auto bytes = f.buffer.subspan(f.dataOffset, f.length);
+        const IcmpErrorFlow e = parseIcmpError(bytes, v);
+        if (e.drop != DropReason::None) {
+          drop(r, e.drop);
+          continue;
+        }
+        const std::uint32_t vipIdx =
+            snapshot.vipIndex.find(e.clientFlow.dst, e.clientFlow.version, e.clientFlow.proto,
+                                   e.clientFlow.dstPort.host());
+        if (vipIdx == VipIndex::kNone) {
+          drop(r, DropReason::IcmpUnsupported);
+          continue;
+        }
+        const std::uint64_t h = hasher_.hash(e.clientFlow);
+        std::uint32_t backend = flows_.lookup(h, now);
+        const SnapshotBackend* b = snapshot.backend(backend);
+        if (b == nullptr || !keepsTrackedFlows(b->state)) {
+          backend = snapshot.vips[vipIdx].table.lookup(h);
+        }
+        if (backend == 0) {
+          drop(r, DropReason::NoBackend);
+          continue;
+        }
+        counters_.icmpErrorsSteered.add();
+        encapsulateTo(f, v, h, backend, r, snapshot);
+        continue;
+      }
+      if (isEchoRequest(v) && answersEcho(snapshot, v.key.dst, v.key.version)) {
+        const std::size_t len = buildEchoReply(f.buffer.subspan(f.dataOffset, f.length), v);
+        if (len == 0) {
+          drop(r, DropReason::IcmpUnsupported);
+          continue;
+        }
+        r.verdict = Verdict::Reply;
+        r.dataOffset = f.dataOffset;
+        r.length = len;
+        counters_.replies.add();
+        continue;
+      }
+      drop(r, DropReason::IcmpUnsupported);
+      continue;
+    }
+    p.vip = snapshot.vipIndex.find(v.key.dst, v.key.version, v.key.proto, v.key.dstPort.host());
+    if (p.vip == VipIndex::kNone) {
+      drop(r, DropReason::VipPortNotServed);
+      continue;
+    }
+    p.hash = hasher_.hash(v.key);
+    p.vipFlow = true;
+    hashes[batch] = p.hash;
+    events[batch] = FlowEvent{v.tcpFlags};
+    batchFrame[batch] = static_cast<std::uint8_t>(i);
+    ++batch;
+  }
+
+  // Stage 2: one batched, prefetched flow-table pass.
+  flows_.lookupAndTouchBatch(std::span(hashes.data(), batch), std::span(events.data(), batch),
+                             std::span(hits.data(), batch), now);
+
+  // Stage 3: select, track, encapsulate.
+  for (std::size_t j = 0; j < batch; ++j) {
+    const std::size_t i = batchFrame[j];
+    results[i].backend = hits[j];
+    finishVipFrame(frames[i], pending[i], results[i], snapshot, now);
+  }
+}
+
+}  // namespace spillway
