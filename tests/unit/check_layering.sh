@@ -9,7 +9,7 @@ core_rte=$(grep -rlE '#\s*include\s*[<"]rte_' include src/dataplane/core 2>/dev/
 if [ -n "$core_rte" ]; then
   echo "DPDK headers in the DPDK-free core:"; echo "$core_rte"; status=1
 fi
-tbb_cli=$(grep -rlE '#\s*include\s*[<"](tbb/|oneapi/tbb|CLI/)' include src/dataplane 2>/dev/null)
+tbb_cli=$(grep -rlE --exclude='*_main.cpp' '#\s*include\s*[<"](tbb/|oneapi/tbb|CLI/)' include src/dataplane 2>/dev/null)
 if [ -n "$tbb_cli" ]; then
   echo "TBB or CLI11 outside src/control and tool mains:"; echo "$tbb_cli"; status=1
 fi
