@@ -49,7 +49,7 @@ enum class BackendState : std::uint8_t { Active, Draining, Disabled, Failed, Rem
 struct SnapshotBackend {
   std::uint64_t id = 0;
   BackendState state = BackendState::Removed;
-  std::uint16_t egressPort = 0;  // DPDK port the encapsulated packet leaves by
+  std::uint16_t egressPort = 0;  // the port it leaves by: index into the configured ports
   EncapTarget encap{};
 };
 

@@ -58,6 +58,7 @@ struct SteerResult {
   DropReason drop = DropReason::None;  // with Drop
   std::uint16_t egressPort = 0;
   std::uint32_t backend = 0;  // with Forward
+  bool newFlow = false;       // with Forward: this packet opened a tracked flow
   std::size_t dataOffset = 0;
   std::size_t length = 0;
 };

@@ -106,7 +106,10 @@ TEST_F(SteeringTest, SynIsEncapsulatedToTheMaglevBackend) {
   EXPECT_EQ(out.key.dst, snapshot_->backends[r.backend].encap.backend);
   EXPECT_EQ(out.key.src, test::ipBytes("10.0.0.2"));
   EXPECT_EQ(steering_.counters().newFlows.read(), 1u);
+  EXPECT_TRUE(r.newFlow);
   EXPECT_EQ(steering_.flowTable().lookup(hash, now_), r.backend);
+  Frame again(syn(40000, kTcpAck));
+  EXPECT_FALSE(steer(again).newFlow);
   expectAllCounted();
 }
 

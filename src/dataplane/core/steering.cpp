@@ -119,6 +119,7 @@ void Steering::finishVipFrame(const FrameRef& frame, Pending& p, SteerResult& r,
     const InsertResult ins = flows_.insert(p.hash, backend, firstState(p.view), now);
     if (ins == InsertResult::Inserted) {
       counters_.newFlows.add();
+      r.newFlow = true;
     } else if (ins == InsertResult::Full || ins == InsertResult::FullEmbryonic) {
       counters_.flowInsertFailed.add();
     }

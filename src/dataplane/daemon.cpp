@@ -1,0 +1,320 @@
+#include "daemon.hpp"
+
+#include <rte_eal.h>
+#include <rte_errno.h>
+#include <rte_launch.h>
+#include <rte_lcore.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "control/neighbours.hpp"
+#include "control/snapshot_builder.hpp"
+#include "ports.hpp"
+#include "spillway/rcu.hpp"
+#include "spillway/snapshot.hpp"
+#include "worker.hpp"
+
+namespace spillway {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::atomic<bool> gStop{false};
+std::atomic<bool> gWorkersStop{false};
+
+int workerMain(void* arg) {
+  static_cast<Worker*>(arg)->run(gWorkersStop);
+  return 0;
+}
+
+bool hasLcoreOption(const std::vector<std::string>& args) {
+  for (const auto& a : args) {
+    if (a == "-l" || a == "-c" || a.rfind("--lcores", 0) == 0 || a.rfind("-l", 0) == 0) return true;
+  }
+  return false;
+}
+
+// Minimal JSON string escaping for names from the configuration.
+std::string quoted(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+struct Totals {
+  std::uint64_t rx = 0, forwarded = 0, replies = 0, toKernel = 0, newFlows = 0, resteered = 0,
+                insertFailed = 0, icmpSteered = 0, txDropped = 0, exceptionRx = 0,
+                exceptionTx = 0, flows = 0, drops = 0;
+};
+
+Totals sum(const std::vector<std::unique_ptr<Worker>>& workers) {
+  Totals t;
+  for (const auto& w : workers) {
+    const auto& s = w->steering();
+    t.rx += s.rxPackets.read();
+    t.forwarded += s.forwarded.read();
+    t.replies += s.replies.read();
+    t.toKernel += s.toKernel.read();
+    t.newFlows += s.newFlows.read();
+    t.resteered += s.resteered.read();
+    t.insertFailed += s.flowInsertFailed.read();
+    t.icmpSteered += s.icmpErrorsSteered.read();
+    t.drops += s.drops.total();
+    t.txDropped += w->counters().txDropped.read();
+    t.exceptionRx += w->counters().exceptionRx.read();
+    t.exceptionTx += w->counters().exceptionTx.read();
+  }
+  return t;
+}
+
+std::string statsJson(const Config& config, const SnapshotBuilder& builder,
+                      const std::vector<std::unique_ptr<Worker>>& workers,
+                      std::uint64_t generation) {
+  const Totals t = sum(workers);
+  std::ostringstream o;
+  o << "{\"generation\":" << generation << ",\"rx_packets\":" << t.rx
+    << ",\"forwarded\":" << t.forwarded << ",\"replies\":" << t.replies
+    << ",\"to_kernel\":" << t.toKernel << ",\"new_flows\":" << t.newFlows
+    << ",\"resteered\":" << t.resteered << ",\"flow_insert_failed\":" << t.insertFailed
+    << ",\"icmp_errors_steered\":" << t.icmpSteered << ",\"tx_dropped\":" << t.txDropped
+    << ",\"exception_rx\":" << t.exceptionRx << ",\"exception_tx\":" << t.exceptionTx
+    << ",\"dropped\":" << t.drops << ",\"drops\":{";
+  bool first = true;
+  for (std::size_t r = 1; r < static_cast<std::size_t>(DropReason::kCount); ++r) {
+    std::uint64_t n = 0;
+    for (const auto& w : workers) n += w->steering().drops.read(static_cast<DropReason>(r));
+    if (r == static_cast<std::size_t>(DropReason::TxQueueFull)) n += t.txDropped;
+    if (n == 0) continue;
+    o << (first ? "" : ",") << quoted(std::string(dropReasonName(static_cast<DropReason>(r))))
+      << ":" << n;
+    first = false;
+  }
+  o << "},\"backends\":[";
+  first = true;
+  for (const auto& b : config.backends) {
+    const std::uint32_t index = builder.indexOf(b.id);
+    std::uint64_t packets = 0, flows = 0;
+    if (index != 0 && index < kStatsBackends) {
+      for (const auto& w : workers) {
+        packets += w->counters().backendPackets[index].read();
+        flows += w->counters().backendNewFlows[index].read();
+      }
+    }
+    const BackendRuntime* rt = builder.runtime(b.id);
+    o << (first ? "" : ",") << "{\"name\":" << quoted(b.name) << ",\"pool\":" << quoted(b.pool)
+      << ",\"address\":" << quoted(formatIpAddress(b.address)) << ",\"index\":" << index
+      << ",\"next_hop_resolved\":" << (rt != nullptr && rt->nextHopMac ? "true" : "false")
+      << ",\"packets\":" << packets << ",\"new_flows\":" << flows << "}";
+    first = false;
+  }
+  o << "],\"workers\":[";
+  first = true;
+  for (const auto& w : workers) {
+    const auto& s = w->steering();
+    const auto& ft = w->flowTable();
+    o << (first ? "" : ",") << "{\"lcore\":" << w->config().lcore
+      << ",\"rx_packets\":" << s.rxPackets.read() << ",\"forwarded\":" << s.forwarded.read()
+      << ",\"new_flows\":" << s.newFlows.read()
+      << ",\"flow_table_occupancy\":" << ft.occupancy
+      << ",\"snapshot_generation\":" << w->counters().snapshotGeneration.read() << "}";
+    first = false;
+  }
+  o << "]}";
+  return o.str();
+}
+
+void writeAtomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << text << "\n";
+  }
+  std::rename(tmp.c_str(), path.c_str());
+}
+
+}  // namespace
+
+std::atomic<bool>& daemonStopRequested() noexcept { return gStop; }
+
+int runDaemon(const Config& config, const DaemonOptions& options) {
+  const auto log = [&](const std::string& line) {
+    if (!options.quiet) std::fprintf(stderr, "spillwayd: %s\n", line.c_str());
+  };
+  const unsigned workers = static_cast<unsigned>(config.dataplane.lcores.size());
+
+  // EAL arguments: the operator's, the lcore list when the operator gave
+  // none, and the ports' devices.
+  std::vector<std::string> eal{"spillwayd"};
+  eal.insert(eal.end(), options.ealArgs.begin(), options.ealArgs.end());
+  if (!hasLcoreOption(options.ealArgs)) {
+    unsigned main = 0;
+    for (;; ++main) {
+      bool used = false;
+      for (auto l : config.dataplane.lcores) used = used || l == main;
+      if (!used) break;
+    }
+    std::string list = std::to_string(main);
+    for (auto l : config.dataplane.lcores) list += "," + std::to_string(l);
+    eal.insert(eal.end(), {"-l", list, "--main-lcore", std::to_string(main)});
+  }
+  std::vector<PortSpec> specs;
+  for (const auto& p : config.ports) {
+    specs.push_back(PortSpec{p.name, p.devargs, p.mtu, p.exception == ExceptionMode::Tap,
+                             p.exceptionName});
+  }
+  for (auto& a : ealArgsForPorts(specs, workers)) eal.push_back(a);
+  // With only virtual ports, keep the EAL off the host's PCI devices (a VM's
+  // own virtio NIC, say) unless the operator chose devices explicitly.
+  bool anyPci = false, operatorChosePci = false;
+  for (const auto& s : specs) anyPci = anyPci || isPciAddress(deviceNameOf(s.devargs));
+  for (const auto& a : options.ealArgs) {
+    operatorChosePci = operatorChosePci || a == "-a" || a == "-b" || a == "--no-pci" ||
+                       a.rfind("--allow", 0) == 0 || a.rfind("--block", 0) == 0;
+  }
+  if (!anyPci && !operatorChosePci) eal.push_back("--no-pci");
+  std::vector<char*> argv;
+  for (auto& a : eal) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::string joined;
+  for (const auto& a : eal) joined += " " + a;
+  log("EAL" + joined);
+  if (rte_eal_init(static_cast<int>(argv.size() - 1), argv.data()) < 0) {
+    std::fprintf(stderr, "spillwayd: EAL start failed: %s\n", rte_strerror(rte_errno));
+    return 1;
+  }
+  int exitCode = 0;
+  {
+    for (auto l : config.dataplane.lcores) {
+      if (!rte_lcore_is_enabled(l) || l == rte_get_main_lcore()) {
+        std::fprintf(stderr,
+                     "spillwayd: worker lcore %u is not an enabled worker lcore (EAL -l list, "
+                     "main lcore %u)\n",
+                     l, rte_get_main_lcore());
+        rte_eal_cleanup();
+        return 1;
+      }
+    }
+    PortSet ports;
+    std::string error;
+    if (!ports.open(specs, static_cast<std::uint16_t>(workers), error)) {
+      std::fprintf(stderr, "spillwayd: %s\n", error.c_str());
+      rte_eal_cleanup();
+      return 1;
+    }
+    SnapshotBuilder builder;
+    if (auto e = builder.setConfig(config)) {
+      std::fprintf(stderr, "spillwayd: %s\n", e->c_str());
+      ports.close();
+      rte_eal_cleanup();
+      return 1;
+    }
+    for (std::uint32_t i = 0; i < ports.ports().size(); ++i) {
+      builder.setPortMac(i, ports.ports()[i].mac);
+      log("port " + ports.ports()[i].spec.name + " is DPDK port " +
+          std::to_string(ports.ports()[i].portId) + " (" + ports.ports()[i].driver + ")" +
+          (ports.ports()[i].hasTap ? ", exception tap " + ports.ports()[i].spec.tapName : ""));
+    }
+    KernelNeighbourSource kernel;
+    NeighbourResolver resolver(kernel);
+    resolver.refresh(config);
+    builder.refreshNextHops(resolver);
+
+    QsbrDomain qsbr(workers);
+    SnapshotPublisher publisher(qsbr);
+    std::uint64_t generation = 1;
+    auto first = builder.build(generation);
+    if (!first) {
+      std::fprintf(stderr, "spillwayd: %s\n", builder.lastError().c_str());
+      ports.close();
+      rte_eal_cleanup();
+      return 1;
+    }
+    publisher.publish(std::move(first));
+    log("published snapshot generation 1");
+
+    std::vector<std::unique_ptr<Worker>> pool;
+    for (unsigned i = 0; i < workers; ++i) {
+      WorkerConfig wc;
+      wc.lcore = config.dataplane.lcores[i];
+      wc.queue = static_cast<std::uint16_t>(i);
+      wc.qsbrReader = i;
+      wc.burst = static_cast<std::uint16_t>(config.dataplane.burst);
+      wc.txDrainUs = config.dataplane.txDrainUs;
+      wc.flowTable = FlowTableConfig{config.dataplane.flowCapacity, config.dataplane.timeouts};
+      wc.hashSeed = config.dataplane.hashSeed;
+      pool.push_back(std::make_unique<Worker>(wc, ports.ports(), qsbr, publisher));
+    }
+    gWorkersStop.store(false);
+    for (auto& w : pool) rte_eal_remote_launch(workerMain, w.get(), w->config().lcore);
+    log("running " + std::to_string(workers) + " worker lcore(s)");
+
+    const auto start = Clock::now();
+    auto lastStats = start, lastNeighbours = start, lastRx = start;
+    std::uint64_t rxSeen = 0;
+    while (!gStop.load()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      const auto now = Clock::now();
+      publisher.reclaim();
+      if (now - lastNeighbours >= std::chrono::milliseconds(250)) {
+        lastNeighbours = now;
+        resolver.refresh(config);
+        if (builder.refreshNextHops(resolver) > 0) {
+          if (auto next = builder.build(++generation)) {
+            publisher.publish(std::move(next));
+            log("next hops changed: published snapshot generation " + std::to_string(generation));
+          } else {
+            --generation;
+            log("rebuild failed: " + builder.lastError());
+          }
+        }
+      }
+      if (!options.statsFile.empty() &&
+          now - lastStats >= std::chrono::milliseconds(options.statsIntervalMs)) {
+        lastStats = now;
+        writeAtomically(options.statsFile, statsJson(config, builder, pool, generation));
+      }
+      const std::uint64_t rx = sum(pool).rx;
+      if (rx != rxSeen) {
+        rxSeen = rx;
+        lastRx = now;
+      }
+      if (options.exitAfterIdleMs != 0 && rxSeen > 0 &&
+          now - lastRx >= std::chrono::milliseconds(options.exitAfterIdleMs)) {
+        log("idle, stopping");
+        break;
+      }
+      if (options.runForMs != 0 && now - start >= std::chrono::milliseconds(options.runForMs)) {
+        break;
+      }
+    }
+    gWorkersStop.store(true);
+    rte_eal_mp_wait_lcore();
+    const std::string stats = statsJson(config, builder, pool, generation);
+    if (!options.statsFile.empty()) writeAtomically(options.statsFile, stats);
+    std::printf("%s\n", stats.c_str());
+    std::fflush(stdout);
+    pool.clear();
+    while (publisher.reclaim() > 0) {
+    }
+    ports.close();
+  }
+  rte_eal_cleanup();
+  return exitCode;
+}
+
+}  // namespace spillway

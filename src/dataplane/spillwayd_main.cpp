@@ -1,0 +1,89 @@
+// spillwayd: the Spillway load balancer daemon.
+//
+//   spillwayd [EAL options] -- --config FILE [options]
+//   spillwayd --check-config FILE
+//
+// EAL options (lcores, memory, --no-huge, --file-prefix, ...) go before "--";
+// the ports' devices are added from the configuration. Without -l, the EAL
+// gets the configured worker lcores plus the lowest free lcore as the main
+// (control) lcore.
+#include <CLI/CLI.hpp>
+
+#include <csignal>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "control/config.hpp"
+#include "daemon.hpp"
+
+namespace {
+
+void onSignal(int) { spillway::daemonStopRequested().store(true); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> eal;
+  std::vector<std::string> app;
+  int split = -1;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--") {
+      split = i;
+      break;
+    }
+  }
+  for (int i = 1; i < argc; ++i) {
+    if (split < 0 || i > split) {
+      app.emplace_back(argv[i]);
+    } else if (i < split) {
+      eal.emplace_back(argv[i]);
+    }
+  }
+
+  CLI::App cli{"spillwayd: kernel-bypass L4 load balancer for hybrid GPU estates"};
+  spillway::DaemonOptions options;
+  std::string checkPath;
+  cli.add_option("--config,-c", options.configPath, "configuration file (TOML)");
+  cli.add_option("--check-config", checkPath,
+                 "validate a configuration file and exit (no EAL, no root needed)");
+  cli.add_option("--stats-file", options.statsFile, "write JSON statistics to this file");
+  cli.add_option("--stats-interval-ms", options.statsIntervalMs, "statistics period")
+      ->check(CLI::Range(10u, 3'600'000u));
+  cli.add_option("--exit-after-idle-ms", options.exitAfterIdleMs,
+                 "stop once no packet arrived for this long after the first (tests, replays)");
+  cli.add_option("--run-for-ms", options.runForMs, "stop after this long");
+  cli.add_flag("--quiet,-q", options.quiet, "no progress messages on stderr");
+  std::vector<std::string> reversed(app.rbegin(), app.rend());
+  try {
+    cli.parse(reversed);
+  } catch (const CLI::ParseError& e) {
+    return cli.exit(e);
+  }
+
+  if (!checkPath.empty()) {
+    const auto result = spillway::loadConfig(checkPath);
+    if (!result) {
+      std::fprintf(stderr, "%s", spillway::formatErrors(result.errors()).c_str());
+      return 2;
+    }
+    const auto& c = result.value();
+    std::printf("%s: OK (%zu ports, %zu pools, %zu VIPs, %zu backends, %zu worker lcores)\n",
+                checkPath.c_str(), c.ports.size(), c.pools.size(), c.vips.size(),
+                c.backends.size(), c.dataplane.lcores.size());
+    return 0;
+  }
+  if (options.configPath.empty()) {
+    std::fprintf(stderr, "spillwayd: --config FILE is required (or --check-config FILE)\n");
+    return 2;
+  }
+  auto result = spillway::loadConfig(options.configPath);
+  if (!result) {
+    std::fprintf(stderr, "%s", spillway::formatErrors(result.errors()).c_str());
+    return 2;
+  }
+  options.ealArgs = eal;
+  std::signal(SIGINT, onSignal);
+  std::signal(SIGTERM, onSignal);
+  return spillway::runDaemon(result.value(), options);
+}

@@ -1,0 +1,180 @@
+#include "worker.hpp"
+
+#include <rte_cycles.h>
+#include <rte_malloc.h>
+#include <rte_mbuf.h>
+#include <rte_prefetch.h>
+
+#include <stdexcept>
+
+namespace spillway {
+
+struct Worker::PortIo {
+  std::uint16_t portId = 0;
+  bool hasTap = false;
+  std::uint16_t tapPortId = 0;
+  rte_eth_dev_tx_buffer* tx = nullptr;
+  rte_eth_dev_tx_buffer* tapTx = nullptr;
+};
+
+namespace {
+
+rte_eth_dev_tx_buffer* makeTxBuffer(std::uint16_t size, Counter* dropped, int socket) {
+  auto* b = static_cast<rte_eth_dev_tx_buffer*>(
+      rte_zmalloc_socket("swd_txbuf", RTE_ETH_TX_BUFFER_SIZE(size), 0, socket));
+  if (b == nullptr) throw std::runtime_error("cannot allocate a TX buffer");
+  rte_eth_tx_buffer_init(b, size);
+  rte_eth_tx_buffer_set_err_callback(
+      b,
+      [](rte_mbuf** unsent, std::uint16_t count, void* user) {
+        rte_pktmbuf_free_bulk(unsent, count);
+        static_cast<Counter*>(user)->add(count);
+      },
+      dropped);
+  return b;
+}
+
+}  // namespace
+
+Worker::Worker(const WorkerConfig& config, const std::vector<OpenPort>& ports, QsbrDomain& qsbr,
+               const SnapshotPublisher& publisher)
+    : config_(config),
+      qsbr_(qsbr),
+      publisher_(publisher),
+      steering_(config.flowTable, config.hashSeed) {
+  const int socket = static_cast<int>(rte_lcore_to_socket_id(config.lcore));
+  for (const auto& p : ports) {
+    auto io = std::make_unique<PortIo>();
+    io->portId = p.portId;
+    io->hasTap = p.hasTap;
+    io->tapPortId = p.tapPortId;
+    io->tx = makeTxBuffer(config.burst, &counters_.txDropped, socket);
+    if (p.hasTap) io->tapTx = makeTxBuffer(config.burst, &counters_.txDropped, socket);
+    ports_.push_back(std::move(io));
+  }
+}
+
+Worker::~Worker() {
+  for (auto& io : ports_) {
+    rte_free(io->tx);
+    rte_free(io->tapTx);
+  }
+}
+
+void Worker::send(PortIo& to, rte_mbuf* m) noexcept {
+  rte_eth_tx_buffer(to.portId, config_.queue, to.tx, m);
+}
+
+void Worker::sendToTap(PortIo& io, rte_mbuf* m) noexcept {
+  rte_eth_tx_buffer(io.tapPortId, config_.queue, io.tapTx, m);
+}
+
+void Worker::pollPort(PortIo& io, const ForwardingSnapshot& snapshot,
+                      std::uint64_t nowMs) noexcept {
+  std::array<rte_mbuf*, kMaxBurst> mbufs;
+  const std::uint16_t want = config_.burst < kMaxBurst ? config_.burst : kMaxBurst;
+  const std::uint16_t n = rte_eth_rx_burst(io.portId, config_.queue, mbufs.data(), want);
+  if (n == 0) return;
+  std::array<FrameRef, kMaxBurst> frames;
+  std::array<SteerResult, kMaxBurst> results;
+  std::array<rte_mbuf*, kMaxBurst> kept;
+  std::uint16_t k = 0;
+  for (std::uint16_t i = 0; i < n; ++i) {
+    rte_mbuf* m = mbufs[i];
+    if (m->nb_segs != 1) [[unlikely]] {
+      counters_.multiSegment.add();
+      rte_pktmbuf_free(m);
+      continue;
+    }
+    frames[k] = FrameRef{std::span(static_cast<std::byte*>(m->buf_addr), m->buf_len),
+                         m->data_off, m->data_len};
+    kept[k++] = m;
+  }
+  steering_.steerBurst(std::span(frames.data(), k), std::span(results.data(), k), snapshot,
+                       nowMs);
+  for (std::uint16_t i = 0; i < k; ++i) {
+    rte_mbuf* m = kept[i];
+    const SteerResult& r = results[i];
+    switch (r.verdict) {
+      case Verdict::Forward:
+      case Verdict::Reply: {
+        m->data_off = static_cast<std::uint16_t>(r.dataOffset);
+        m->data_len = static_cast<std::uint16_t>(r.length);
+        m->pkt_len = static_cast<std::uint32_t>(r.length);
+        PortIo* out = &io;
+        if (r.verdict == Verdict::Forward) {
+          if (r.egressPort < ports_.size()) out = ports_[r.egressPort].get();
+          if (r.backend < kStatsBackends) {
+            counters_.backendPackets[r.backend].add();
+            if (r.newFlow) counters_.backendNewFlows[r.backend].add();
+          }
+        }
+        send(*out, m);
+        break;
+      }
+      case Verdict::ToKernel:
+        if (io.hasTap) {
+          sendToTap(io, m);
+          counters_.exceptionTx.add();
+        } else {
+          // af_packet and af_xdp: the kernel already has its own copy, or
+          // the XDP program passed it there before it reached us.
+          rte_pktmbuf_free(m);
+        }
+        break;
+      case Verdict::Drop:
+        rte_pktmbuf_free(m);
+        break;
+    }
+  }
+}
+
+void Worker::pollTap(PortIo& io) noexcept {
+  std::array<rte_mbuf*, kMaxBurst> mbufs;
+  const std::uint16_t want = config_.burst < kMaxBurst ? config_.burst : kMaxBurst;
+  const std::uint16_t n = rte_eth_rx_burst(io.tapPortId, config_.queue, mbufs.data(), want);
+  for (std::uint16_t i = 0; i < n; ++i) send(io, mbufs[i]);
+  counters_.exceptionRx.add(n);
+}
+
+void Worker::flushAll() noexcept {
+  for (auto& io : ports_) {
+    counters_.txPackets.add(rte_eth_tx_buffer_flush(io->portId, config_.queue, io->tx));
+    if (io->hasTap) (void)rte_eth_tx_buffer_flush(io->tapPortId, config_.queue, io->tapTx);
+  }
+}
+
+void Worker::run(const std::atomic<bool>& stop) noexcept {
+  const std::uint64_t hz = rte_get_tsc_hz();
+  const std::uint64_t drainTsc = hz / 1'000'000 * config_.txDrainUs;
+  const std::uint64_t start = rte_get_tsc_cycles();
+  std::uint64_t lastDrain = start;
+  // The steering clock: milliseconds of TSC time since the worker started,
+  // offset so that it never sits near zero (flow stamps are 32-bit).
+  const std::uint64_t tscPerMs = hz / 1000 == 0 ? 1 : hz / 1000;
+  qsbr_.online(config_.qsbrReader);
+  while (!stop.load(std::memory_order_relaxed)) {
+    const std::uint64_t tsc = rte_get_tsc_cycles();
+    const std::uint64_t nowMs = (tsc - start) / tscPerMs + 1'000'000;
+    const ForwardingSnapshot* snapshot = publisher_.current();
+    if (snapshot != nullptr) [[likely]] {
+      for (auto& io : ports_) pollPort(*io, *snapshot, nowMs);
+      counters_.snapshotGeneration.set(snapshot->generation);
+    }
+    for (auto& io : ports_) {
+      if (io->hasTap) pollTap(*io);
+    }
+    // No pointer into the snapshot survives past this point.
+    qsbr_.quiescent(config_.qsbrReader);
+    if (tsc - lastDrain >= drainTsc) {
+      flushAll();
+      lastDrain = tsc;
+      // Idle-time housekeeping: a few flow-table buckets per drain period.
+      (void)steering_.flowTable().sweep(nowMs, 64);
+    }
+  }
+  flushAll();
+  qsbr_.offline(config_.qsbrReader);
+}
+
+}  // namespace spillway

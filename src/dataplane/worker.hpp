@@ -1,0 +1,92 @@
+// One worker lcore, run to completion: RX burst from every port, the core's
+// steering pipeline (steering.hpp), then buffered TX, the exception path or a
+// free by verdict; TX buffers drain on a deadline (DPDK examples/l3fwd).
+//
+// The worker loads the published snapshot once per burst round and reports a
+// quiescent state after it (rcu.hpp), so the control thread can free old
+// snapshots. Per packet: no lock, no read-modify-write atomic, no allocation,
+// no exception, no log line.
+//
+// Thread contract: a Worker is built by the main thread, then run() on its
+// own lcore until stop is set; counters are single-writer (stats.hpp) and
+// read by the control thread.
+#pragma once
+
+#include <rte_ethdev.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "ports.hpp"
+#include "spillway/rcu.hpp"
+#include "spillway/snapshot.hpp"
+#include "spillway/steering.hpp"
+
+namespace spillway {
+
+struct WorkerConfig {
+  unsigned lcore = 0;
+  std::uint16_t queue = 0;       // this worker's RX/TX queue on every port
+  std::size_t qsbrReader = 0;    // this worker's slot in the QSBR domain
+  std::uint16_t burst = 32;
+  std::uint32_t txDrainUs = 100;
+  FlowTableConfig flowTable{};
+  std::uint64_t hashSeed = 0;
+};
+
+// Backend indices below this get per-backend packet and new-flow counters.
+inline constexpr std::uint32_t kStatsBackends = 4096;
+
+struct WorkerCounters {
+  WorkerCounters()
+      : backendPackets(std::make_unique<Counter[]>(kStatsBackends)),
+        backendNewFlows(std::make_unique<Counter[]>(kStatsBackends)) {}
+
+  Counter txPackets;
+  Counter txDropped;       // TX ring full: freed, counted here and as drops
+  Counter exceptionRx;     // from the kernel (tap) to the wire
+  Counter exceptionTx;     // from the wire to the kernel (tap)
+  Counter multiSegment;    // chained mbufs, dropped: spillwayd steers single-segment frames
+  Counter idlePolls;
+  Counter snapshotGeneration;  // the generation this worker last used
+  std::unique_ptr<Counter[]> backendPackets;   // forwarded, by backend index
+  std::unique_ptr<Counter[]> backendNewFlows;  // flows opened, by backend index
+};
+
+class Worker {
+ public:
+  Worker(const WorkerConfig& config, const std::vector<OpenPort>& ports, QsbrDomain& qsbr,
+         const SnapshotPublisher& publisher);
+  ~Worker();
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  // The lcore loop; returns when `stop` is set, after flushing every TX buffer.
+  void run(const std::atomic<bool>& stop) noexcept;
+
+  [[nodiscard]] const SteeringCounters& steering() const noexcept { return steering_.counters(); }
+  [[nodiscard]] const FlowTableCounters& flowTable() const noexcept {
+    return steering_.flowTable().counters();
+  }
+  [[nodiscard]] const WorkerCounters& counters() const noexcept { return counters_; }
+  [[nodiscard]] const WorkerConfig& config() const noexcept { return config_; }
+
+ private:
+  struct PortIo;
+  void pollPort(PortIo& io, const ForwardingSnapshot& snapshot, std::uint64_t nowMs) noexcept;
+  void pollTap(PortIo& io) noexcept;
+  void send(PortIo& to, rte_mbuf* m) noexcept;
+  void sendToTap(PortIo& io, rte_mbuf* m) noexcept;
+  void flushAll() noexcept;
+
+  WorkerConfig config_;
+  QsbrDomain& qsbr_;
+  const SnapshotPublisher& publisher_;
+  Steering steering_;
+  std::vector<std::unique_ptr<PortIo>> ports_;
+  WorkerCounters counters_;
+};
+
+}  // namespace spillway
