@@ -233,6 +233,7 @@ int runDaemon(const Config& config, const DaemonOptions& options) {
     NeighbourResolver resolver(kernel);
     resolver.refresh(config);
     builder.refreshNextHops(resolver);
+    resolver.solicitUnresolved(config);
 
     QsbrDomain qsbr(workers);
     SnapshotPublisher publisher(qsbr);
@@ -273,7 +274,10 @@ int runDaemon(const Config& config, const DaemonOptions& options) {
       if (now - lastNeighbours >= std::chrono::milliseconds(250)) {
         lastNeighbours = now;
         resolver.refresh(config);
-        if (builder.refreshNextHops(resolver) > 0) {
+        const std::size_t changed = builder.refreshNextHops(resolver);
+        // Unresolved next hops: have the kernel ask (ARP / ND) for the next round.
+        resolver.solicitUnresolved(config);
+        if (changed > 0) {
           if (auto next = builder.build(++generation)) {
             publisher.publish(std::move(next));
             log("next hops changed: published snapshot generation " + std::to_string(generation));
