@@ -1,0 +1,1095 @@
+#include "control/config.hpp"
+
+#include <arpa/inet.h>
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <initializer_list>
+#include <map>
+#include <set>
+#include <sstream>
+#include <utility>
+
+namespace spillway {
+
+std::optional<IpAddress> parseIpAddress(std::string_view text) {
+  if (text.empty() || text.size() > 64) return std::nullopt;
+  const std::string s(text);
+  IpAddress a;
+  if (s.find(':') == std::string::npos) {
+    std::uint8_t b[4];
+    if (inet_pton(AF_INET, s.c_str(), b) != 1) return std::nullopt;
+    for (int i = 0; i < 4; ++i) a.bytes[i] = std::byte{b[i]};
+    a.version = IpVersion::V4;
+  } else {
+    std::uint8_t b[16];
+    if (inet_pton(AF_INET6, s.c_str(), b) != 1) return std::nullopt;
+    for (int i = 0; i < 16; ++i) a.bytes[i] = std::byte{b[i]};
+    a.version = IpVersion::V6;
+  }
+  return a;
+}
+
+std::string formatIpAddress(const IpAddress& address) {
+  char buf[INET6_ADDRSTRLEN] = {};
+  std::uint8_t b[16];
+  for (int i = 0; i < 16; ++i) b[i] = std::to_integer<std::uint8_t>(address.bytes[i]);
+  const int family = address.version == IpVersion::V4 ? AF_INET : AF_INET6;
+  if (inet_ntop(family, b, buf, sizeof buf) == nullptr) return "?";
+  return buf;
+}
+
+std::optional<MacAddress> parseMacAddress(std::string_view text) {
+  if (text.size() != 17) return std::nullopt;
+  MacAddress mac{};
+  for (std::size_t i = 0; i < 6; ++i) {
+    const char* first = text.data() + i * 3;
+    if (i < 5 && first[2] != ':') return std::nullopt;
+    auto [end, ec] = std::from_chars(first, first + 2, mac[i], 16);
+    if (ec != std::errc{} || end != first + 2) return std::nullopt;
+  }
+  return mac;
+}
+
+std::string formatMacAddress(const MacAddress& mac) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string s;
+  for (std::size_t i = 0; i < mac.size(); ++i) {
+    if (i) s += ':';
+    s += kHex[mac[i] >> 4];
+    s += kHex[mac[i] & 15];
+  }
+  return s;
+}
+
+std::string formatError(const ConfigError& e) {
+  std::string s = e.file;
+  if (e.line != 0) s += ':' + std::to_string(e.line) + ':' + std::to_string(e.column);
+  s += ": ";
+  if (!e.field.empty()) {
+    s += e.field;
+    if (!e.value.empty()) s += " = " + e.value;
+    s += ": ";
+  }
+  return s + e.message;
+}
+
+std::string formatErrors(const std::vector<ConfigError>& errors) {
+  std::string s;
+  for (const ConfigError& e : errors) s += formatError(e) + '\n';
+  return s;
+}
+
+std::string_view toString(PortRole role) noexcept {
+  switch (role) {
+    case PortRole::OneArmed:
+      return "one-armed";
+    case PortRole::Client:
+      return "client";
+    case PortRole::Backend:
+      return "backend";
+  }
+  return "?";
+}
+
+std::string_view toString(ExceptionMode mode) noexcept {
+  return mode == ExceptionMode::Tap ? "tap" : "none";
+}
+
+std::string_view toString(PoolSite site) noexcept {
+  return site == PoolSite::Cloud ? "cloud" : "onprem";
+}
+
+std::string_view toString(PoolEncap encap) noexcept {
+  return encap == PoolEncap::Gue ? "gue" : "ipip";
+}
+
+namespace {
+
+using namespace std::string_literals;
+
+struct Place {
+  std::uint32_t line = 0;
+  std::uint32_t column = 0;
+};
+
+Place regionPlace(const toml::source_region& r) {
+  return {r.begin.line, r.begin.column};
+}
+
+// The value as written, on one line and shortened: strings in double quotes,
+// tables as {...}.
+std::string describe(const toml::node& n) {
+  std::string s;
+  if (const auto* str = n.as_string()) {
+    s = '"';
+    for (char c : str->get()) {
+      if (c == '"' || c == '\\') s += '\\';
+      s += static_cast<unsigned char>(c) < 0x20 ? '?' : c;
+    }
+    s += '"';
+  } else if (n.is_table() ||
+             (n.is_array() && !n.as_array()->empty() && n.as_array()->get(0)->is_table())) {
+    s = n.is_table() ? "{...}" : "[{...}]";
+  } else {
+    std::ostringstream os;
+    n.visit([&](auto&& v) { os << v; });
+    for (char c : os.str()) s += c == '\n' ? ' ' : c;
+  }
+  if (s.size() > 72) s = s.substr(0, 69) + "...";
+  return s;
+}
+
+std::string_view typeName(toml::node_type t) {
+  switch (t) {
+    case toml::node_type::string:
+      return "a string";
+    case toml::node_type::integer:
+      return "an integer";
+    case toml::node_type::floating_point:
+      return "a float";
+    case toml::node_type::boolean:
+      return "a boolean";
+    case toml::node_type::array:
+      return "an array";
+    case toml::node_type::table:
+      return "a table";
+    case toml::node_type::date:
+    case toml::node_type::time:
+    case toml::node_type::date_time:
+      return "a date/time";
+    case toml::node_type::none:
+      break;
+  }
+  return "nothing";
+}
+
+std::string hex64(std::uint64_t v) {
+  char buf[19];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v, 16);
+  (void)ec;
+  return "0x" + std::string(buf, end);
+}
+
+bool isUnspecifiedOrMulticast(const IpAddress& a) {
+  const auto b0 = std::to_integer<std::uint8_t>(a.bytes[0]);
+  if (a.version == IpVersion::V4) {
+    if (b0 >= 224) return true;  // multicast, reserved, broadcast
+  } else if (b0 == 0xff) {
+    return true;
+  }
+  const std::size_t len = a.version == IpVersion::V4 ? 4 : 16;
+  return std::all_of(a.bytes.begin(), a.bytes.begin() + static_cast<std::ptrdiff_t>(len),
+                     [](std::byte x) { return x == std::byte{0}; });
+}
+
+bool isUnicastMac(const MacAddress& m) {
+  return (m[0] & 1) == 0 && m != MacAddress{};
+}
+
+// Names appear in the CLI and as metric labels: keep them plain.
+std::optional<std::string> nameProblem(std::string_view name) {
+  if (name.empty()) return "must not be empty";
+  if (name.size() > 64) return "longer than 64 characters";
+  auto ok = [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+           c == '_' || c == '.';
+  };
+  if (!std::all_of(name.begin(), name.end(), ok)) {
+    return "may hold only letters, digits, '-', '_' and '.'";
+  }
+  return std::nullopt;
+}
+
+bool isHex(char c) {
+  return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+}
+
+bool isPciAddress(std::string_view s) {
+  // [DDDD:]BB:DD.F, hex digits, function 0..7
+  auto hexRun = [&](std::size_t at, std::size_t n) {
+    if (at + n > s.size()) return false;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!isHex(s[at + i])) return false;
+    }
+    return true;
+  };
+  std::size_t at = 0;
+  if (s.size() == 12) {
+    if (!hexRun(0, 4) || s[4] != ':') return false;
+    at = 5;
+  } else if (s.size() != 7) {
+    return false;
+  }
+  return hexRun(at, 2) && s[at + 2] == ':' && hexRun(at + 3, 2) && s[at + 5] == '.' &&
+         s[at + 6] >= '0' && s[at + 6] <= '7';
+}
+
+bool isVdevDriver(std::string_view s) {
+  if (s.size() <= 4 || s.substr(0, 4) != "net_") return false;
+  return std::all_of(s.begin() + 4, s.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+  });
+}
+
+// The iface= argument of an af_packet / af_xdp vdev, which is the kernel
+// interface whose neighbour table serves the port.
+std::string vdevInterface(std::string_view devargs) {
+  if (devargs.substr(0, 13) != "net_af_packet" && devargs.substr(0, 10) != "net_af_xdp") return {};
+  std::size_t pos = devargs.find(',');
+  while (pos != std::string_view::npos) {
+    const std::size_t next = devargs.find(',', pos + 1);
+    std::string_view arg = devargs.substr(
+        pos + 1, next == std::string_view::npos ? std::string_view::npos : next - pos - 1);
+    if (arg.substr(0, 6) == "iface=") return std::string(arg.substr(6));
+    pos = next;
+  }
+  return {};
+}
+
+class Loader;
+
+// One TOML table being read. Every key asked for is "known"; finish() reports
+// the keys present but never asked for, with the list of known ones.
+class Section {
+ public:
+  Section(Loader& loader, const toml::table& table, std::string path)
+      : loader_(loader), table_(table), path_(std::move(path)) {}
+
+  [[nodiscard]] std::string field(std::string_view key) const {
+    return path_.empty() ? std::string(key) : path_ + "." + std::string(key);
+  }
+  [[nodiscard]] const std::string& path() const { return path_; }
+  [[nodiscard]] Place place() const { return regionPlace(table_.source()); }
+  [[nodiscard]] Place placeOf(std::string_view key) const;
+
+  // The node of `key`, or nullptr when absent (then an error if required).
+  const toml::node* get(std::string_view key, bool required = false);
+
+  void fail(std::string_view key, std::string message);
+  void failMissing(std::string_view key, std::string message = "missing; this key is required");
+  void failAt(const toml::node& node, std::string fieldName, std::string message);
+
+  std::optional<std::string> string(std::string_view key, bool required = false);
+  std::optional<bool> boolean(std::string_view key);
+  std::optional<std::int64_t> integer(std::string_view key, std::int64_t min, std::int64_t max,
+                                      bool required = false);
+  // A 64-bit unsigned: a non-negative integer or a "0x..." string.
+  std::optional<std::uint64_t> u64(std::string_view key, bool required = false);
+  std::optional<std::string> name(std::string_view key = "name");
+  std::optional<IpAddress> address(std::string_view key, bool required = false);
+  std::optional<MacAddress> mac(std::string_view key);
+  std::optional<Millis> seconds(std::string_view key);
+  template <class E>
+  std::optional<E> choice(std::string_view key, std::initializer_list<std::pair<const char*, E>>,
+                          bool required = false);
+  const toml::array* array(std::string_view key, bool required = false);
+  const toml::table* table(std::string_view key);
+
+  void finish();
+
+ private:
+  Loader& loader_;
+  const toml::table& table_;
+  std::string path_;
+  std::vector<std::string> known_;
+};
+
+class Loader {
+ public:
+  explicit Loader(std::string file) : file_(std::move(file)) {}
+
+  void error(Place p, std::string field, std::string value, std::string message) {
+    errors_.push_back(ConfigError{file_, p.line, p.column, std::move(field), std::move(value),
+                                  std::move(message)});
+  }
+
+  ConfigResult load(std::string_view text);
+
+ private:
+  struct PortExtra {
+    Place mtu;
+    Place place;
+  };
+  struct Seen {
+    std::string where;  // "port[0]"
+    std::uint32_t line;
+  };
+  static std::string already(const Seen& s) {
+    return s.where + " (line " + std::to_string(s.line) + ")";
+  }
+
+  void loadDataplane(const toml::table& root, std::set<std::string>& used);
+  void loadPorts(const toml::table& root, std::set<std::string>& used);
+  void loadPools(const toml::table& root, std::set<std::string>& used);
+  void loadVips(const toml::table& root, std::set<std::string>& used);
+  void loadBackends(const toml::table& root, std::set<std::string>& used);
+  // The tables of an array of tables [[key]]; errors for anything else.
+  std::vector<std::pair<const toml::table*, std::string>> tables(const toml::table& root,
+                                                                 std::string_view key);
+
+  std::string file_;
+  Config config_;
+  std::vector<ConfigError> errors_;
+  std::vector<PortExtra> portExtra_;
+  std::vector<Place> vipPlaces_;
+  std::map<std::string, std::uint32_t, std::less<>> portByName_;
+  std::map<std::string, std::uint32_t, std::less<>> poolByName_;
+  bool poolsValid_ = true;  // every [[pool]] loaded without error
+  bool portsValid_ = true;
+};
+
+Place Section::placeOf(std::string_view key) const {
+  const toml::node* n = table_.get(key);
+  return n ? regionPlace(n->source()) : place();
+}
+
+const toml::node* Section::get(std::string_view key, bool required) {
+  if (std::find(known_.begin(), known_.end(), key) == known_.end()) known_.emplace_back(key);
+  const toml::node* n = table_.get(key);
+  if (n == nullptr && required) failMissing(key);
+  return n;
+}
+
+void Section::fail(std::string_view key, std::string message) {
+  const toml::node* n = table_.get(key);
+  loader_.error(placeOf(key), field(key), n ? describe(*n) : "", std::move(message));
+}
+
+void Section::failMissing(std::string_view key, std::string message) {
+  loader_.error(place(), field(key), "", std::move(message));
+}
+
+void Section::failAt(const toml::node& node, std::string fieldName, std::string message) {
+  loader_.error(regionPlace(node.source()), std::move(fieldName), describe(node),
+                std::move(message));
+}
+
+std::optional<std::string> Section::string(std::string_view key, bool required) {
+  const toml::node* n = get(key, required);
+  if (n == nullptr) return std::nullopt;
+  if (const auto* s = n->as_string()) return s->get();
+  fail(key, "expected a string, got "s + std::string(typeName(n->type())));
+  return std::nullopt;
+}
+
+std::optional<bool> Section::boolean(std::string_view key) {
+  const toml::node* n = get(key);
+  if (n == nullptr) return std::nullopt;
+  if (const auto* b = n->as_boolean()) return b->get();
+  fail(key, "expected true or false, got "s + std::string(typeName(n->type())));
+  return std::nullopt;
+}
+
+std::optional<std::int64_t> Section::integer(std::string_view key, std::int64_t min,
+                                             std::int64_t max, bool required) {
+  const toml::node* n = get(key, required);
+  if (n == nullptr) return std::nullopt;
+  const auto* i = n->as_integer();
+  if (i == nullptr) {
+    fail(key, "expected an integer, got "s + std::string(typeName(n->type())));
+    return std::nullopt;
+  }
+  const std::int64_t v = i->get();
+  if (v < min || v > max) {
+    fail(key,
+         "out of range; must be in [" + std::to_string(min) + ", " + std::to_string(max) + "]");
+    return std::nullopt;
+  }
+  return v;
+}
+
+std::optional<std::uint64_t> Section::u64(std::string_view key, bool required) {
+  const toml::node* n = get(key, required);
+  if (n == nullptr) return std::nullopt;
+  if (const auto* i = n->as_integer()) {
+    if (i->get() < 0) {
+      fail(key, "must not be negative; write values above 2^63 - 1 as a hex string \"0x...\"");
+      return std::nullopt;
+    }
+    return static_cast<std::uint64_t>(i->get());
+  }
+  if (const auto* s = n->as_string()) {
+    std::string_view t = s->get();
+    if (t.size() > 2 && t[0] == '0' && (t[1] == 'x' || t[1] == 'X') && t.size() <= 18) {
+      std::uint64_t v = 0;
+      auto [end, ec] = std::from_chars(t.data() + 2, t.data() + t.size(), v, 16);
+      if (ec == std::errc{} && end == t.data() + t.size()) return v;
+    }
+    fail(key, "expected an integer or a hex string of 1 to 16 digits such as \"0x5eed\"");
+    return std::nullopt;
+  }
+  fail(key, "expected an integer or a hex string, got "s + std::string(typeName(n->type())));
+  return std::nullopt;
+}
+
+std::optional<std::string> Section::name(std::string_view key) {
+  auto s = string(key, true);
+  if (!s) return std::nullopt;
+  if (auto bad = nameProblem(*s)) {
+    fail(key, *bad);
+    return std::nullopt;
+  }
+  return s;
+}
+
+std::optional<IpAddress> Section::address(std::string_view key, bool required) {
+  auto s = string(key, required);
+  if (!s) return std::nullopt;
+  auto a = parseIpAddress(*s);
+  if (!a) {
+    fail(key, "not an IPv4 or IPv6 address");
+    return std::nullopt;
+  }
+  if (isUnspecifiedOrMulticast(*a)) {
+    fail(key, "must be a unicast address (not unspecified, multicast or broadcast)");
+    return std::nullopt;
+  }
+  return a;
+}
+
+std::optional<MacAddress> Section::mac(std::string_view key) {
+  auto s = string(key);
+  if (!s) return std::nullopt;
+  auto m = parseMacAddress(*s);
+  if (!m) {
+    fail(key, "not a MAC address; write it as \"02:00:00:00:00:01\"");
+    return std::nullopt;
+  }
+  if (!isUnicastMac(*m)) {
+    fail(key, "must be a unicast MAC address (not zero, multicast or broadcast)");
+    return std::nullopt;
+  }
+  return m;
+}
+
+std::optional<Millis> Section::seconds(std::string_view key) {
+  const toml::node* n = get(key);
+  if (n == nullptr) return std::nullopt;
+  double v = 0;
+  if (const auto* i = n->as_integer()) {
+    v = static_cast<double>(i->get());
+  } else if (const auto* f = n->as_floating_point()) {
+    v = f->get();
+  } else {
+    fail(key, "expected a number of seconds, got "s + std::string(typeName(n->type())));
+    return std::nullopt;
+  }
+  constexpr double kMaxSeconds = static_cast<double>(FlowTable::kMaxTimeout / 1000);
+  if (!(v >= 0.001 && v <= kMaxSeconds)) {
+    fail(key, "out of range; must be from 0.001 to " +
+                  std::to_string(FlowTable::kMaxTimeout / 1000) + " seconds");
+    return std::nullopt;
+  }
+  return static_cast<Millis>(std::llround(v * 1000.0));
+}
+
+template <class E>
+std::optional<E> Section::choice(std::string_view key,
+                                 std::initializer_list<std::pair<const char*, E>> options,
+                                 bool required) {
+  auto s = string(key, required);
+  if (!s) return std::nullopt;
+  std::string list;
+  for (const auto& [text, value] : options) {
+    if (*s == text) return value;
+    list += list.empty() ? "" : ", ";
+    list += "\""s + text + "\"";
+  }
+  fail(key, "must be one of " + list);
+  return std::nullopt;
+}
+
+const toml::array* Section::array(std::string_view key, bool required) {
+  const toml::node* n = get(key, required);
+  if (n == nullptr) return nullptr;
+  if (const auto* a = n->as_array()) return a;
+  fail(key, "expected an array, got "s + std::string(typeName(n->type())));
+  return nullptr;
+}
+
+const toml::table* Section::table(std::string_view key) {
+  const toml::node* n = get(key);
+  if (n == nullptr) return nullptr;
+  if (const auto* t = n->as_table()) return t;
+  fail(key, "expected a table, got "s + std::string(typeName(n->type())));
+  return nullptr;
+}
+
+void Section::finish() {
+  std::string list;
+  for (const std::string& k : known_) list += (list.empty() ? "" : ", ") + k;
+  for (auto&& [key, node] : table_) {
+    if (std::find(known_.begin(), known_.end(), key.str()) != known_.end()) continue;
+    loader_.error(regionPlace(key.source()), field(key.str()), describe(node),
+                  "unknown key; " + (path_.empty() ? "the top level"s : path_) + " takes " + list);
+  }
+}
+
+std::vector<std::pair<const toml::table*, std::string>> Loader::tables(const toml::table& root,
+                                                                       std::string_view key) {
+  std::vector<std::pair<const toml::table*, std::string>> out;
+  const toml::node* n = root.get(key);
+  if (n == nullptr) return out;
+  const toml::array* a = n->as_array();
+  if (a == nullptr) {
+    error(regionPlace(n->source()), std::string(key), describe(*n),
+          "expected an array of tables; write each entry as [[" + std::string(key) + "]]");
+    return out;
+  }
+  for (std::size_t i = 0; i < a->size(); ++i) {
+    std::string where = std::string(key) + "[" + std::to_string(i) + "]";
+    const toml::node& e = *a->get(i);
+    if (const auto* t = e.as_table()) {
+      out.emplace_back(t, std::move(where));
+    } else {
+      error(regionPlace(e.source()), where, describe(e),
+            "expected a table; write each entry as [[" + std::string(key) + "]]");
+    }
+  }
+  return out;
+}
+
+void Loader::loadDataplane(const toml::table& root, std::set<std::string>& used) {
+  used.insert("dataplane");
+  const toml::node* n = root.get("dataplane");
+  if (n == nullptr) {
+    error({1, 1}, "dataplane", "",
+          "missing; a [dataplane] table with lcores and hash_seed is "
+          "required");
+    return;
+  }
+  const toml::table* t = n->as_table();
+  if (t == nullptr) {
+    error(regionPlace(n->source()), "dataplane", describe(*n), "expected a table ([dataplane])");
+    return;
+  }
+  Section s(*this, *t, "dataplane");
+  DataplaneConfig& d = config_.dataplane;
+  if (const toml::array* lcores = s.array("lcores", true)) {
+    if (lcores->empty()) s.fail("lcores", "empty; list at least one worker lcore id");
+    std::set<std::int64_t> seen;
+    for (std::size_t i = 0; i < lcores->size(); ++i) {
+      const toml::node& e = *lcores->get(i);
+      const std::string f = "dataplane.lcores[" + std::to_string(i) + "]";
+      const auto* v = e.as_integer();
+      if (v == nullptr) {
+        s.failAt(e, f, "expected an lcore id (integer)");
+      } else if (v->get() < 0 || v->get() > kMaxLcoreId) {
+        s.failAt(e, f, "out of range; lcore ids are in [0, " + std::to_string(kMaxLcoreId) + "]");
+      } else if (!seen.insert(v->get()).second) {
+        s.failAt(e, f, "listed twice");
+      } else {
+        d.lcores.push_back(static_cast<std::uint32_t>(v->get()));
+      }
+    }
+  }
+  if (auto seed = s.u64("hash_seed")) {
+    d.hashSeed = *seed;
+  } else if (t->get("hash_seed") == nullptr) {
+    s.failMissing("hash_seed",
+                  "missing; set a secret 64-bit seed, the same on every load balancer instance "
+                  "(it keys the flow hash: instances must agree, attackers must not know it)");
+  }
+  if (auto v = s.integer("flow_capacity", 1, static_cast<std::int64_t>(FlowTable::kMaxCapacity))) {
+    d.flowCapacity = static_cast<std::size_t>(*v);
+  }
+  if (auto v = s.integer("burst", 1, kMaxBurst)) d.burst = static_cast<std::uint32_t>(*v);
+  if (auto v = s.integer("tx_drain_us", 0, kMaxTxDrainUs)) {
+    d.txDrainUs = static_cast<std::uint32_t>(*v);
+  }
+  if (const toml::table* tt = s.table("timeouts")) {
+    Section ts(*this, *tt, "dataplane.timeouts");
+    if (auto v = ts.seconds("embryonic")) d.timeouts.embryonic = *v;
+    if (auto v = ts.seconds("established")) d.timeouts.established = *v;
+    if (auto v = ts.seconds("closing")) d.timeouts.closing = *v;
+    if (auto v = ts.seconds("udp")) d.timeouts.udp = *v;
+    if (auto v = ts.seconds("other")) d.timeouts.other = *v;
+    ts.finish();
+  }
+  s.finish();
+}
+
+void Loader::loadPorts(const toml::table& root, std::set<std::string>& used) {
+  used.insert("port");
+  auto entries = tables(root, "port");
+  if (entries.empty() && root.get("port") == nullptr) {
+    error({1, 1}, "port", "", "missing; at least one [[port]] is required");
+  }
+  std::map<std::string, Seen> devargsSeen;
+  std::map<std::string, Seen> tapSeen;
+  for (auto& [t, where] : entries) {
+    const std::size_t before = errors_.size();
+    Section s(*this, *t, where);
+    PortConfig p;
+    const Place at = s.place();
+    if (auto v = s.name()) {
+      p.name = *v;
+      auto [it, fresh] =
+          portByName_.emplace(p.name, static_cast<std::uint32_t>(config_.ports.size()));
+      if (!fresh) {
+        s.fail("name", "duplicate port name; port[" + std::to_string(it->second) + "] has it");
+      }
+    }
+    if (auto v = s.string("devargs", true)) {
+      p.devargs = *v;
+      const std::string_view d = p.devargs;
+      const std::string_view head = d.substr(0, d.find(','));
+      if (!isPciAddress(head) && !isVdevDriver(head)) {
+        s.fail("devargs",
+               "neither a PCI address (\"0000:3b:00.0\") nor a DPDK virtual device "
+               "(\"net_af_packet0,iface=veth0\", net_af_xdp, net_tap, net_memif, net_ring, "
+               "net_pcap, net_null)");
+      } else if (auto [it, fresh] = devargsSeen.emplace(std::string(head), Seen{where, at.line});
+                 !fresh) {
+        s.fail("devargs", "the same device as " + already(it->second));
+      }
+    }
+    if (auto v = s.choice<PortRole>("role", {{"one-armed", PortRole::OneArmed},
+                                             {"client", PortRole::Client},
+                                             {"backend", PortRole::Backend}})) {
+      p.role = *v;
+    }
+    if (auto v = s.address("address")) {
+      if (v->version != IpVersion::V4) {
+        s.fail("address", "must be an IPv4 address; put the IPv6 tunnel source in address6");
+      } else {
+        p.address = v;
+      }
+    }
+    if (auto v = s.address("address6")) {
+      if (v->version != IpVersion::V6) {
+        s.fail("address6", "must be an IPv6 address; put the IPv4 tunnel source in address");
+      } else {
+        p.address6 = v;
+      }
+    }
+    if (auto v = s.integer("mtu", kIpv6MinMtu, kMaxEgressMtu)) {
+      p.mtu = static_cast<std::uint16_t>(*v);
+    }
+    if (auto v = s.integer("vlan", 1, 4094)) p.vlan = static_cast<std::uint16_t>(*v);
+    p.nextHopMac = s.mac("next_hop_mac");
+    p.mac = s.mac("mac");
+    if (auto v = s.choice<ExceptionMode>(
+            "exception", {{"none", ExceptionMode::None}, {"tap", ExceptionMode::Tap}})) {
+      p.exception = *v;
+    }
+    const bool hasExceptionName = t->get("exception_name") != nullptr;
+    if (auto v = s.string("exception_name")) {
+      if (p.exception != ExceptionMode::Tap) {
+        s.fail("exception_name", "set, but exception is not \"tap\"");
+      } else if (v->empty() || v->size() > kMaxInterfaceName) {
+        s.fail("exception_name", "an interface name has 1 to 15 characters");
+      } else {
+        p.exceptionName = *v;
+      }
+    }
+    if (p.exception == ExceptionMode::Tap && !hasExceptionName) {
+      p.exceptionName = "sw-" + p.name;
+      if (p.exceptionName.size() > kMaxInterfaceName && !p.name.empty()) {
+        s.failMissing("exception_name", "the default tap name \"" + p.exceptionName +
+                                            "\" is longer than 15 characters; set exception_name");
+      }
+    }
+    if (!p.exceptionName.empty()) {
+      if (auto [it, fresh] = tapSeen.emplace(p.exceptionName, Seen{where, at.line}); !fresh) {
+        s.fail(hasExceptionName ? "exception_name" : "name",
+               "tap name \"" + p.exceptionName + "\" already used by " + already(it->second));
+      }
+    }
+    if (auto v = s.string("kernel_interface")) {
+      if (v->empty() || v->size() > kMaxInterfaceName) {
+        s.fail("kernel_interface", "an interface name has 1 to 15 characters");
+      } else {
+        p.kernelInterface = *v;
+      }
+    } else if (t->get("kernel_interface") == nullptr) {
+      p.kernelInterface =
+          p.exception == ExceptionMode::Tap ? p.exceptionName : vdevInterface(p.devargs);
+    }
+    s.finish();
+    if (errors_.size() != before) portsValid_ = false;
+    portExtra_.push_back(PortExtra{s.placeOf("mtu"), at});
+    config_.ports.push_back(std::move(p));
+  }
+  // Two-armed layouts need both arms.
+  const auto count = [&](PortRole r) {
+    return std::count_if(config_.ports.begin(), config_.ports.end(),
+                         [&](const PortConfig& p) { return p.role == r; });
+  };
+  const auto clients = count(PortRole::Client);
+  const auto backends = count(PortRole::Backend);
+  if ((clients == 0) != (backends == 0)) {
+    const PortRole have = clients ? PortRole::Client : PortRole::Backend;
+    for (std::size_t i = 0; i < config_.ports.size(); ++i) {
+      if (config_.ports[i].role != have) continue;
+      error(portExtra_[i].place, "port[" + std::to_string(i) + "].role",
+            "\"" + std::string(toString(have)) + "\"",
+            "a two-armed layout needs a \"client\" and a \"backend\" port; this file has no \"" +
+                std::string(have == PortRole::Client ? "backend" : "client") + "\" port");
+      portsValid_ = false;
+      break;
+    }
+  }
+}
+
+void Loader::loadPools(const toml::table& root, std::set<std::string>& used) {
+  used.insert("pool");
+  for (auto& [t, where] : tables(root, "pool")) {
+    const std::size_t before = errors_.size();
+    Section s(*this, *t, where);
+    PoolConfig p;
+    if (auto v = s.name()) {
+      p.name = *v;
+      auto [it, fresh] =
+          poolByName_.emplace(p.name, static_cast<std::uint32_t>(config_.pools.size()));
+      if (!fresh) {
+        s.fail("name", "duplicate pool name; pool[" + std::to_string(it->second) + "] has it");
+      }
+    }
+    if (auto v = s.choice<PoolSite>(
+            "site", {{"onprem", PoolSite::OnPrem}, {"cloud", PoolSite::Cloud}}, true)) {
+      p.site = *v;
+    }
+    if (auto v = s.integer("priority", 0, 65535)) p.priority = static_cast<std::uint32_t>(*v);
+    if (auto v =
+            s.choice<PoolEncap>("encap", {{"ipip", PoolEncap::IpIp}, {"gue", PoolEncap::Gue}})) {
+      p.encap = *v;
+    }
+    if (auto v = s.integer("gue_port", 1, 65535)) {
+      if (p.encap != PoolEncap::Gue) {
+        s.fail("gue_port", "set, but encap is not \"gue\"");
+      } else {
+        p.guePort = static_cast<std::uint16_t>(*v);
+      }
+    }
+    s.finish();
+    if (errors_.size() != before) poolsValid_ = false;
+    config_.pools.push_back(std::move(p));
+  }
+}
+
+void Loader::loadVips(const toml::table& root, std::set<std::string>& used) {
+  used.insert("vip");
+  std::map<std::string, std::uint32_t, std::less<>> names;
+  struct KeySeen {
+    VipKey key;
+    std::uint32_t vip;
+  };
+  std::vector<KeySeen> keys;
+  for (auto& [t, where] : tables(root, "vip")) {
+    Section s(*this, *t, where);
+    VipConfig v;
+    const auto index = static_cast<std::uint32_t>(config_.vips.size());
+    bool keyOk = true;
+    if (auto n = s.name()) {
+      v.name = *n;
+      auto [it, fresh] = names.emplace(v.name, index);
+      if (!fresh) {
+        s.fail("name", "duplicate VIP name; vip[" + std::to_string(it->second) + "] has it");
+      }
+    }
+    if (auto a = s.address("address", true)) {
+      v.address = *a;
+    } else {
+      keyOk = false;
+    }
+    if (auto p =
+            s.choice<IpProto>("protocol", {{"tcp", IpProto::Tcp}, {"udp", IpProto::Udp}}, true)) {
+      v.protocol = *p;
+    } else {
+      keyOk = false;
+    }
+    if (auto p = s.integer("port", 0, 65535)) {
+      v.port = static_cast<std::uint16_t>(*p);
+    } else if (t->get("port") != nullptr) {
+      keyOk = false;
+    }
+    if (auto m = s.integer("table_size", 0, UINT32_MAX)) {
+      if (auto bad = validateMaglevTableSize(static_cast<std::uint32_t>(*m))) {
+        // "table size N is not prime; ..." -> "not prime; ..."
+        std::string why = *bad;
+        const std::string prefix = "table size " + std::to_string(*m) + " ";
+        if (why.rfind(prefix, 0) == 0) why.erase(0, prefix.size());
+        if (why.rfind("is ", 0) == 0) why.erase(0, 3);
+        s.fail("table_size", why);
+      } else {
+        v.tableSize = static_cast<std::uint32_t>(*m);
+      }
+    }
+    if (const toml::array* pools = s.array("pools", true)) {
+      if (pools->empty()) {
+        s.fail("pools", "empty; a VIP needs at least one pool to send flows to");
+      }
+      for (std::size_t i = 0; i < pools->size(); ++i) {
+        const toml::node& e = *pools->get(i);
+        const std::string f = s.field("pools") + "[" + std::to_string(i) + "]";
+        const auto* name = e.as_string();
+        if (name == nullptr) {
+          s.failAt(e, f, "expected a pool name (string)");
+          continue;
+        }
+        auto it = poolByName_.find(name->get());
+        if (it == poolByName_.end()) {
+          std::string known;
+          for (const auto& [pn, pi] : poolByName_) known += (known.empty() ? "" : ", ") + pn;
+          s.failAt(e, f,
+                   "no such pool" +
+                       (known.empty() ? "; no [[pool]] is defined"s : "; pools are " + known));
+          continue;
+        }
+        if (std::find(v.poolIndices.begin(), v.poolIndices.end(), it->second) !=
+            v.poolIndices.end()) {
+          s.failAt(e, f, "listed twice");
+          continue;
+        }
+        v.pools.push_back(name->get());
+        v.poolIndices.push_back(it->second);
+      }
+    }
+    if (auto b = s.boolean("answer_ping")) v.answerPing = *b;
+    s.finish();
+    if (keyOk) {
+      VipKey key{v.address.bytes, v.address.version, static_cast<std::uint8_t>(v.protocol), v.port};
+      for (const KeySeen& k : keys) {
+        if (k.key == key) {
+          s.fail("address", "the same address, protocol and port as vip[" + std::to_string(k.vip) +
+                                "] (line " + std::to_string(vipPlaces_[k.vip].line) + ")");
+          break;
+        }
+      }
+      keys.push_back(KeySeen{key, index});
+    }
+    vipPlaces_.push_back(s.place());
+    config_.vips.push_back(std::move(v));
+  }
+}
+
+void Loader::loadBackends(const toml::table& root, std::set<std::string>& used) {
+  used.insert("backend");
+  std::map<std::string, Seen, std::less<>> names;
+  std::map<std::uint64_t, Seen> ids;
+  std::map<std::pair<IpVersion, IpBytes>, Seen> addresses;
+  // The default egress port: the first one that reaches backends.
+  std::optional<std::uint32_t> defaultPort;
+  for (std::uint32_t i = 0; i < config_.ports.size(); ++i) {
+    if (config_.ports[i].role != PortRole::Client) {
+      defaultPort = i;
+      break;
+    }
+  }
+  // (port, kind) pairs whose MTU was already found too small for IPv6 VIPs.
+  std::set<std::pair<std::uint32_t, EncapKind>> mtuReported;
+
+  for (auto& [t, where] : tables(root, "backend")) {
+    Section s(*this, *t, where);
+    BackendConfig b;
+    const Place at = s.place();
+    bool nameOk = false;
+    if (auto n = s.name()) {
+      b.name = *n;
+      nameOk = true;
+      if (auto [it, fresh] = names.emplace(b.name, Seen{where, at.line}); !fresh) {
+        s.fail("name", "duplicate backend name; " + already(it->second) + " has it");
+      }
+    }
+    const bool hasId = t->get("id") != nullptr;
+    bool idOk = false;
+    if (auto id = s.u64("id")) {
+      b.id = *id;
+      idOk = true;
+    } else if (!hasId && nameOk) {
+      b.id = backendIdFromName(b.name);
+      idOk = true;
+    }
+    // A repeated name already said what is wrong; its derived id repeats too.
+    if (idOk && (hasId || names.at(b.name).where == where)) {
+      if (auto [it, fresh] = ids.emplace(b.id, Seen{where, at.line}); !fresh) {
+        if (hasId) {
+          s.fail("id",
+                 "duplicate backend id " + hex64(b.id) + "; " + already(it->second) + " has it");
+        } else {
+          s.fail("name", "the id derived from this name (FNV-1a 64: " + hex64(b.id) +
+                             ") equals the id of " + already(it->second) + "; set an explicit id");
+        }
+      }
+    }
+    const auto address = s.address("address", true);
+    if (address) {
+      b.address = *address;
+      if (auto [it, fresh] = addresses.emplace(std::pair{b.address.version, b.address.bytes},
+                                               Seen{where, at.line});
+          !fresh) {
+        s.fail("address", "the same address as " + already(it->second));
+      }
+    }
+    bool poolOk = false;
+    if (auto p = s.string("pool", true)) {
+      auto it = poolByName_.find(*p);
+      if (it == poolByName_.end()) {
+        std::string known;
+        for (const auto& [pn, pi] : poolByName_) known += (known.empty() ? "" : ", ") + pn;
+        s.fail("pool", "no such pool" +
+                           (known.empty() ? "; no [[pool]] is defined"s : "; pools are " + known));
+      } else {
+        b.pool = *p;
+        b.poolIndex = it->second;
+        poolOk = poolsValid_;
+      }
+    }
+    if (auto w = s.integer("weight", 0, kMaxBackendWeight)) {
+      b.weight = static_cast<std::uint32_t>(*w);
+    }
+    b.mac = s.mac("mac");
+    bool portOk = false;
+    if (auto p = s.string("port")) {
+      auto it = portByName_.find(*p);
+      if (it == portByName_.end()) {
+        std::string known;
+        for (const auto& [pn, pi] : portByName_) known += (known.empty() ? "" : ", ") + pn;
+        s.fail("port", "no such port" + (known.empty() ? ""s : "; ports are " + known));
+      } else if (config_.ports[it->second].role == PortRole::Client) {
+        s.fail("port", "port \"" + *p +
+                           "\" has role \"client\"; backends are reached through a "
+                           "\"backend\" or \"one-armed\" port");
+      } else {
+        b.port = *p;
+        b.portIndex = it->second;
+        portOk = portsValid_;
+      }
+    } else if (t->get("port") == nullptr && defaultPort) {
+      b.portIndex = *defaultPort;
+      b.port = config_.ports[*defaultPort].name;
+      portOk = portsValid_;
+    } else if (t->get("port") == nullptr && !config_.ports.empty()) {
+      s.failMissing("port", "missing, and no port reaches backends (every port is \"client\")");
+    }
+    if (auto st = s.choice<BackendState>(
+            "state", {{"active", BackendState::Active}, {"disabled", BackendState::Disabled}})) {
+      b.initialState = *st;
+    }
+    s.finish();
+
+    // What the outer header needs from the port.
+    if (address && portOk) {
+      const PortConfig& port = config_.ports[b.portIndex];
+      const std::string portName =
+          "port[" + std::to_string(b.portIndex) + "] \"" + port.name + "\"";
+      if (b.address.version == IpVersion::V4 && !port.address) {
+        s.fail("address", "an IPv4 backend, but its egress " + portName +
+                              " has no address (our IPv4 tunnel source)");
+      } else if (b.address.version == IpVersion::V6 && !port.address6) {
+        s.fail("address", "an IPv6 backend, but its egress " + portName +
+                              " has no address6 (our IPv6 tunnel source)");
+      }
+      if (!b.mac && !port.nextHopMac && port.kernelInterface.empty()) {
+        s.failMissing("mac",
+                      "no way to find the next-hop MAC: set mac here, or next_hop_mac or "
+                      "kernel_interface (or exception = \"tap\") on " +
+                          portName);
+      }
+      if (poolOk) {
+        const EncapKind kind = encapKindFor(config_.pools[b.poolIndex].encap, b.address.version);
+        const std::size_t need = kIpv6MinMtu + encapOverhead(kind);
+        bool v6Vip = false;
+        for (const VipConfig& v : config_.vips) {
+          if (v.address.version == IpVersion::V6 &&
+              std::find(v.poolIndices.begin(), v.poolIndices.end(), b.poolIndex) !=
+                  v.poolIndices.end()) {
+            v6Vip = true;
+          }
+        }
+        if (v6Vip && port.mtu < need && mtuReported.emplace(b.portIndex, kind).second) {
+          error(portExtra_[b.portIndex].mtu, "port[" + std::to_string(b.portIndex) + "].mtu",
+                std::to_string(port.mtu),
+                "too small for IPv6 clients of " + where + ": 1280 + " +
+                    std::to_string(encapOverhead(kind)) + " bytes of " +
+                    std::string(toString(config_.pools[b.poolIndex].encap)) +
+                    " overhead needs at least " + std::to_string(need));
+        }
+      }
+    }
+    config_.backends.push_back(std::move(b));
+  }
+}
+
+ConfigResult Loader::load(std::string_view text) {
+  toml::table root;
+  try {
+    root = toml::parse(text, std::string_view(file_));
+  } catch (const toml::parse_error& e) {
+    const Place p = regionPlace(e.source());
+    errors_.push_back(
+        ConfigError{file_, p.line, p.column, "", "", "TOML: " + std::string(e.description())});
+    return ConfigResult(std::move(errors_));
+  }
+  std::set<std::string> used;
+  loadDataplane(root, used);
+  loadPorts(root, used);
+  loadPools(root, used);
+  loadVips(root, used);
+  loadBackends(root, used);
+  for (auto&& [key, node] : root) {
+    if (used.count(std::string(key.str())) != 0) continue;
+    error(regionPlace(key.source()), std::string(key.str()), describe(node),
+          "unknown key; the top level takes [dataplane], [[port]], [[pool]], [[vip]] and "
+          "[[backend]]");
+  }
+  if (!errors_.empty()) {
+    std::stable_sort(errors_.begin(), errors_.end(),
+                     [](const ConfigError& a, const ConfigError& b) {
+                       return std::pair{a.line, a.column} < std::pair{b.line, b.column};
+                     });
+    return ConfigResult(std::move(errors_));
+  }
+  return ConfigResult(std::move(config_));
+}
+
+}  // namespace
+
+ConfigResult loadConfigFromString(std::string_view text, std::string_view name) noexcept {
+  try {
+    return Loader(std::string(name)).load(text);
+  } catch (const std::exception& e) {
+    std::vector<ConfigError> errors;
+    try {
+      errors.push_back(ConfigError{std::string(name), 0, 0, "", "",
+                                   "cannot load the configuration: "s + e.what()});
+    } catch (...) {
+    }
+    return ConfigResult(std::move(errors));
+  }
+}
+
+ConfigResult loadConfig(const std::string& path) noexcept {
+  try {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) {
+      const int err = errno;
+      return ConfigResult(std::vector<ConfigError>{
+          ConfigError{path, 0, 0, "", "", "cannot open: "s + std::strerror(err)}});
+    }
+    std::ostringstream text;
+    text << in.rdbuf();
+    if (in.bad()) {
+      return ConfigResult(
+          std::vector<ConfigError>{ConfigError{path, 0, 0, "", "", "cannot read the file"}});
+    }
+    return loadConfigFromString(text.str(), path);
+  } catch (const std::exception& e) {
+    std::vector<ConfigError> errors;
+    try {
+      errors.push_back(
+          ConfigError{path, 0, 0, "", "", "cannot load the configuration: "s + e.what()});
+    } catch (...) {
+    }
+    return ConfigResult(std::move(errors));
+  }
+}
+
+}  // namespace spillway

@@ -1,0 +1,203 @@
+// spillwayd's configuration: the TOML file parsed into a plain struct, with
+// every error found (not just the first) named by file, line, column, field,
+// the bad value and why.
+//
+// The file is declarative: [dataplane] (lcores, hash seed, flow table),
+// [[port]], [[pool]], [[vip]] and [[backend]]. Names cross-reference (a VIP
+// lists pool names, a backend names its pool and egress port); loading
+// resolves them to indices and checks everything the snapshot builder needs to
+// build an outer header for every backend, so a Config that loads can always
+// be turned into a snapshot. Every key not in the reference is an error, so a
+// typo never passes silently (the control-plane issue adds keys, it does not
+// relax this). The reference of every key is in conf/spillway.example.toml.
+//
+// No TOML type appears here; toml++ stays inside config.cpp. Exceptions stay
+// inside too: loadConfig() and loadConfigFromString() never throw (a toml++
+// parse_error, an unreadable file and std::bad_alloc all come back as errors).
+//
+// Thread contract: pure functions; a Config is a value, owned by whoever loaded
+// it (the control thread). A rejected load has no effect on anything.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "spillway/encap.hpp"
+#include "spillway/flow_key.hpp"
+#include "spillway/flow_table.hpp"
+#include "spillway/maglev.hpp"
+#include "spillway/snapshot.hpp"
+#include "spillway/steering.hpp"
+#include "spillway/wire.hpp"
+
+namespace spillway {
+
+// An IPv4 or IPv6 address; IPv4 fills the first 4 bytes, as in FlowKey.
+struct IpAddress {
+  IpBytes bytes{};
+  IpVersion version = IpVersion::V4;
+
+  friend bool operator==(const IpAddress&, const IpAddress&) = default;
+};
+
+// Dotted quad or RFC 4291 text (inet_pton); std::nullopt when neither.
+[[nodiscard]] std::optional<IpAddress> parseIpAddress(std::string_view text);
+[[nodiscard]] std::string formatIpAddress(const IpAddress& address);
+// "aa:bb:cc:dd:ee:ff" (hex digits in either case, colons only).
+[[nodiscard]] std::optional<MacAddress> parseMacAddress(std::string_view text);
+[[nodiscard]] std::string formatMacAddress(const MacAddress& mac);
+
+// The default backend id: FNV-1a 64 (offset basis 0xcbf29ce484222325, prime
+// 0x100000001b3) over the name's bytes. Stable across builds, compilers and
+// hosts, unlike std::hash.
+[[nodiscard]] constexpr std::uint64_t backendIdFromName(std::string_view name) noexcept {
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  for (char c : name) {
+    h ^= static_cast<std::uint8_t>(c);
+    h *= 0x100000001b3ULL;
+  }
+  return h;
+}
+
+inline constexpr std::uint32_t kMaxBackendWeight = 1'000'000;
+inline constexpr std::uint32_t kDefaultBackendWeight = 100;
+inline constexpr std::uint32_t kDefaultBurst = 32;
+// The burst is at most kMaxBurst (steering.hpp): one steering pass.
+inline constexpr std::uint32_t kDefaultTxDrainUs = 100;
+inline constexpr std::uint32_t kMaxTxDrainUs = 1'000'000;
+inline constexpr std::uint32_t kMaxLcoreId = 1023;
+inline constexpr std::size_t kMaxInterfaceName = 15;  // IFNAMSIZ - 1
+inline constexpr std::uint16_t kMaxEgressMtu = 9702;
+
+struct DataplaneConfig {
+  std::vector<std::uint32_t> lcores;  // worker lcore ids, as written
+  std::uint64_t hashSeed = 0;         // FlowHasher seed; the same on every instance
+  std::size_t flowCapacity = FlowTableConfig{}.capacity;  // per lcore
+  std::uint32_t burst = kDefaultBurst;
+  std::uint32_t txDrainUs = kDefaultTxDrainUs;
+  FlowTimeouts timeouts{};
+};
+
+enum class PortRole : std::uint8_t {
+  OneArmed,  // clients arrive and backends are reached through this port
+  Client,    // two-armed: clients arrive here
+  Backend,   // two-armed: backends are reached through here
+};
+
+enum class ExceptionMode : std::uint8_t {
+  None,  // no exception path (af_packet / af_xdp: the kernel keeps the NIC)
+  Tap,   // a tap interface stands for the port in the kernel
+};
+
+struct PortConfig {
+  std::string name;
+  std::string devargs;  // PCI address or DPDK vdev string
+  PortRole role = PortRole::OneArmed;
+  std::optional<IpAddress> address;   // IPv4 tunnel source
+  std::optional<IpAddress> address6;  // IPv6 tunnel source
+  std::uint16_t mtu = kDefaultEgressMtu;
+  std::optional<std::uint16_t> vlan;  // egress 802.1Q VLAN id (1..4094)
+  std::optional<MacAddress> nextHopMac;
+  // Where backends' MACs are looked up; empty when none. Defaults to the
+  // exception tap's name, else the iface= of an af_packet / af_xdp vdev.
+  std::string kernelInterface;
+  ExceptionMode exception = ExceptionMode::None;
+  std::string exceptionName;  // the tap's name when exception is Tap
+  std::optional<MacAddress> mac;
+};
+
+enum class PoolSite : std::uint8_t { OnPrem, Cloud };
+enum class PoolEncap : std::uint8_t { IpIp, Gue };
+
+struct PoolConfig {
+  std::string name;
+  PoolSite site = PoolSite::OnPrem;
+  std::uint32_t priority = 0;  // 0 first
+  PoolEncap encap = PoolEncap::IpIp;
+  std::uint16_t guePort = kGueDefaultPort;
+};
+
+struct VipConfig {
+  std::string name;
+  IpAddress address;
+  IpProto protocol = IpProto::Tcp;
+  std::uint16_t port = 0;  // 0 = all ports
+  std::uint32_t tableSize = kMaglevDefaultTableSize;
+  std::vector<std::string> pools;
+  std::vector<std::uint32_t> poolIndices;  // into Config::pools, same order
+  bool answerPing = false;
+};
+
+struct BackendConfig {
+  std::string name;
+  std::uint64_t id = 0;  // `id`, or backendIdFromName(name)
+  IpAddress address;
+  std::string pool;
+  std::uint32_t poolIndex = 0;  // into Config::pools
+  std::uint32_t weight = kDefaultBackendWeight;
+  std::optional<MacAddress> mac;  // next-hop override
+  std::string port;
+  std::uint32_t portIndex = 0;                       // into Config::ports
+  BackendState initialState = BackendState::Active;  // Active or Disabled
+};
+
+struct Config {
+  DataplaneConfig dataplane;
+  std::vector<PortConfig> ports;
+  std::vector<PoolConfig> pools;
+  std::vector<VipConfig> vips;
+  std::vector<BackendConfig> backends;
+};
+
+// The outer header kind for a backend of `pool` at `backend`'s address family.
+[[nodiscard]] constexpr EncapKind encapKindFor(PoolEncap encap, IpVersion backend) noexcept {
+  if (encap == PoolEncap::Gue) return backend == IpVersion::V4 ? EncapKind::Gue4 : EncapKind::Gue6;
+  return backend == IpVersion::V4 ? EncapKind::IpInIp4 : EncapKind::IpInIp6;
+}
+
+struct ConfigError {
+  std::string file;
+  std::uint32_t line = 0;    // 1-based; 0 when the error has no place (unreadable file)
+  std::uint32_t column = 0;  // 1-based; 0 likewise
+  std::string field;         // "vip[0].table_size"; empty for a syntax error
+  std::string value;         // the value as written; empty when missing
+  std::string message;       // why, and what to do
+};
+
+// One line per error: "file:line:column: field = value: message".
+[[nodiscard]] std::string formatError(const ConfigError& error);
+[[nodiscard]] std::string formatErrors(const std::vector<ConfigError>& errors);
+
+class ConfigResult {
+ public:
+  explicit ConfigResult(Config config) : config_(std::move(config)) {}
+  explicit ConfigResult(std::vector<ConfigError> errors) : errors_(std::move(errors)) {}
+
+  [[nodiscard]] bool ok() const noexcept { return config_.has_value(); }
+  explicit operator bool() const noexcept { return ok(); }
+  // value() on a rejected load throws std::bad_optional_access.
+  [[nodiscard]] const Config& value() const& { return config_.value(); }
+  [[nodiscard]] Config&& value() && { return std::move(config_).value(); }
+  // Empty when ok().
+  [[nodiscard]] const std::vector<ConfigError>& errors() const noexcept { return errors_; }
+
+ private:
+  std::optional<Config> config_;
+  std::vector<ConfigError> errors_;
+};
+
+// Reads and validates the file; errors name it as `path` was given.
+[[nodiscard]] ConfigResult loadConfig(const std::string& path) noexcept;
+// The same from text; `name` stands for the file in errors.
+[[nodiscard]] ConfigResult loadConfigFromString(std::string_view text,
+                                                std::string_view name) noexcept;
+
+[[nodiscard]] std::string_view toString(PortRole role) noexcept;
+[[nodiscard]] std::string_view toString(ExceptionMode mode) noexcept;
+[[nodiscard]] std::string_view toString(PoolSite site) noexcept;
+[[nodiscard]] std::string_view toString(PoolEncap encap) noexcept;
+
+}  // namespace spillway

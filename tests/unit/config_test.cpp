@@ -1,0 +1,419 @@
+// Configuration loading: the example file, defaults, both address families,
+// hex seeds and ids, and the corpus of invalid files with the message and line
+// each must produce.
+#include "control/config.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace spillway {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kRoot = SPILLWAY_SOURCE_ROOT;
+const std::string kData = kRoot + "/tests/data/config";
+
+Config mustLoad(const std::string& path) {
+  ConfigResult r = loadConfig(path);
+  EXPECT_TRUE(r.ok()) << formatErrors(r.errors());
+  if (!r.ok()) return Config{};
+  return std::move(r).value();
+}
+
+IpAddress ip(const char* text) {
+  auto a = parseIpAddress(text);
+  EXPECT_TRUE(a.has_value()) << text;
+  return a.value_or(IpAddress{});
+}
+
+TEST(Config, ExampleParses) {
+  const Config c = mustLoad(kRoot + "/conf/spillway.example.toml");
+  EXPECT_EQ(c.dataplane.lcores, (std::vector<std::uint32_t>{1, 2, 3, 4}));
+  EXPECT_EQ(c.dataplane.hashSeed, 0x9c4f1d2e7b3a5860ULL);
+  ASSERT_EQ(c.ports.size(), 1u);
+  EXPECT_EQ(c.ports[0].exception, ExceptionMode::Tap);
+  EXPECT_EQ(c.ports[0].exceptionName, "sw-wan0");
+  EXPECT_EQ(c.ports[0].kernelInterface, "sw-wan0");  // defaults to the tap
+  EXPECT_EQ(c.ports[0].address, ip("198.51.100.2"));
+  EXPECT_EQ(c.ports[0].address6, ip("2001:db8:100::2"));
+
+  ASSERT_EQ(c.pools.size(), 2u);
+  EXPECT_EQ(c.pools[0].site, PoolSite::OnPrem);
+  EXPECT_EQ(c.pools[0].encap, PoolEncap::IpIp);
+  EXPECT_EQ(c.pools[1].site, PoolSite::Cloud);
+  EXPECT_EQ(c.pools[1].encap, PoolEncap::Gue);
+  EXPECT_EQ(c.pools[1].priority, 1u);
+
+  ASSERT_EQ(c.vips.size(), 3u);
+  EXPECT_EQ(c.vips[0].name, "nccl");
+  EXPECT_EQ(c.vips[0].port, 0);
+  EXPECT_TRUE(c.vips[0].answerPing);
+  EXPECT_EQ(c.vips[1].port, 50051);
+  EXPECT_EQ(c.vips[2].address.version, IpVersion::V6);
+  for (const VipConfig& v : c.vips) {
+    EXPECT_EQ(v.protocol, IpProto::Tcp);
+    EXPECT_EQ(v.poolIndices, (std::vector<std::uint32_t>{0, 1}));
+  }
+
+  ASSERT_EQ(c.backends.size(), 5u);
+  std::size_t onprem = 0;
+  for (const BackendConfig& b : c.backends) {
+    EXPECT_EQ(b.id, backendIdFromName(b.name));
+    onprem += b.poolIndex == 0 ? 1 : 0;
+  }
+  EXPECT_EQ(onprem, 3u);
+  EXPECT_EQ(c.backends[2].weight, 50u);
+  EXPECT_TRUE(c.backends[3].mac.has_value());
+  EXPECT_EQ(c.backends[4].address.version, IpVersion::V6);
+  EXPECT_EQ(c.backends[4].initialState, BackendState::Disabled);
+}
+
+TEST(Config, EveryValidFixtureLoads) {
+  std::size_t n = 0;
+  for (const auto& e : fs::directory_iterator(kData + "/valid")) {
+    if (e.path().extension() != ".toml") continue;
+    ConfigResult r = loadConfig(e.path().string());
+    EXPECT_TRUE(r.ok()) << formatErrors(r.errors());
+    ++n;
+  }
+  EXPECT_GE(n, 3u);
+}
+
+TEST(Config, Defaults) {
+  const Config c = mustLoad(kData + "/valid/minimal.toml");
+  const DataplaneConfig& d = c.dataplane;
+  EXPECT_EQ(d.lcores, std::vector<std::uint32_t>{1});
+  EXPECT_EQ(d.hashSeed, 42u);
+  EXPECT_EQ(d.flowCapacity, std::size_t{1} << 20);
+  EXPECT_EQ(d.burst, 32u);
+  EXPECT_EQ(d.txDrainUs, 100u);
+  const FlowTimeouts t{};
+  EXPECT_EQ(d.timeouts.embryonic, t.embryonic);
+  EXPECT_EQ(d.timeouts.established, t.established);
+  EXPECT_EQ(d.timeouts.closing, t.closing);
+  EXPECT_EQ(d.timeouts.udp, t.udp);
+  EXPECT_EQ(d.timeouts.other, t.other);
+
+  const PortConfig& p = c.ports.at(0);
+  EXPECT_EQ(p.role, PortRole::OneArmed);
+  EXPECT_EQ(p.mtu, 1500);
+  EXPECT_FALSE(p.vlan);
+  EXPECT_FALSE(p.address6);
+  EXPECT_FALSE(p.mac);
+  EXPECT_EQ(p.exception, ExceptionMode::None);
+  EXPECT_EQ(p.exceptionName, "");
+  EXPECT_EQ(p.kernelInterface, "");  // net_null has no kernel side
+  EXPECT_EQ(p.nextHopMac, parseMacAddress("02:00:00:00:00:01"));
+
+  const PoolConfig& pool = c.pools.at(0);
+  EXPECT_EQ(pool.priority, 0u);
+  EXPECT_EQ(pool.encap, PoolEncap::IpIp);
+  EXPECT_EQ(pool.guePort, 6080);
+
+  const VipConfig& v = c.vips.at(0);
+  EXPECT_EQ(v.port, 0);
+  EXPECT_EQ(v.tableSize, 65537u);
+  EXPECT_FALSE(v.answerPing);
+
+  const BackendConfig& b = c.backends.at(0);
+  EXPECT_EQ(b.id, backendIdFromName("b1"));
+  EXPECT_EQ(b.weight, 100u);
+  EXPECT_EQ(b.portIndex, 0u);
+  EXPECT_EQ(b.port, "p0");
+  EXPECT_EQ(b.initialState, BackendState::Active);
+  EXPECT_FALSE(b.mac);
+}
+
+TEST(Config, HexSeedIdsAndBothFamilies) {
+  const Config c = mustLoad(kData + "/valid/dual_stack.toml");
+  EXPECT_EQ(c.dataplane.hashSeed, 0xffffffffffffffffULL);
+  EXPECT_EQ(c.dataplane.flowCapacity, 4096u);
+  EXPECT_EQ(c.dataplane.burst, 64u);
+  EXPECT_EQ(c.dataplane.txDrainUs, 0u);
+  EXPECT_EQ(c.dataplane.timeouts.embryonic, 2500u);
+  EXPECT_EQ(c.dataplane.timeouts.established, 86'400'000u);
+  EXPECT_EQ(c.dataplane.timeouts.udp, 30'000u);
+  EXPECT_EQ(c.dataplane.timeouts.closing, FlowTimeouts{}.closing);
+
+  const PortConfig& p = c.ports.at(0);
+  EXPECT_EQ(p.kernelInterface, "veth-lb");  // from iface= of net_af_packet
+  EXPECT_EQ(p.vlan, 42);
+  EXPECT_EQ(p.mtu, 9000);
+  EXPECT_EQ(p.address, ip("10.0.0.1"));
+  EXPECT_EQ(p.address6, ip("fd00::1"));
+
+  EXPECT_EQ(c.pools.at(1).guePort, 7777);
+  EXPECT_EQ(c.vips.at(0).protocol, IpProto::Udp);
+  EXPECT_EQ(c.vips.at(0).tableSize, 13u);
+  EXPECT_EQ(c.vips.at(1).address, ip("2001:db8::1"));
+
+  ASSERT_EQ(c.backends.size(), 4u);
+  EXPECT_EQ(c.backends[0].id, 7u);
+  EXPECT_EQ(c.backends[1].id, 0xfedcba9876543210ULL);
+  EXPECT_EQ(c.backends[1].address.version, IpVersion::V6);
+  EXPECT_EQ(c.backends[1].weight, 0u);
+  EXPECT_EQ(c.backends[2].mac, parseMacAddress("02:aa:bb:cc:dd:ee"));
+  EXPECT_EQ(c.backends[2].initialState, BackendState::Disabled);
+  EXPECT_EQ(c.backends[3].weight, kMaxBackendWeight);
+  EXPECT_EQ(encapKindFor(c.pools[0].encap, IpVersion::V6), EncapKind::IpInIp6);
+  EXPECT_EQ(encapKindFor(c.pools[1].encap, IpVersion::V4), EncapKind::Gue4);
+}
+
+TEST(Config, TwoArmedDefaultEgressIsTheBackendArm) {
+  const Config c = mustLoad(kData + "/valid/two_armed.toml");
+  ASSERT_EQ(c.ports.size(), 2u);
+  EXPECT_EQ(c.ports[0].role, PortRole::Client);
+  EXPECT_EQ(c.ports[1].exceptionName, "sw-back");
+  EXPECT_EQ(c.ports[1].kernelInterface, "sw-back");
+  EXPECT_EQ(c.backends.at(0).portIndex, 1u);
+}
+
+// Every file in invalid/ with the line and a substring of the message that
+// loading it must report.
+struct Invalid {
+  const char* file;
+  std::uint32_t line;
+  const char* expect;
+};
+
+const Invalid kInvalid[] = {
+    {"backend_on_client_port", 34, "backend[0].port = \"p0\": port \"p0\" has role \"client\""},
+    {"backend_unknown_pool", 25, "backend[0].pool = \"b\": no such pool; pools are a"},
+    {"backend_unknown_port", 26, "backend[0].port = \"p9\": no such port"},
+    {"bad_devargs", 8, "port[0].devargs = \"eth0\": neither a PCI address"},
+    {"bad_mac", 10, "port[0].next_hop_mac = \"02:00:00:00:01\": not a MAC address"},
+    {"bad_name", 17, "vip[0].name = \"my vip\": may hold only"},
+    {"bad_protocol", 19, "vip[0].protocol = \"sctp\": must be one of \"tcp\", \"udp\""},
+    {"bad_site", 14, "pool[0].site = \"edge\": must be one of \"onprem\", \"cloud\""},
+    {"bad_state", 26, "backend[0].state = \"draining\": must be one of \"active\", \"disabled\""},
+    {"bad_vip_address", 18, "vip[0].address = \"192.0.2.300\": not an IPv4 or IPv6 address"},
+    {"dataplane_missing", 1, "dataplane: missing"},
+    {"duplicate_backend_address", 29,
+     "backend[1].address = \"10.0.0.11\": the same address as "
+     "backend[0] (line 22)"},
+    {"duplicate_backend_id", 30, "backend[1].id = \"0x5\": duplicate backend id 0x5"},
+    {"duplicate_backend_name", 28, "backend[1].name = \"b1\": duplicate backend name"},
+    {"duplicate_devargs", 14, "port[1].devargs = \"net_null0\": the same device as port[0]"},
+    {"duplicate_key", 20, "TOML: "},
+    {"duplicate_pool", 17, "pool[1].name = \"a\": duplicate pool name"},
+    {"duplicate_vip", 24, "the same address, protocol and port as vip[0] (line 16)"},
+    {"gue_port_on_ipip", 15, "pool[0].gue_port = 6081: set, but encap is not \"gue\""},
+    {"hash_seed_bad_hex", 4, "dataplane.hash_seed = \"0x5eedzz\": expected an integer or a hex"},
+    {"hash_seed_missing", 2, "dataplane.hash_seed: missing; set a secret 64-bit seed"},
+    {"hash_seed_negative", 4, "dataplane.hash_seed = -42: must not be negative"},
+    {"lcores_empty", 3, "dataplane.lcores = []: empty"},
+    {"lcores_repeated", 3, "dataplane.lcores[2] = 1: listed twice"},
+    {"mtu_too_small_for_v6_vip", 11, "port[0].mtu = 1290: too small for IPv6 clients"},
+    {"multicast_mac", 10, "must be a unicast MAC address"},
+    {"multicast_vip", 18, "vip[0].address = \"239.1.1.1\": must be a unicast address"},
+    {"negative_weight", 26, "backend[0].weight = -1: out of range; must be in [0, 1000000]"},
+    {"no_next_hop", 21, "backend[0].mac: no way to find the next-hop MAC"},
+    {"no_port", 1, "port: missing; at least one [[port]]"},
+    {"port_not_array", 6, "expected an array of tables; write each entry as [[port]]"},
+    {"syntax_error", 19, "TOML: Error while parsing string"},
+    {"table_size_not_prime", 20, "vip[0].table_size = 65536: not prime; use a prime such as 65537"},
+    {"table_size_too_large", 20, "vip[0].table_size = 16777259: exceeds the maximum 16777216"},
+    {"tap_name_too_long", 6, "port[0].exception_name: the default tap name \"sw-uplink-primary\""},
+    {"timeout_negative", 7, "dataplane.timeouts.established = -1: out of range"},
+    {"two_armed_without_backend_port", 6, "needs a \"client\" and a \"backend\" port"},
+    {"unknown_health_table", 16, "pool[0].health = {...}: unknown key; pool[0] takes name"},
+    {"unknown_key", 20, "vip[0].tabel_size = 13: unknown key; vip[0] takes name, address"},
+    {"unknown_pool", 20, "vip[0].pools[1] = \"gpu\": no such pool; pools are a"},
+    {"unknown_top_level", 16, "vips = [{...}]: unknown key; the top level takes"},
+    {"v4_backend_without_address", 24,
+     "an IPv4 backend, but its egress port[0] \"p0\" has no "
+     "address"},
+    {"v6_backend_without_address6", 24,
+     "backend[0].address = \"fd00::11\": an IPv6 backend, but "
+     "its egress port[0] \"p0\" has no address6"},
+    {"v6_in_address", 9, "port[0].address = \"fd00::1\": must be an IPv4 address"},
+    {"vip_missing_pools", 16, "vip[0].pools: missing; this key is required"},
+    {"vip_without_pools", 20, "vip[0].pools = []: empty; a VIP needs at least one pool"},
+    {"weight_out_of_range", 26, "backend[0].weight = 1000001: out of range"},
+    {"wrong_type", 20, "vip[0].port = \"443\": expected an integer, got a string"},
+};
+
+TEST(Config, EveryInvalidFixtureIsRejectedWithItsMessageAndLine) {
+  for (const Invalid& c : kInvalid) {
+    const std::string path = kData + "/invalid/" + c.file + ".toml";
+    SCOPED_TRACE(path);
+    ConfigResult r = loadConfig(path);
+    ASSERT_FALSE(r.ok());
+    ASSERT_FALSE(r.errors().empty());
+    bool found = false;
+    for (const ConfigError& e : r.errors()) {
+      EXPECT_EQ(e.file, path);
+      const std::string text = formatError(e);
+      EXPECT_EQ(text.rfind(path + ":" + std::to_string(e.line) + ":", 0), 0u) << text;
+      if (e.line == c.line && text.find(c.expect) != std::string::npos) found = true;
+    }
+    EXPECT_TRUE(found) << "want line " << c.line << " with: " << c.expect << "\ngot:\n"
+                       << formatErrors(r.errors());
+  }
+}
+
+TEST(Config, TheInvalidTableCoversEveryFixture) {
+  std::set<std::string> inTable;
+  for (const Invalid& c : kInvalid) inTable.insert(c.file);
+  std::set<std::string> onDisk;
+  for (const auto& e : fs::directory_iterator(kData + "/invalid")) {
+    if (e.path().extension() == ".toml") onDisk.insert(e.path().stem().string());
+  }
+  EXPECT_EQ(inTable, onDisk);
+}
+
+constexpr const char* kMinimal = R"([dataplane]
+lcores = [1]
+hash_seed = 1
+
+[[port]]
+name = "p0"
+devargs = "net_ring0"
+address = "10.0.0.1"
+next_hop_mac = "02:00:00:00:00:01"
+
+[[pool]]
+name = "a"
+site = "onprem"
+)";
+
+TEST(Config, FormatsAsFileLineColumnFieldValueWhy) {
+  const std::string text = std::string(kMinimal) + R"(
+[[vip]]
+name = "v"
+address = "192.0.2.1"
+protocol = "tcp"
+table_size = 65536
+pools = ["a"]
+)";
+  ConfigResult r = loadConfigFromString(text, "spillway.toml");
+  ASSERT_EQ(r.errors().size(), 1u) << formatErrors(r.errors());
+  const ConfigError& e = r.errors()[0];
+  EXPECT_EQ(e.line, 19u);
+  EXPECT_EQ(e.column, 14u);
+  EXPECT_EQ(e.field, "vip[0].table_size");
+  EXPECT_EQ(e.value, "65536");
+  EXPECT_EQ(formatErrors(r.errors()),
+            "spillway.toml:19:14: vip[0].table_size = 65536: not prime; use a prime such as "
+            "65537\n");
+}
+
+TEST(Config, UnknownKeysAreRejectedEverywhere) {
+  const std::string text = std::string(kMinimal) + "colour = \"blue\"\n" + R"(
+[dataplane.timeouts]
+establshed = 60
+)";
+  ConfigResult r = loadConfigFromString(text, "t.toml");
+  ASSERT_FALSE(r.ok());
+  const std::string all = formatErrors(r.errors());
+  EXPECT_NE(all.find("pool[0].colour = \"blue\": unknown key; pool[0] takes name, site"),
+            std::string::npos)
+      << all;
+  EXPECT_NE(all.find("dataplane.timeouts.establshed = 60: unknown key; dataplane.timeouts takes "
+                     "embryonic, established, closing, udp, other"),
+            std::string::npos)
+      << all;
+}
+
+TEST(Config, CollectsEveryErrorInLineOrder) {
+  const std::string text = R"([dataplane]
+lcores = []
+hash_seed = "nope"
+
+[[port]]
+name = "p0"
+devargs = "net_ring0"
+address = "10.0.0.300"
+
+[[vip]]
+name = "v"
+address = "192.0.2.1"
+protocol = "tcp"
+pools = ["missing"]
+)";
+  ConfigResult r = loadConfigFromString(text, "t.toml");
+  ASSERT_EQ(r.errors().size(), 4u) << formatErrors(r.errors());
+  EXPECT_EQ(r.errors()[0].field, "dataplane.lcores");
+  EXPECT_EQ(r.errors()[1].field, "dataplane.hash_seed");
+  EXPECT_EQ(r.errors()[2].field, "port[0].address");
+  EXPECT_EQ(r.errors()[3].field, "vip[0].pools[0]");
+  EXPECT_EQ(r.errors()[3].line, 14u);
+}
+
+TEST(Config, IntegerBeyondTomlRangeIsASyntaxErrorWithItsLine) {
+  std::string text = kMinimal;
+  text.replace(text.find("hash_seed = 1"), 13, "hash_seed = 18446744073709551615");
+  ConfigResult r = loadConfigFromString(text, "t.toml");
+  ASSERT_EQ(r.errors().size(), 1u) << formatErrors(r.errors());
+  EXPECT_EQ(r.errors()[0].line, 3u);
+  EXPECT_EQ(r.errors()[0].message.rfind("TOML: ", 0), 0u);
+}
+
+// toml++ 3.3 asserts on this input when built header-only without NDEBUG;
+// the shared library (what pkg-config selects) reports it.
+TEST(Config, CommentWhereATableNameBelongsIsASyntaxError) {
+  ConfigResult r = loadConfigFromString("[# x\n", "t.toml");
+  ASSERT_EQ(r.errors().size(), 1u) << formatErrors(r.errors());
+  EXPECT_EQ(formatError(r.errors()[0]).rfind("t.toml:1:2: TOML: ", 0), 0u)
+      << formatError(r.errors()[0]);
+}
+
+TEST(Config, HexSeedForms) {
+  for (const auto& [written, value] :
+       std::vector<std::pair<std::string, std::uint64_t>>{{"0x1", 1},
+                                                          {"\"0x1\"", 1},
+                                                          {"\"0XaBcD\"", 0xabcd},
+                                                          {"9223372036854775807", INT64_MAX},
+                                                          {"\"0x8000000000000000\"", 1ULL << 63}}) {
+    std::string text = kMinimal;
+    text.replace(text.find("hash_seed = 1"), 13, "hash_seed = " + written);
+    ConfigResult r = loadConfigFromString(text, "t.toml");
+    ASSERT_TRUE(r.ok()) << written << "\n" << formatErrors(r.errors());
+    EXPECT_EQ(r.value().dataplane.hashSeed, value) << written;
+  }
+  for (const char* bad : {"\"0x\"", "\"123\"", "\"0x10000000000000000\"", "1.5"}) {
+    std::string text = kMinimal;
+    text.replace(text.find("hash_seed = 1"), 13, std::string("hash_seed = ") + bad);
+    EXPECT_FALSE(loadConfigFromString(text, "t.toml").ok()) << bad;
+  }
+}
+
+TEST(Config, UnreadableFileIsAnErrorNotAnException) {
+  ConfigResult r = loadConfig("/nonexistent/spillway.toml");
+  ASSERT_EQ(r.errors().size(), 1u);
+  EXPECT_EQ(r.errors()[0].line, 0u);
+  EXPECT_EQ(formatError(r.errors()[0]).rfind("/nonexistent/spillway.toml: cannot open", 0), 0u);
+  EXPECT_FALSE(loadConfigFromString("", "empty.toml").ok());
+  EXPECT_FALSE(loadConfigFromString(std::string("\0\xff", 2), "binary.toml").ok());
+}
+
+TEST(Config, AddressAndMacText) {
+  EXPECT_EQ(formatIpAddress(ip("192.0.2.1")), "192.0.2.1");
+  EXPECT_EQ(formatIpAddress(ip("2001:DB8::1")), "2001:db8::1");
+  EXPECT_EQ(ip("10.1.2.3").bytes[3], std::byte{3});
+  EXPECT_EQ(ip("10.1.2.3").bytes[4], std::byte{0});
+  EXPECT_FALSE(parseIpAddress("10.1.2"));
+  EXPECT_FALSE(parseIpAddress("fe80::1%eth0"));
+  EXPECT_FALSE(parseIpAddress(""));
+  EXPECT_EQ(parseMacAddress("02:AB:cd:00:00:ff"), (MacAddress{2, 0xab, 0xcd, 0, 0, 0xff}));
+  EXPECT_EQ(formatMacAddress(MacAddress{2, 0xab, 0xcd, 0, 0, 0xff}), "02:ab:cd:00:00:ff");
+  EXPECT_FALSE(parseMacAddress("02-ab-cd-00-00-ff"));
+  EXPECT_FALSE(parseMacAddress("02:ab:cd:00:00:f"));
+  EXPECT_FALSE(parseMacAddress("02:ab:cd:00:00:fg"));
+}
+
+TEST(Config, BackendIdIsFnv1a64) {
+  // Reference vectors of FNV-1a 64 (Fowler, Noll, Vo).
+  EXPECT_EQ(backendIdFromName(""), 0xcbf29ce484222325ULL);
+  EXPECT_EQ(backendIdFromName("a"), 0xaf63dc4c8601ec8cULL);
+  EXPECT_EQ(backendIdFromName("foobar"), 0x85944171f73967e8ULL);
+}
+
+}  // namespace
+}  // namespace spillway
