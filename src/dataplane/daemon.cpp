@@ -17,6 +17,7 @@
 #include "spillway/rcu.hpp"
 #include "spillway/snapshot.hpp"
 #include "worker.hpp"
+#include "xdp_vip_map.hpp"
 
 namespace spillway {
 namespace {
@@ -29,6 +30,14 @@ std::atomic<bool> gWorkersStop{false};
 int workerMain(void* arg) {
   static_cast<Worker*>(arg)->run(gWorkersStop);
   return 0;
+}
+
+// The iface= of a vdev string, or "".
+std::string interfaceOf(const std::string& devargs) {
+  const auto at = devargs.find("iface=");
+  if (at == std::string::npos) return "";
+  const auto end = devargs.find(',', at);
+  return devargs.substr(at + 6, end == std::string::npos ? std::string::npos : end - at - 6);
 }
 
 bool hasLcoreOption(const std::vector<std::string>& args) {
@@ -173,8 +182,27 @@ int runDaemon(const Config& config, const DaemonOptions& options) {
     eal.insert(eal.end(), {"-l", list, "--main-lcore", std::to_string(main)});
   }
   std::vector<PortSpec> specs;
+  std::vector<std::string> afXdpInterfaces;  // by port index; empty when not af_xdp
   for (const auto& p : config.ports) {
-    specs.push_back(PortSpec{p.name, p.devargs, p.mtu, p.exception == ExceptionMode::Tap,
+    std::string devargs = p.devargs;
+    std::string xdpInterface;
+    if (deviceNameOf(devargs).rfind("net_af_xdp", 0) == 0) {
+      // AF_XDP mode: Spillway's XDP program sends only VIP traffic to the
+      // sockets and passes the rest to the kernel; no exception path needed.
+      if (devargs.find("xdp_prog=") == std::string::npos) {
+        std::string tried;
+        const std::string prog = redirectProgramPath(&tried);
+        if (prog.empty()) {
+          std::fprintf(stderr, "spillwayd: port %s: no spillway_redirect.bpf.o (tried %s)\n",
+                       p.name.c_str(), tried.c_str());
+          return 1;
+        }
+        devargs += ",xdp_prog=" + prog;
+      }
+      xdpInterface = interfaceOf(devargs);
+    }
+    afXdpInterfaces.push_back(xdpInterface);
+    specs.push_back(PortSpec{p.name, devargs, p.mtu, p.exception == ExceptionMode::Tap,
                              p.exceptionName});
   }
   for (auto& a : ealArgsForPorts(specs, workers)) eal.push_back(a);
@@ -229,6 +257,29 @@ int runDaemon(const Config& config, const DaemonOptions& options) {
           std::to_string(ports.ports()[i].portId) + " (" + ports.ports()[i].driver + ")" +
           (ports.ports()[i].hasTap ? ", exception tap " + ports.ports()[i].spec.tapName : ""));
     }
+    // AF_XDP ports: fill the XDP program's VIP map (each VIP, and a marker per
+    // VIP address so ICMP and fragments to it reach spillwayd too).
+    std::vector<XdpVipKey> xdpKeys;
+    for (const auto& v : config.vips) {
+      xdpKeys.push_back(XdpVipKey{v.address.bytes, v.address.version,
+                                  static_cast<std::uint8_t>(v.protocol), v.port});
+      xdpKeys.push_back(XdpVipKey{v.address.bytes, v.address.version, 0, 0});
+    }
+    std::vector<XdpVipMap> xdpMaps;
+    for (const auto& ifname : afXdpInterfaces) {
+      if (ifname.empty()) continue;
+      auto map = XdpVipMap::open(ifname, error);
+      if (!map || !map->sync(xdpKeys, error)) {
+        std::fprintf(stderr, "spillwayd: AF_XDP on %s: %s\n", ifname.c_str(), error.c_str());
+        ports.close();
+        rte_eal_cleanup();
+        return 1;
+      }
+      log("AF_XDP on " + ifname + ": XDP program " + std::to_string(map->programId()) +
+          " redirects " + std::to_string(config.vips.size()) + " VIP(s)");
+      xdpMaps.push_back(std::move(*map));
+    }
+
     KernelNeighbourSource kernel;
     NeighbourResolver resolver(kernel);
     resolver.refresh(config);
