@@ -203,7 +203,7 @@ int runDaemon(const Config& config, const DaemonOptions& options) {
     }
     afXdpInterfaces.push_back(xdpInterface);
     specs.push_back(PortSpec{p.name, devargs, p.mtu, p.exception == ExceptionMode::Tap,
-                             p.exceptionName});
+                             p.exceptionName, p.mac});
   }
   for (auto& a : ealArgsForPorts(specs, workers)) eal.push_back(a);
   // With only virtual ports, keep the EAL off the host's PCI devices (a VM's
@@ -256,6 +256,9 @@ int runDaemon(const Config& config, const DaemonOptions& options) {
       log("port " + ports.ports()[i].spec.name + " is DPDK port " +
           std::to_string(ports.ports()[i].portId) + " (" + ports.ports()[i].driver + ")" +
           (ports.ports()[i].hasTap ? ", exception tap " + ports.ports()[i].spec.tapName : ""));
+      if (!ports.ports()[i].note.empty()) {
+        log("port " + ports.ports()[i].spec.name + ": " + ports.ports()[i].note);
+      }
     }
     // AF_XDP ports: fill the XDP program's VIP map (each VIP, and a marker per
     // VIP address so ICMP and fragments to it reach spillwayd too).

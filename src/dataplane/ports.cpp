@@ -151,8 +151,18 @@ bool PortSet::open(const std::vector<PortSpec>& specs, std::uint16_t queues, std
       return false;
     }
     rte_ether_addr mac{};
+    if (spec.mac) {
+      for (int b = 0; b < 6; ++b) mac.addr_bytes[b] = (*spec.mac)[b];
+      if (int rc = rte_eth_dev_default_mac_addr_set(port.portId, &mac); rc != 0) {
+        // Frames still carry the configured MAC as their source, and the
+        // port is promiscuous, so it receives frames sent to that MAC.
+        port.note = "driver " + port.driver + " cannot set MAC " + formatMac(*spec.mac) + " (" +
+                    rte_strerror(-rc) + "); using it as the source MAC, port promiscuous";
+      }
+    }
     rte_eth_macaddr_get(port.portId, &mac);
     for (int b = 0; b < 6; ++b) port.mac[b] = mac.addr_bytes[b];
+    if (spec.mac) port.mac = *spec.mac;
 
     if (spec.exceptionTap) {
       // The tap carries the port's MAC, so the kernel answers ARP and ND for

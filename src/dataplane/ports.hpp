@@ -11,6 +11,7 @@
 #include <rte_mempool.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,7 @@ struct PortSpec {
   std::uint16_t mtu = 1500;
   bool exceptionTap = false;
   std::string tapName;  // kernel name of the exception tap
+  std::optional<MacAddress> mac;  // set on the port instead of the NIC's own
 };
 
 struct OpenPort {
@@ -33,6 +35,7 @@ struct OpenPort {
   bool hasTap = false;
   std::uint16_t tapPortId = 0;
   std::string driver;
+  std::string note;  // a setting the driver could not apply, for the log
 };
 
 // The EAL arguments that make the EAL probe these ports: `-a PCI` for PCI

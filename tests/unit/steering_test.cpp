@@ -265,6 +265,14 @@ TEST_F(SteeringTest, TooBigAfterEncapsulationAnswersFragmentationNeeded) {
   EXPECT_EQ(out.icmpCode, kIcmpCodeFragNeeded);
   EXPECT_EQ(out.key.dst, test::ipBytes("10.9.0.1"));
   EXPECT_EQ(steering_.counters().mtuReplies.read(), 1u);
+  // Its first packet never reached a backend: the flow is not tracked yet.
+  EXPECT_EQ(steering_.counters().newFlows.read(), 0u);
+  EXPECT_EQ(steering_.flowTable().counters().occupancy, 0u);
+  Frame small(PacketBuilder().ipv4("10.9.0.1", "192.0.2.10").tcp(7000, 5000, kTcpAck).build());
+  const auto fwd = steer(small);
+  EXPECT_EQ(fwd.verdict, Verdict::Forward);
+  EXPECT_TRUE(fwd.newFlow);
+  EXPECT_EQ(steering_.counters().newFlows.read(), 1u);
   expectAllCounted();
 }
 

@@ -110,21 +110,25 @@ void Steering::finishVipFrame(const FrameRef& frame, Pending& p, SteerResult& r,
       flows_.updateBackend(p.hash, backend, now);
       counters_.resteered.add();
     }
-  } else {
-    backend = vip.table.lookup(p.hash);
-    if (backend == 0) {
-      drop(r, DropReason::NoBackend);
-      return;
-    }
-    const InsertResult ins = flows_.insert(p.hash, backend, firstState(p.view), now);
-    if (ins == InsertResult::Inserted) {
-      counters_.newFlows.add();
-      r.newFlow = true;
-    } else if (ins == InsertResult::Full || ins == InsertResult::FullEmbryonic) {
-      counters_.flowInsertFailed.add();
-    }
+    encapsulateTo(frame, p.view, p.hash, backend, r, snapshot);
+    return;
+  }
+  backend = vip.table.lookup(p.hash);
+  if (backend == 0) {
+    drop(r, DropReason::NoBackend);
+    return;
   }
   encapsulateTo(frame, p.view, p.hash, backend, r, snapshot);
+  // A flow is tracked once its first packet is on its way to the backend; one
+  // answered with an MTU error or dropped is not a flow yet.
+  if (r.verdict != Verdict::Forward) return;
+  const InsertResult ins = flows_.insert(p.hash, backend, firstState(p.view), now);
+  if (ins == InsertResult::Inserted) {
+    counters_.newFlows.add();
+    r.newFlow = true;
+  } else if (ins == InsertResult::Full || ins == InsertResult::FullEmbryonic) {
+    counters_.flowInsertFailed.add();
+  }
 }
 
 void Steering::steerBurst(std::span<const FrameRef> frames, std::span<SteerResult> results,
@@ -196,8 +200,8 @@ void Steering::steerBurst(std::span<const FrameRef> frames, std::span<SteerResul
           drop(r, DropReason::NoBackend);
           continue;
         }
-        counters_.icmpErrorsSteered.add();
         encapsulateTo(f, v, h, backend, r, snapshot);
+        if (r.verdict == Verdict::Forward) counters_.icmpErrorsSteered.add();
         continue;
       }
       if (isEchoRequest(v) && answersEcho(snapshot, v.key.dst, v.key.version)) {
