@@ -35,6 +35,7 @@ enum class DropReason : std::uint8_t {
   // Steering.
   VipPortNotServed,      // to a VIP address, but no VIP serves that protocol and port
   NoBackend,             // the VIP's table has no backend (none active)
+  InvalidSource,         // to a VIP from a multicast, broadcast, loopback or unspecified source
   // DPDK adapter.
   NoExceptionPath,       // host traffic on a port without a kernel path
   TxQueueFull,           // the TX ring stayed full
@@ -64,6 +65,7 @@ inline constexpr std::array<std::string_view, static_cast<std::size_t>(DropReaso
         "no_headroom",
         "vip_port_not_served",
         "no_backend",
+        "invalid_source",
         "no_exception_path",
         "tx_queue_full",
 };

@@ -212,6 +212,21 @@ TEST_F(SteeringTest, HostTrafficGoesToTheKernel) {
   expectAllCounted();
 }
 
+TEST_F(SteeringTest, ImpossibleSourcesAreDropped) {
+  for (const char* src : {"224.1.2.3", "255.255.255.255", "127.0.0.1", "0.0.0.0"}) {
+    Frame f(PacketBuilder().ipv4(src, "192.0.2.10").tcp(1, 2, kTcpSyn).build());
+    EXPECT_EQ(steer(f).drop, DropReason::InvalidSource) << src;
+  }
+  for (const char* src : {"ff02::1", "::1", "::"}) {
+    Frame f(PacketBuilder().ipv6(src, "2001:db8::10").tcp(1, 443, kTcpSyn).build());
+    EXPECT_EQ(steer(f).drop, DropReason::InvalidSource) << src;
+  }
+  Frame ok(PacketBuilder().ipv6("::ffff:10.0.0.1", "2001:db8::10").tcp(1, 443, kTcpSyn).build());
+  EXPECT_EQ(steer(ok).verdict, Verdict::Forward);
+  EXPECT_EQ(steering_.counters().newFlows.read(), 1u);
+  expectAllCounted();
+}
+
 TEST_F(SteeringTest, NoActiveBackendIsCounted) {
   publish({0, 0, 0, 0});
   Frame f(syn(1));

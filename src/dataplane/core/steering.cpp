@@ -33,6 +33,24 @@ bool answersEcho(const ForwardingSnapshot& s, const IpBytes& dst, IpVersion vers
   return false;
 }
 
+// Sources no client can have (RFC 1122 §3.2.1.3, RFC 4291 §2.7): a reply
+// could not reach them, and a flow from them is spoofed.
+bool isInvalidSource(const FlowKey& k) noexcept {
+  const auto b0 = std::to_integer<std::uint8_t>(k.src[0]);
+  if (k.version == IpVersion::V4) {
+    const std::uint32_t a = (std::uint32_t{b0} << 24) |
+                            (std::to_integer<std::uint32_t>(k.src[1]) << 16) |
+                            (std::to_integer<std::uint32_t>(k.src[2]) << 8) |
+                            std::to_integer<std::uint32_t>(k.src[3]);
+    return a == 0 || a == 0xffffffffu || (a >> 24) == 127 || (a >> 28) == 0xe;
+  }
+  if (b0 == 0xff) return true;  // multicast
+  bool zeroPrefix = true;
+  for (std::size_t i = 0; i < 15; ++i) zeroPrefix = zeroPrefix && k.src[i] == std::byte{0};
+  const auto last = std::to_integer<std::uint8_t>(k.src[15]);
+  return zeroPrefix && (last == 0 || last == 1);  // :: and ::1
+}
+
 bool isEchoRequest(const PacketView& v) noexcept {
   return v.key.proto == static_cast<std::uint8_t>(IpProto::Icmp)
              ? v.icmpType == kIcmpEchoRequest
@@ -172,6 +190,10 @@ void Steering::steerBurst(std::span<const FrameRef> frames, std::span<SteerResul
     }
     if (!v.ok()) {
       drop(r, v.drop);
+      continue;
+    }
+    if (isInvalidSource(v.key)) {
+      drop(r, DropReason::InvalidSource);
       continue;
     }
     if (v.isIcmp()) {
