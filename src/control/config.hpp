@@ -112,12 +112,77 @@ struct PortConfig {
 enum class PoolSite : std::uint8_t { OnPrem, Cloud };
 enum class PoolEncap : std::uint8_t { IpIp, Gue };
 
+// How the control thread checks a backend of the pool ([pool.health]).
+// Defaults depend on the site: on-prem detects a dead backend within 1 s
+// (interval 200 ms, fall 3, timeout 150 ms); cloud tolerates WAN RTT and
+// jitter (interval 1 s, timeout 500 ms, fall 3), so a 60 ms +- 30 ms link
+// does not flap.
+enum class HealthCheckKind : std::uint8_t {
+  None,  // never checked: always healthy
+  Tcp,   // TCP connect to address:port
+  Http,  // HTTP/1.1 GET path, status must equal expectStatus
+  Encap, // a probe through the encapsulation path: the backend must decapsulate
+         // and answer for the VIP (TCP SYN to vip:port inside the tunnel)
+};
+
+struct HealthCheckConfig {
+  HealthCheckKind kind = HealthCheckKind::Tcp;
+  std::uint16_t port = 0;  // required unless kind is None
+  std::string httpPath = "/health";
+  std::uint16_t expectStatus = 200;
+  Millis interval = 200;
+  Millis timeout = 150;
+  std::uint32_t rise = 2;  // consecutive successes to become healthy
+  std::uint32_t fall = 3;  // consecutive failures to become unhealthy
+};
+
+// Where a backend's load comes from ([pool.load]): its Prometheus text
+// endpoint, e.g. the DCGM exporter (port 9400, DCGM_FI_DEV_GPU_UTIL, averaged
+// over the host's GPUs) and a queue-depth gauge (vLLM's
+// vllm:num_requests_waiting, Triton's nv_inference_pending_request_count).
+struct LoadSourceConfig {
+  bool enabled = false;
+  std::uint16_t port = 9400;
+  std::string path = "/metrics";
+  std::string gpuMetric = "DCGM_FI_DEV_GPU_UTIL";
+  std::string queueMetric;  // empty: no queue signal
+  Millis interval = 1000;
+  Millis timeout = 500;
+  Millis staleAfter = 5000;  // older samples are ignored (load unknown = neutral)
+  double smoothing = 0.3;    // EWMA weight of the newest sample, (0, 1]
+};
+
 struct PoolConfig {
   std::string name;
   PoolSite site = PoolSite::OnPrem;
   std::uint32_t priority = 0;  // 0 first
   PoolEncap encap = PoolEncap::IpIp;
   std::uint16_t guePort = kGueDefaultPort;
+  HealthCheckConfig health{};
+  LoadSourceConfig load{};
+};
+
+// Spillover and weight policy ([policy]); the formula is in the README's
+// configuration reference.
+struct PolicyConfig {
+  double gpuHigh = 90.0;  // % GPU utilisation: saturated above
+  double gpuLow = 75.0;   // ... and no longer saturated below (hysteresis)
+  double queueHigh = 16.0;
+  double queueLow = 4.0;
+  double overprovisioning = 1.4;  // Envoy's overprovisioning factor
+  double panicThreshold = 0.5;    // healthy capacity share below which panic mode spreads
+  double minLoadFactor = 0.1;     // a saturated backend keeps at least this share of its weight
+  double churnBudget = 0.05;      // at most this share of a table's entries moves per interval
+  Millis churnInterval = 1000;
+  Millis drainTimeout = 300'000;  // a draining backend's flows are cut (FAILED) after this
+};
+
+// The operator interfaces ([control]).
+struct ControlConfig {
+  std::string socketPath = "/run/spillway/spillway.sock";
+  std::string socketGroup;  // empty: the daemon's group; mode is 0660
+  std::string metricsListen = "127.0.0.1:9550";  // empty: no metrics endpoint
+  std::size_t eventLogSize = 4096;
 };
 
 struct VipConfig {
@@ -146,6 +211,8 @@ struct BackendConfig {
 
 struct Config {
   DataplaneConfig dataplane;
+  ControlConfig control;
+  PolicyConfig policy;
   std::vector<PortConfig> ports;
   std::vector<PoolConfig> pools;
   std::vector<VipConfig> vips;
