@@ -1,0 +1,88 @@
+// The operations an operator can ask of a running spillwayd, as the CLI
+// socket (cli_server.hpp) and the metrics endpoint see them. The control
+// plane (control_plane.hpp) implements it; tests implement fakes.
+//
+// Every call returns a JSON value: on success the reply's payload; on a
+// rejected request an ApiError (which the socket turns into an error reply),
+// and the running state is unchanged. Calls never throw.
+//
+// Thread contract: called on the control thread only (the socket server and
+// the metrics endpoint are polled from the control loop).
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <variant>
+
+namespace spillway {
+
+using Json = nlohmann::json;
+
+struct ApiError {
+  std::string code;     // stable, machine readable: "not_found", "invalid", "conflict", ...
+  std::string message;  // for people: what was wrong and what to do
+};
+
+using ApiResult = std::variant<Json, ApiError>;
+
+// A backend to add at run time (spillwayctl backend add).
+struct BackendSpec {
+  std::string name;
+  std::string address;
+  std::string pool;
+  std::uint32_t weight = 100;
+  std::optional<std::uint64_t> id;
+  std::optional<std::string> mac;
+  std::optional<std::string> port;
+};
+
+class ControlApi {
+ public:
+  virtual ~ControlApi() = default;
+
+  // status: version, uptime, generation, lcores, VIP/pool/backend counts,
+  // panic and spillover summary.
+  virtual ApiResult status() = 0;
+  virtual ApiResult vipList() = 0;
+  virtual ApiResult vipShow(const std::string& name) = 0;
+  virtual ApiResult poolList() = 0;
+  virtual ApiResult poolShow(const std::string& name) = 0;
+  // Each backend: name, pool, address, state (and why), base and effective
+  // weight, table entries per VIP, health (up/down, RTT), GPU utilisation,
+  // queue depth, live flows.
+  virtual ApiResult backendList() = 0;
+  virtual ApiResult backendAdd(const BackendSpec& spec) = 0;
+  virtual ApiResult backendRemove(const std::string& name) = 0;
+  virtual ApiResult backendDrain(const std::string& name) = 0;
+  virtual ApiResult backendUndrain(const std::string& name) = 0;
+  virtual ApiResult backendDisable(const std::string& name) = 0;
+  virtual ApiResult backendEnable(const std::string& name) = 0;
+  // dryRun: the predicted move (entries per VIP that would change) without
+  // applying it.
+  virtual ApiResult backendWeight(const std::string& name, std::uint32_t weight, bool dryRun) = 0;
+  // Entries per backend of a VIP's table (all VIPs when name is empty), and
+  // the generation.
+  virtual ApiResult tableShow(const std::string& vip) = 0;
+  // Live tracked flows per backend and per lcore.
+  virtual ApiResult flows() = 0;
+  // The data path's counters (packets, drops by reason, per lcore).
+  virtual ApiResult stats() = 0;
+  // Health per backend: state, consecutive results, last error, RTT.
+  virtual ApiResult health() = 0;
+  // Events with sequence number > after, at most limit; the reply says the
+  // next sequence number to ask for.
+  virtual ApiResult events(std::uint64_t after, std::uint32_t limit) = 0;
+  // Validate a configuration file (default: the running one's path).
+  virtual ApiResult configCheck(const std::string& path) = 0;
+  // Load and apply a configuration (default: the running one's path); a
+  // rejected file changes nothing.
+  virtual ApiResult configReload(const std::string& path) = 0;
+  virtual ApiResult configDump() = 0;
+  // The Prometheus text exposition of every metric.
+  virtual std::string metricsText() = 0;
+};
+
+}  // namespace spillway
