@@ -36,6 +36,8 @@ enum class DropReason : std::uint8_t {
   VipPortNotServed,      // to a VIP address, but no VIP serves that protocol and port
   NoBackend,             // the VIP's table has no backend (none active)
   InvalidSource,         // to a VIP from a multicast, broadcast, loopback or unspecified source
+  NextHopUnresolved,     // the backend's next-hop MAC is not known yet (ARP / ND pending)
+  MultiSegment,          // a chained mbuf: spillwayd steers single-segment frames
   // DPDK adapter.
   NoExceptionPath,       // host traffic on a port without a kernel path
   TxQueueFull,           // the TX ring stayed full
@@ -66,6 +68,8 @@ inline constexpr std::array<std::string_view, static_cast<std::size_t>(DropReaso
         "vip_port_not_served",
         "no_backend",
         "invalid_source",
+        "next_hop_unresolved",
+        "multi_segment",
         "no_exception_path",
         "tx_queue_full",
 };

@@ -50,6 +50,7 @@ struct SnapshotBackend {
   std::uint64_t id = 0;
   BackendState state = BackendState::Removed;
   std::uint16_t egressPort = 0;  // the port it leaves by: index into the configured ports
+  bool nextHopResolved = true;   // false: the next-hop MAC is not known yet
   EncapTarget encap{};
 };
 
@@ -124,7 +125,9 @@ class SnapshotPublisher {
   // Lcore side: the snapshot to use for this burst (may be null before the
   // first publish). Valid until the lcore's next quiescent report.
   [[nodiscard]] const ForwardingSnapshot* current() const noexcept {
-    return current_.load(std::memory_order_acquire);
+    // seq_cst pairs with QsbrDomain::online() (a store-load handshake); on
+    // x86 and ARMv8 it costs the same as an acquire load.
+    return current_.load(std::memory_order_seq_cst);
   }
 
   // Control side: makes `next` current with one store and retires the old

@@ -155,9 +155,14 @@ std::optional<MacAddress> SnapshotBuilder::ourMac(std::uint32_t portIndex) const
   return std::nullopt;
 }
 
+// Whether the backend is in the tables. Deliberately not whether its next hop
+// is resolved: the tables must be the same on every instance and across
+// restarts (a pure function of ids, weights, states and seed), and a MAC
+// being learnt must not send flows elsewhere for good. Packets to a backend
+// whose MAC is still unknown are dropped and counted by the data path until
+// it resolves.
 bool SnapshotBuilder::takesNewFlows(const Backend& b) const {
-  return b.configIndex && b.runtime.state == BackendState::Active && b.runtime.nextHopMac &&
-         ourMac(config_.backends[*b.configIndex].portIndex).has_value();
+  return b.configIndex && b.runtime.state == BackendState::Active;
 }
 
 SnapshotBackend SnapshotBuilder::snapshotBackend(const Backend& b) const {
@@ -177,6 +182,8 @@ SnapshotBackend SnapshotBuilder::snapshotBackend(const Backend& b) const {
   if (source) e.source = source->bytes;  // loadConfig guarantees it
   e.backend = c.address.bytes;
   e.nextHopMac = b.runtime.nextHopMac.value_or(MacAddress{});
+  s.nextHopResolved = b.runtime.nextHopMac.has_value() &&
+                      ourMac(config_.backends[*b.configIndex].portIndex).has_value();
   e.ourMac = ourMac(c.portIndex).value_or(MacAddress{});
   e.vlanTci = port.vlan;
   e.gueDstPort = pool.guePort;

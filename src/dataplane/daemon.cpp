@@ -75,15 +75,15 @@ Totals sum(const std::vector<std::unique_ptr<Worker>>& workers) {
   Totals t;
   for (const auto& w : workers) {
     const auto& s = w->steering();
-    t.rx += s.rxPackets.read();
+    t.rx += s.rxPackets.read() + w->counters().unsteered.read();
     t.forwarded += s.forwarded.read();
     t.replies += s.replies.read();
-    t.toKernel += s.toKernel.read();
+    t.toKernel += s.toKernel.read() - w->counters().kernelDropped.read();
     t.newFlows += s.newFlows.read();
     t.resteered += s.resteered.read();
     t.insertFailed += s.flowInsertFailed.read();
     t.icmpSteered += s.icmpErrorsSteered.read();
-    t.drops += s.drops.total();
+    t.drops += s.drops.total() + w->counters().drops.total() + w->counters().txDropped.read();
     t.txDropped += w->counters().txDropped.read();
     t.exceptionRx += w->counters().exceptionRx.read();
     t.exceptionTx += w->counters().exceptionTx.read();
@@ -102,11 +102,14 @@ std::string statsJson(const Config& config, const SnapshotBuilder& builder,
     << ",\"resteered\":" << t.resteered << ",\"flow_insert_failed\":" << t.insertFailed
     << ",\"icmp_errors_steered\":" << t.icmpSteered << ",\"tx_dropped\":" << t.txDropped
     << ",\"exception_rx\":" << t.exceptionRx << ",\"exception_tx\":" << t.exceptionTx
-    << ",\"dropped\":" << t.drops << ",\"drops\":{";
+    << ",\"dropped\":" << t.drops << ",\"drops\":{";  // tx_queue_full frames also counted by verdict
   bool first = true;
   for (std::size_t r = 1; r < static_cast<std::size_t>(DropReason::kCount); ++r) {
     std::uint64_t n = 0;
-    for (const auto& w : workers) n += w->steering().drops.read(static_cast<DropReason>(r));
+    for (const auto& w : workers) {
+      n += w->steering().drops.read(static_cast<DropReason>(r)) +
+           w->counters().drops.read(static_cast<DropReason>(r));
+    }
     if (r == static_cast<std::size_t>(DropReason::TxQueueFull)) n += t.txDropped;
     if (n == 0) continue;
     o << (first ? "" : ",") << quoted(std::string(dropReasonName(static_cast<DropReason>(r))))
@@ -312,7 +315,19 @@ int runDaemon(const Config& config, const DaemonOptions& options) {
       wc.txDrainUs = config.dataplane.txDrainUs;
       wc.flowTable = FlowTableConfig{config.dataplane.flowCapacity, config.dataplane.timeouts};
       wc.hashSeed = config.dataplane.hashSeed;
-      pool.push_back(std::make_unique<Worker>(wc, ports.ports(), qsbr, publisher));
+      try {
+        pool.push_back(std::make_unique<Worker>(wc, ports.ports(), qsbr, publisher));
+      } catch (const std::exception& e) {
+        std::fprintf(stderr,
+                     "spillwayd: worker lcore %u: %s (flow_capacity %zu flows needs %zu MiB "
+                     "per lcore)\n",
+                     wc.lcore, e.what(), wc.flowTable.capacity,
+                     FlowTable::memoryBytesFor(wc.flowTable.capacity) >> 20);
+        pool.clear();
+        ports.close();
+        rte_eal_cleanup();
+        return 1;
+      }
     }
     gWorkersStop.store(false);
     for (auto& w : pool) rte_eal_remote_launch(workerMain, w.get(), w->config().lcore);

@@ -6,6 +6,7 @@
 #include <rte_lcore.h>
 #include <rte_mbuf.h>
 
+#include <algorithm>
 #include <cstdio>
 
 namespace spillway {
@@ -15,6 +16,8 @@ constexpr std::uint16_t kRxDescriptors = 1024;
 constexpr std::uint16_t kTxDescriptors = 1024;
 constexpr unsigned kMbufsPerSocket = 16383;  // 2^n - 1 is optimal for rte_mempool
 constexpr unsigned kMbufCache = 256;
+// DPDK 22.11's net_tap aborts at start with more queue pairs than this.
+constexpr std::uint16_t kMaxTapQueues = 4;
 
 }  // namespace
 
@@ -80,7 +83,11 @@ bool PortSet::configure(std::uint16_t portId, std::uint16_t queues, std::uint16_
   rte_eth_conf conf{};
   const std::uint64_t rss = (RTE_ETH_RSS_IP | RTE_ETH_RSS_TCP | RTE_ETH_RSS_UDP) &
                             info.flow_type_rss_offloads;
-  if (queues > 1) {
+  // af_packet spreads flows over its sockets by the kernel's fanout hash and
+  // af_xdp by the NIC's own RSS, so neither offers RSS here nor needs it.
+  const std::string driver = info.driver_name;
+  const bool spreadOutside = driver == "net_af_packet" || driver == "net_af_xdp";
+  if (queues > 1 && !spreadOutside) {
     if (rss == 0) {
       error = what + ": driver " + info.driver_name +
               " has no RSS, so it cannot spread flows over " + std::to_string(queues) +
@@ -101,7 +108,13 @@ bool PortSet::configure(std::uint16_t portId, std::uint16_t queues, std::uint16_
   const std::string poolName = "swd_mbufs_" + std::to_string(socket);
   pool = rte_mempool_lookup(poolName.c_str());
   if (pool == nullptr) {
-    pool = rte_pktmbuf_pool_create(poolName.c_str(), kMbufsPerSocket, kMbufCache, 0,
+    // Every descriptor of every ring may hold an mbuf, plus each lcore's cache
+    // and bursts in flight, for all ports (and taps) that may share the pool.
+    const unsigned rings = static_cast<unsigned>(portsPlanned_) * queues * (rxd + txd);
+    const unsigned perLcore = (kMbufCache + 2 * 64) * (queues + 1u);
+    const unsigned wanted = std::max(kMbufsPerSocket, rings + perLcore + 4096);
+    const unsigned count = (1u << (32 - __builtin_clz(wanted))) - 1;  // 2^n - 1
+    pool = rte_pktmbuf_pool_create(poolName.c_str(), count, kMbufCache, 0,
                                    RTE_MBUF_DEFAULT_BUF_SIZE, socket);
     if (pool == nullptr) {
       error = what + ": cannot create the mbuf pool on socket " + std::to_string(socket) + ": " +
@@ -133,6 +146,8 @@ bool PortSet::configure(std::uint16_t portId, std::uint16_t queues, std::uint16_
 }
 
 bool PortSet::open(const std::vector<PortSpec>& specs, std::uint16_t queues, std::string& error) {
+  portsPlanned_ = 0;
+  for (const auto& spec : specs) portsPlanned_ += spec.exceptionTap ? 2 : 1;
   for (std::size_t i = 0; i < specs.size(); ++i) {
     const auto& spec = specs[i];
     OpenPort port;
@@ -164,6 +179,13 @@ bool PortSet::open(const std::vector<PortSpec>& specs, std::uint16_t queues, std
     for (int b = 0; b < 6; ++b) port.mac[b] = mac.addr_bytes[b];
     if (spec.mac) port.mac = *spec.mac;
 
+    if (spec.exceptionTap && queues > kMaxTapQueues) {
+      error = "port " + spec.name + ": the exception tap supports at most " +
+              std::to_string(kMaxTapQueues) + " worker lcores (net_tap's multi-process limit), " +
+              std::to_string(queues) + " configured";
+      close();
+      return false;
+    }
     if (spec.exceptionTap) {
       // The tap carries the port's MAC, so the kernel answers ARP and ND for
       // the host's addresses on the port as if it owned the NIC.

@@ -72,6 +72,7 @@ class PortSet {
   std::vector<OpenPort> ports_;
   std::vector<rte_mempool*> pools_;  // one per NUMA socket in use
   std::vector<std::uint16_t> started_;
+  std::size_t portsPlanned_ = 0;  // DPDK ports (taps included) the pool is sized for
 };
 
 }  // namespace spillway

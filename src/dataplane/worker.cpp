@@ -12,6 +12,7 @@ namespace spillway {
 struct Worker::PortIo {
   std::uint16_t portId = 0;
   bool hasTap = false;
+  bool kernelHasCopy = false;  // af_packet / af_xdp: the kernel keeps its own path
   std::uint16_t tapPortId = 0;
   rte_eth_dev_tx_buffer* tx = nullptr;
   rte_eth_dev_tx_buffer* tapTx = nullptr;
@@ -48,6 +49,7 @@ Worker::Worker(const WorkerConfig& config, const std::vector<OpenPort>& ports, Q
     io->portId = p.portId;
     io->hasTap = p.hasTap;
     io->tapPortId = p.tapPortId;
+    io->kernelHasCopy = p.driver == "net_af_packet" || p.driver == "net_af_xdp";
     io->tx = makeTxBuffer(config.burst, &counters_.txDropped, socket);
     if (p.hasTap) io->tapTx = makeTxBuffer(config.burst, &counters_.txDropped, socket);
     ports_.push_back(std::move(io));
@@ -62,7 +64,7 @@ Worker::~Worker() {
 }
 
 void Worker::send(PortIo& to, rte_mbuf* m) noexcept {
-  rte_eth_tx_buffer(to.portId, config_.queue, to.tx, m);
+  counters_.txPackets.add(rte_eth_tx_buffer(to.portId, config_.queue, to.tx, m));
 }
 
 void Worker::sendToTap(PortIo& io, rte_mbuf* m) noexcept {
@@ -82,7 +84,8 @@ void Worker::pollPort(PortIo& io, const ForwardingSnapshot& snapshot,
   for (std::uint16_t i = 0; i < n; ++i) {
     rte_mbuf* m = mbufs[i];
     if (m->nb_segs != 1) [[unlikely]] {
-      counters_.multiSegment.add();
+      counters_.unsteered.add();
+      counters_.drops.add(DropReason::MultiSegment);
       rte_pktmbuf_free(m);
       continue;
     }
@@ -103,7 +106,12 @@ void Worker::pollPort(PortIo& io, const ForwardingSnapshot& snapshot,
         m->pkt_len = static_cast<std::uint32_t>(r.length);
         PortIo* out = &io;
         if (r.verdict == Verdict::Forward) {
-          if (r.egressPort < ports_.size()) out = ports_[r.egressPort].get();
+          if (r.egressPort >= ports_.size()) [[unlikely]] {  // a snapshot bug; never silently
+            counters_.drops.add(DropReason::NoBackend);
+            rte_pktmbuf_free(m);
+            break;
+          }
+          out = ports_[r.egressPort].get();
           if (r.backend < kStatsBackends) {
             counters_.backendPackets[r.backend].add();
             if (r.newFlow) counters_.backendNewFlows[r.backend].add();
@@ -116,9 +124,13 @@ void Worker::pollPort(PortIo& io, const ForwardingSnapshot& snapshot,
         if (io.hasTap) {
           sendToTap(io, m);
           counters_.exceptionTx.add();
-        } else {
+        } else if (io.kernelHasCopy) {
           // af_packet and af_xdp: the kernel already has its own copy, or
           // the XDP program passed it there before it reached us.
+          rte_pktmbuf_free(m);
+        } else {
+          counters_.kernelDropped.add();
+          counters_.drops.add(DropReason::NoExceptionPath);
           rte_pktmbuf_free(m);
         }
         break;
@@ -140,6 +152,7 @@ void Worker::pollTap(PortIo& io) noexcept {
 void Worker::flushAll() noexcept {
   for (auto& io : ports_) {
     counters_.txPackets.add(rte_eth_tx_buffer_flush(io->portId, config_.queue, io->tx));
+    // (frames lost at a full ring are counted by the buffer's error callback)
     if (io->hasTap) (void)rte_eth_tx_buffer_flush(io->tapPortId, config_.queue, io->tapTx);
   }
 }

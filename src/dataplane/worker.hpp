@@ -48,7 +48,10 @@ struct WorkerCounters {
   Counter txDropped;       // TX ring full: freed, counted here and as drops
   Counter exceptionRx;     // from the kernel (tap) to the wire
   Counter exceptionTx;     // from the wire to the kernel (tap)
-  Counter multiSegment;    // chained mbufs, dropped: spillwayd steers single-segment frames
+  Counter unsteered;       // received but never steered (chained mbufs), in drops too
+  Counter kernelDropped;   // steered to the kernel on a port with no kernel path, in drops too
+  DropCounters drops;      // drops the adapter decides: multi_segment, no_exception_path,
+                           // and bad egress ports (no_backend)
   Counter idlePolls;
   Counter snapshotGeneration;  // the generation this worker last used
   std::unique_ptr<Counter[]> backendPackets;   // forwarded, by backend index

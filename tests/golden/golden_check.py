@@ -147,6 +147,12 @@ class Model:
         self.source6 = packed(port["address6"]) if "address6" in port else None
         self.mtu = port.get("mtu", 1500)
         self.vlan = port.get("vlan")
+        # Host traffic reaches the kernel through an exception tap, or by
+        # itself on af_packet / af_xdp; on any other port (net_pcap here) it
+        # has nowhere to go and is dropped as no_exception_path.
+        device = port["devargs"].split(",")[0]
+        self.kernel_path = (port.get("exception", "none") == "tap" or
+                            device.startswith(("net_af_packet", "net_af_xdp")))
         pools = {p["name"]: p for p in config["pool"]}
         self.backends = []
         for b in config["backend"]:
@@ -458,8 +464,11 @@ def predict(model, frames):
                 stats["icmp_errors_steered"] += 1
         elif fate == "reply":
             stats["replies"] += 1
-        elif fate == "kernel":
+        elif fate == "kernel" and model.kernel_path:
             stats["to_kernel"] += 1
+        elif fate == "kernel":
+            stats["dropped"] += 1
+            drops["no_exception_path"] += 1
         else:
             stats["dropped"] += 1
             drops[detail] += 1

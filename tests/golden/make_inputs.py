@@ -15,8 +15,9 @@ of input frames, each annotated with its fate as the design says it must be
   reply echo         ICMP / ICMPv6 echo reply from a VIP with answer_ping
   reply frag_needed  ICMP "fragmentation needed" / ICMPv6 "packet too big"
                      back to the client: too big once encapsulated
-  kernel             not for a VIP: the exception path's (counted to_kernel;
-                     the port has no tap, so nothing leaves)
+  kernel             not for a VIP: the exception path's (counted to_kernel on
+                     a port with a kernel path; on these net_pcap ports without
+                     a tap, dropped as no_exception_path; nothing leaves)
   drop REASON        dropped and counted under drops[REASON]
 
 Run as a program it writes cases/<case>/config.toml and cases/<case>/in.pcap
@@ -412,8 +413,8 @@ def case_exception():
         [backend("gpu-a1", "198.51.100.11", "onprem"),
          backend("gpu-b1", "2001:db8:b::11", "onprem")])
     c = Case("exception", "Host traffic on a port without an exception tap: ARP, ND, ssh, "
-             "ping, BGP, DNS, LLDP, health-check replies, all counted to_kernel and "
-             "nothing transmitted", config)
+             "ping, BGP, DNS, LLDP, health-check replies; with no kernel path on the "
+             "port all are dropped as no_exception_path and nothing is transmitted", config)
     nh = NEXT_HOP_MAC
     c.add(Ether(src=nh, dst="ff:ff:ff:ff:ff:ff") / ARP(op=1, hwsrc=nh, psrc="198.51.100.1",
                                                           pdst=HOST4), KERNEL, "ARP who-has host")

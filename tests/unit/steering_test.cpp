@@ -180,14 +180,67 @@ TEST_F(SteeringTest, FailedBackendMovesOnlyItsOwnFlows) {
   expectAllCounted();
 }
 
-TEST_F(SteeringTest, MidFlowPacketAfterRestartIsTrackedAsEstablished) {
+TEST_F(SteeringTest, MidFlowPacketsAreTrackedOnceConfirmed) {
+  // After an LB restart the first packet seen of an open connection is an ACK.
   Frame f(syn(4242, kTcpAck));
   const auto r = steer(f);
   ASSERT_EQ(r.verdict, Verdict::Forward);
-  // Idle for an hour: an established entry survives, an embryonic one would not.
+  EXPECT_TRUE(r.newFlow);
+  // Its next packet confirms it: established, so an hour of idleness is fine.
+  now_ += 1;
+  Frame next(syn(4242, kTcpAck | kTcpPsh));
+  EXPECT_EQ(steer(next).backend, r.backend);
   now_ += 3'600'000;
   const auto view = parsePacket(syn(4242, kTcpAck));
   EXPECT_EQ(steering_.flowTable().lookup(FlowHasher(kSeed).hash(view.key), now_), r.backend);
+}
+
+TEST_F(SteeringTest, UnsolicitedAckDoesNotPinTheTable) {
+  Frame f(syn(4343, kTcpAck));
+  ASSERT_EQ(steer(f).verdict, Verdict::Forward);
+  const auto view = parsePacket(syn(4343, kTcpAck));
+  const std::uint64_t hash = FlowHasher(kSeed).hash(view.key);
+  now_ += FlowTimeouts{}.embryonic + 1;  // never confirmed: gone like a SYN
+  EXPECT_EQ(steering_.flowTable().lookup(hash, now_), 0u);
+}
+
+TEST_F(SteeringTest, NewConnectionOnAReusedTupleAvoidsADrainingBackend) {
+  std::map<std::uint16_t, std::uint32_t> first;
+  for (std::uint16_t p = 1000; p < 1200; ++p) {
+    Frame f(syn(p));
+    first[p] = steer(f).backend;
+    Frame ack(syn(p, kTcpAck));
+    steer(ack);
+  }
+  publish({100, 100, 100, 100},
+          {BackendState::Draining, BackendState::Active, BackendState::Active,
+           BackendState::Active});
+  for (auto [p, b] : first) {
+    Frame ack(syn(p, kTcpAck));
+    EXPECT_EQ(steer(ack).backend, b);  // the open connection stays
+    if (b != 1) continue;
+    Frame reuse(syn(p));  // a new connection with the same 5-tuple
+    const auto r = steer(reuse);
+    EXPECT_NE(r.backend, 1u);
+    Frame after(syn(p, kTcpAck));
+    EXPECT_EQ(steer(after).backend, r.backend);
+  }
+  expectAllCounted();
+}
+
+TEST_F(SteeringTest, UnresolvedNextHopDropsWithoutMovingTheFlow) {
+  auto s = std::make_unique<ForwardingSnapshot>(*snapshot_);
+  for (auto& b : s->backends) b.nextHopResolved = false;
+  snapshot_ = std::move(s);
+  Frame f(syn(5151));
+  const auto r = steer(f);
+  EXPECT_EQ(r.verdict, Verdict::Drop);
+  EXPECT_EQ(r.drop, DropReason::NextHopUnresolved);
+  EXPECT_EQ(steering_.counters().newFlows.read(), 0u);  // not tracked elsewhere
+  publish({100, 100, 100, 100});
+  Frame again(syn(5151));
+  EXPECT_EQ(steer(again).verdict, Verdict::Forward);
+  expectAllCounted();
 }
 
 TEST_F(SteeringTest, HostTrafficGoesToTheKernel) {

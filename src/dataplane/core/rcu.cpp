@@ -7,7 +7,7 @@ QsbrDomain::QsbrDomain(std::size_t readers)
 
 bool QsbrDomain::check(std::uint64_t token) const noexcept {
   for (std::size_t i = 0; i < readers_; ++i) {
-    const std::uint64_t e = slots_[i].epoch.load(std::memory_order_acquire);
+    const std::uint64_t e = slots_[i].epoch.load(std::memory_order_seq_cst);
     if (e != kOffline && e < token) return false;
   }
   return true;

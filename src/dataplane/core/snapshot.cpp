@@ -68,9 +68,12 @@ SnapshotPublisher::~SnapshotPublisher() {
 }
 
 void SnapshotPublisher::publish(std::unique_ptr<const ForwardingSnapshot> next) {
+  // The one step that can throw (the retire list growing) comes before the
+  // store, so a failure leaves the published snapshot as it was.
+  if (owned_) retired_.push_back(Retired{0, nullptr});
   current_.store(next.get(), std::memory_order_seq_cst);
   const std::uint64_t token = qsbr_.start();
-  if (owned_) retired_.push_back(Retired{token, std::move(owned_)});
+  if (owned_) retired_.back() = Retired{token, std::move(owned_)};
   owned_ = std::move(next);
 }
 

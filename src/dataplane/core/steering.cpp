@@ -20,10 +20,12 @@ FlowState firstState(const PacketView& v) noexcept {
   if (v.key.proto == static_cast<std::uint8_t>(IpProto::Udp)) return FlowState::Udp;
   if (v.key.proto != static_cast<std::uint8_t>(IpProto::Tcp)) return FlowState::Other;
   if ((v.tcpFlags & (kTcpFin | kTcpRst)) != 0) return FlowState::Closing;
-  // A SYN without ACK opens a flow; any other first packet belongs to a
-  // connection that is already open (LB restart, ECMP move): established.
-  if ((v.tcpFlags & (kTcpSyn | kTcpAck)) == kTcpSyn) return FlowState::Embryonic;
-  return FlowState::Established;
+  // A SYN opens a flow: embryonic. Any other first packet belongs to a
+  // connection already open elsewhere in time (LB restart, ECMP move), or is
+  // a spoofed ACK: it is tracked as embryonic too (short timeout, evictable),
+  // and the flow table promotes it to established on its next non-SYN packet,
+  // so a flood of unsolicited ACKs cannot pin the table.
+  return FlowState::Embryonic;
 }
 
 bool answersEcho(const ForwardingSnapshot& s, const IpBytes& dst, IpVersion version) noexcept {
@@ -76,6 +78,10 @@ void Steering::encapsulateTo(const FrameRef& frame, const PacketView& view, std:
     drop(r, DropReason::NoBackend);
     return;
   }
+  if (!backend->nextHopResolved) [[unlikely]] {
+    drop(r, DropReason::NextHopUnresolved);
+    return;
+  }
   const EncapResult e =
       encapsulateAny(frame.buffer, frame.dataOffset, frame.length, view, backend->encap, hash);
   if (e.ok()) [[likely]] {
@@ -103,6 +109,10 @@ void Steering::encapsulateTo(const FrameRef& frame, const PacketView& view, std:
     drop(r, DropReason::MtuExceeded);
     return;
   }
+  if (n > frame.buffer.size()) {  // no room for the reply in this buffer
+    drop(r, DropReason::MtuExceeded);
+    return;
+  }
   const std::size_t at = frame.dataOffset + n <= frame.buffer.size() ? frame.dataOffset : 0;
   std::memcpy(frame.buffer.data() + at, reply.data(), n);
   r.verdict = Verdict::Reply;
@@ -118,7 +128,12 @@ void Steering::finishVipFrame(const FrameRef& frame, Pending& p, SteerResult& r,
   std::uint32_t backend = r.backend;  // the batched lookup's hit, or 0
   if (backend != 0) {
     const SnapshotBackend* b = snapshot.backend(backend);
-    if (b == nullptr || !keepsTrackedFlows(b->state)) {
+    // A bare SYN on a tracked 5-tuple is a new connection reusing it: it goes
+    // where new flows go when its old backend takes no new ones (draining).
+    const bool newConnection = (p.view.tcpFlags & (kTcpSyn | kTcpAck)) == kTcpSyn &&
+                               p.view.key.proto == static_cast<std::uint8_t>(IpProto::Tcp);
+    if (b == nullptr || !keepsTrackedFlows(b->state) ||
+        (newConnection && b->state != BackendState::Active)) {
       // Its backend failed or was removed: re-select, and only this flow moves.
       backend = vip.table.lookup(p.hash);
       if (backend == 0) {

@@ -1,0 +1,924 @@
+#!/usr/bin/python3
+"""End-to-end tests of spillwayd on net_af_packet (meson suite 'e2e').
+
+    spillwayd_e2e.py TEST SPILLWAYD SPILLWAY_DECAP
+    TEST: distribution | restart | host-traffic | ipv6 | pmtu | restart-late-neighbour
+
+Each run builds its own estate with scripts/topology (prefix swe<pid>: a
+client, the gateway "lb" running spillwayd on its veth through af_packet,
+on-prem backends behind IP-in-IP and cloud backends behind GUE, all
+decapsulating with spillway-decap and owning the VIPs on lo) and tears it down
+on exit, also on SIGTERM / SIGINT. Traffic is real TCP from the client's
+kernel (tests/tools/fanout_client.py to tests/tools/identity_server.py, which
+names the backend in its first line).
+
+  distribution  1,000 connections to VIP nccl (every TCP port) from the
+                client's address and 200 to VIP grpc (port 50051, M = 4099)
+                from a second address. Every connection must complete on the
+                backend that tests/e2e/maglev_model.py predicts from the
+                configuration (SipHash-1-3 flow hash, weighted Maglev table);
+                the client's wire (wire_tap.py) must show every reply coming
+                from its backend's MAC, never the gateway's (DSR), and
+                spillwayd must have forwarded the client->VIP packets only.
+  restart       50 held connections echo every 100 ms while spillwayd is
+                stopped with SIGTERM and started again with the same
+                configuration: all must end cleanly on their first backend,
+                the new instance must track them from mid-flow packets (no
+                SYN), and the outage must stay well inside the client's
+                timeout.
+  host-traffic  af_packet leaves the NIC to the kernel: ARP, ping and a TCP
+                service of the gateway's own address work while spillwayd
+                runs; spillwayd answers pings to a VIP with answer_ping and
+                drops (and counts) what a VIP does not serve.
+  ipv6          scripts/topology --ipv6: an IPv6 VIP beside the IPv4 one, and
+                backends on IPv6 and IPv4 tunnel addresses, so spillwayd
+                writes every encapsulation (4in4, 6in4, 4in6, 6in6, GUE over
+                either family); placement, DSR and each backend's
+                spillway-decap counters checked, ICMPv6 echo answered.
+  pmtu          egress MTU 1500 with a 1500-byte client: full-size segments
+                get ICMP "fragmentation needed" / ICMPv6 "packet too big" from
+                spillwayd, and bulk flows through every encapsulation finish.
+  restart-late-neighbour
+                a restart while one backend answers ARP only a second late:
+                its held flows must survive. Not registered with meson: it
+                fails today (the new instance pins them to other backends).
+
+SWE_KEEP_WORK=1 keeps the work directory (configs, logs, statistics).
+
+Prints one line per check and ends with "e2e-<test>: N passed, M failed".
+Exit 0 when all passed, 1 when any failed, 77 (skipped) without root, network
+namespaces or veth. Every wait polls against a deadline.
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, HERE)
+import maglev_model  # noqa: E402
+
+PY = "/usr/bin/python3"
+TOPOLOGY = os.path.join(ROOT, "scripts", "topology")
+IDENTITY_SERVER = os.path.join(ROOT, "tests", "tools", "identity_server.py")
+FANOUT = os.path.join(ROOT, "tests", "tools", "fanout_client.py")
+WIRE_TAP = os.path.join(HERE, "wire_tap.py")
+BULK_ECHO = os.path.join(HERE, "bulk_echo.py")
+
+VIP_NCCL = "192.0.2.10"
+VIP_GRPC = "192.0.2.11"
+CLIENT = "10.99.0.100"
+CLIENT2 = "10.99.0.101"
+LB_ADDR = "10.99.0.2"
+CLIENT6 = "fd00:99::100"
+LB_ADDR6 = "fd00:99::2"
+VIP6 = "2001:db8:ffff::10"
+SEED = "0x0e2e5eed1b4d5eed"
+# Unequal weights, so the check sees the weighted fill, not an even split.
+WEIGHTS = {"onprem1": 100, "onprem2": 200, "onprem3": 100, "cloud1": 50, "cloud2": 100}
+
+
+class Skip(Exception):
+    pass
+
+
+class Fail(Exception):
+    pass
+
+
+def log(msg):
+    print(msg, flush=True)
+
+
+def wait_until(what, predicate, timeout, interval=0.05):
+    """Polls predicate() until it returns a true value (returned) or the
+    deadline passes (Fail)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise Fail(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+class Lb:
+    """One spillwayd process in the gateway's namespace."""
+
+    def __init__(self, proc, stats, stdout, stderr):
+        self.proc, self.stats, self.stdout, self.stderr = proc, stats, stdout, stderr
+
+    def read_stats(self):
+        try:
+            with open(self.stats) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return None
+
+    def log_tail(self):
+        try:
+            with open(self.stderr) as f:
+                return "".join(f.readlines()[-20:])
+        except OSError:
+            return ""
+
+
+class Estate:
+    def __init__(self, test, spillwayd, decap):
+        self.test = test
+        self.spillwayd = spillwayd
+        self.decap = decap
+        self.prefix = f"swe{os.getpid()}"
+        self.work = tempfile.mkdtemp(prefix=f"swe-{test}-")
+        self.procs = []
+        self.up = False
+        self.backends = []  # (name, namespace, address)
+        self.backends6 = {}  # name -> IPv6 fabric address, with --ipv6
+        self.passed = 0
+        self.failed = 0
+
+    # -- checks ---------------------------------------------------------------
+    def check(self, name, ok, detail=""):
+        if ok:
+            self.passed += 1
+        else:
+            self.failed += 1
+        log(f"{'ok  ' if ok else 'FAIL'} {name}{': ' + detail if detail else ''}")
+        return ok
+
+    # -- processes ------------------------------------------------------------
+    def ns(self, host):
+        return f"{self.prefix}-{host}"
+
+    def run(self, args, ns=None, check=True, timeout=60, env=None):
+        if ns is not None:
+            args = ["ip", "netns", "exec", ns] + args
+        r = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env)
+        if check and r.returncode != 0:
+            raise Fail(f"{' '.join(args)} exited {r.returncode}: {r.stderr.strip()[-500:]}")
+        return r
+
+    def spawn(self, args, ns=None, stdout=None, stderr=None):
+        """A background process; `ip netns exec` execs the command, so the
+        Popen's pid is the command's own."""
+        if ns is not None:
+            args = ["ip", "netns", "exec", ns] + args
+        out = open(stdout, "w") if stdout else subprocess.DEVNULL
+        err = open(stderr, "w") if stderr else subprocess.DEVNULL
+        p = subprocess.Popen(args, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+        self.procs.append(p)
+        return p
+
+    def stop(self, p, timeout=10):
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        if p in self.procs:
+            self.procs.remove(p)
+        return p.returncode
+
+    def cleanup(self):
+        for p in list(self.procs):
+            try:
+                self.stop(p, timeout=5)
+            except Exception:  # noqa: BLE001 - best effort on the way out
+                pass
+        if self.up:
+            subprocess.run([TOPOLOGY, "down", "--prefix", self.prefix], capture_output=True)
+        # The EAL's runtime directory of our --file-prefix.
+        shutil.rmtree(f"/var/run/dpdk/{self.prefix}", ignore_errors=True)
+        if os.environ.get("SWE_KEEP_WORK"):
+            log(f"work files kept in {self.work}")
+        else:
+            shutil.rmtree(self.work, ignore_errors=True)
+
+    # -- the estate -----------------------------------------------------------
+    def topology_up(self, onprem, cloud, ipv6=False):
+        env = dict(os.environ, SW_DECAP=self.decap)
+        opts = ["--prefix", self.prefix, "--onprem", str(onprem), "--cloud", str(cloud)]
+        opts += ["--ipv6"] if ipv6 else []
+        self.up = True
+        self.run([TOPOLOGY, "up"] + opts, env=env)
+        text = self.run([TOPOLOGY, "env"] + opts).stdout
+        self.backends = [tuple(line.split()[1:4]) for line in text.splitlines()
+                         if line.startswith("backend ")]
+        self.backends6 = {line.split()[1]: line.split()[3] for line in text.splitlines()
+                          if line.startswith("backend6 ")}
+        for name, ns, _ in self.backends:
+            if "prog/xdp" not in self.run(["ip", "-n", ns, "link", "show", "eth0"]).stdout:
+                raise Fail(f"spillway-decap is not attached on {name}'s eth0")
+
+    def mac(self, host):
+        info = json.loads(self.run(["ip", "-j", "-n", self.ns(host), "link", "show", "eth0"])
+                          .stdout)
+        return info[0]["address"]
+
+    def start_servers(self, ports=(8000, 50051)):
+        for name, ns, _ in self.backends:
+            self.spawn([PY, IDENTITY_SERVER, name] + [str(p) for p in ports], ns=ns,
+                       stderr=os.path.join(self.work, f"{name}.log"))
+        for name, ns, _ in self.backends:
+            for port in ports:
+                wait_until(f"{name} listening on :{port}", lambda: self.run(
+                    ["ss", "-Hltn", f"sport = :{port}"], ns=ns).stdout.strip(), 20)
+
+    def write_config(self, answer_ping=True, addresses=None, extra_vips=(), mtu=1600):
+        """The gateway's configuration. addresses: backend name -> tunnel
+        address (default: its IPv4 fabric address); extra_vips: [[vip]]
+        tables as lists of lines."""
+        addresses = addresses or {}
+        lines = [
+            "# Generated by tests/e2e/spillwayd_e2e.py.",
+            "[dataplane]", "lcores = [1]", f'hash_seed = "{SEED}"', "flow_capacity = 65536", "",
+            "[[port]]", 'name = "fabric"', 'devargs = "net_af_packet0,iface=eth0"',
+            f'address = "{LB_ADDR}"'] + ([f'address6 = "{LB_ADDR6}"'] if self.backends6 else []) + [
+            f"mtu = {mtu}", 'kernel_interface = "eth0"', "",
+            "[[pool]]", 'name = "onprem"', 'site = "onprem"', "priority = 0", 'encap = "ipip"', "",
+            "[[pool]]", 'name = "cloud"', 'site = "cloud"', "priority = 1", 'encap = "gue"', "",
+            "[[vip]]", 'name = "nccl"', f'address = "{VIP_NCCL}"', 'protocol = "tcp"', "port = 0",
+            'pools = ["onprem", "cloud"]', f"answer_ping = {'true' if answer_ping else 'false'}",
+            "",
+            "[[vip]]", 'name = "grpc"', f'address = "{VIP_GRPC}"', 'protocol = "tcp"',
+            "port = 50051", "table_size = 4099", 'pools = ["onprem", "cloud"]', "",
+        ]
+        for vip in extra_vips:
+            lines += ["[[vip]]"] + list(vip) + [""]
+        for name, _, addr in self.backends:
+            addr = addresses.get(name, addr)
+            pool = name.rstrip("0123456789")
+            lines += ["[[backend]]", f'name = "{name}"', f'address = "{addr}"',
+                      f'pool = "{pool}"', f"weight = {WEIGHTS.get(name, 100)}", ""]
+        path = os.path.join(self.work, "spillway.toml")
+        with open(path, "w") as f:
+            f.write("\n".join(lines))
+        self.run([self.spillwayd, "--check-config", path])
+        self.config = path
+        return path
+
+    def start_lb(self, tag):
+        stats = os.path.join(self.work, f"stats-{tag}.json")
+        stdout = os.path.join(self.work, f"final-{tag}.json")
+        stderr = os.path.join(self.work, f"spillwayd-{tag}.log")
+        p = self.spawn([self.spillwayd, "--no-huge", "-m", "512", "--file-prefix", self.prefix,
+                        "--", "--config", self.config, "--stats-file", stats,
+                        "--stats-interval-ms", "100"], ns=self.ns("lb"), stdout=stdout,
+                       stderr=stderr)
+        return Lb(p, stats, stdout, stderr)
+
+    def wait_ready(self, lb, timeout=30):
+        """Ready: every backend's next hop resolved (so the tables hold every
+        backend) and every worker running the latest snapshot."""
+        def ready():
+            if lb.proc.poll() is not None:
+                raise Fail(f"spillwayd exited {lb.proc.returncode}:\n{lb.log_tail()}")
+            s = lb.read_stats()
+            return s if s and all(b["next_hop_resolved"] for b in s["backends"]) and all(
+                w["snapshot_generation"] == s["generation"] for w in s["workers"]) else None
+        try:
+            return wait_until("spillwayd ready (next hops resolved)", ready, timeout)
+        except Fail as e:
+            raise Fail(f"{e}\n{lb.log_tail()}") from None
+
+    def stop_lb(self, lb, timeout=10):
+        """SIGTERM; returns (exit code, seconds to exit, final stats from stdout)."""
+        t0 = time.monotonic()
+        rc = self.stop(lb.proc, timeout)
+        took = time.monotonic() - t0
+        try:
+            with open(lb.stdout) as f:
+                final = json.loads(f.read().strip().splitlines()[-1])
+        except (OSError, ValueError, IndexError):
+            final = None
+        return rc, took, final
+
+    def quiesce(self, lb, timeout=10):
+        """Waits until spillwayd's rx count holds still over three stats
+        periods (the last ACKs and FINs have gone through)."""
+        seen = []
+
+        def still():
+            s = lb.read_stats()
+            if s:
+                seen.append(s["rx_packets"])
+            return len(seen) >= 4 and len(set(seen[-4:])) == 1
+        wait_until("spillwayd to go quiet", still, timeout, interval=0.1)
+
+    def start_tap(self, tag, vips=(VIP_NCCL, VIP_GRPC)):
+        ready = os.path.join(self.work, f"tap-{tag}.ready")
+        out = os.path.join(self.work, f"tap-{tag}.json")
+        args = [PY, WIRE_TAP, "--iface", "eth0", "--ready", ready, "--out", out]
+        for v in vips:
+            args += ["--vip", v]
+        p = self.spawn(args, ns=self.ns("client"),
+                       stderr=os.path.join(self.work, f"tap-{tag}.log"))
+        wait_until("wire tap listening", lambda: os.path.exists(ready) or p.poll() is not None,
+                   10)
+        if p.poll() is not None:
+            raise Fail(f"wire tap exited {p.returncode}")
+        return p, out
+
+    def stop_tap(self, tap):
+        p, out = tap
+        self.stop(p)
+        with open(out) as f:
+            return json.load(f)
+
+    def fanout(self, vip, port, count, tag, hold=0.0, timeout=5.0, background=False):
+        out = os.path.join(self.work, f"fanout-{tag}.json")
+        args = [PY, FANOUT, vip, str(port), str(count), "--parallel", "64", "--timeout",
+                str(timeout), "--json", out]
+        if hold:
+            args += ["--hold", str(hold)]
+        if background:
+            return self.spawn(args, ns=self.ns("client"),
+                              stderr=os.path.join(self.work, f"fanout-{tag}.log")), out
+        self.run(args, ns=self.ns("client"), check=False, timeout=120)
+        with open(out) as f:
+            return json.load(f)
+
+
+def ping_ok(r, count):
+    """All `count` echoes answered, no ICMP error: ping's summary line."""
+    lines = [l for l in r.stdout.splitlines() if "packets transmitted" in l]
+    summary = lines[-1] if lines else r.stderr.strip()
+    return (r.returncode == 0 and f"{count} received" in summary and "error" not in summary,
+            summary)
+
+
+# --- the tests ----------------------------------------------------------------
+
+def placement(e, model, runs, wire, backend_macs):
+    """Every connection of every fanout run completed, on the backend the
+    model predicts, with its replies on the client's wire from that backend's
+    MAC alone. runs: [(vip, port, count, src, fanout result)]. Counts each
+    connection as one case; returns {vip: {backend: connections}}."""
+    per_vip = {}
+    passed = failed = 0
+    for vip, port, count, src, result in runs:
+        failed += count - len(result["connections"])
+        for c in result["connections"]:
+            if not c.get("ok"):
+                failed += 1
+                if failed <= 10:
+                    log(f"FAIL connection to [{vip}]:{port}: {c.get('error')}")
+                continue
+            want = model.backend(src, c["sport"], vip, port)
+            macs = wire["flows"].get(f"{vip}:{port}:{c['sport']}", {}).get("macs", {})
+            on_wire = {backend_macs.get(m, m) for m in macs}
+            if c["backend"] == want and on_wire == {want}:
+                passed += 1
+                per_vip.setdefault(vip, {}).setdefault(want, 0)
+                per_vip[vip][want] += 1
+            else:
+                failed += 1
+                if failed <= 10:
+                    log(f"FAIL [{src}]:{c['sport']} -> [{vip}]:{port}: served by {c['backend']},"
+                        f" model says {want}, replies on the wire from {sorted(on_wire)}")
+    total = sum(r[2] for r in runs)
+    e.passed += passed
+    e.failed += failed
+    log(f"{'ok  ' if failed == 0 else 'FAIL'} connections: {passed}/{total} completed on the "
+        f"model's backend with DSR replies from that backend")
+    return per_vip, passed, total
+
+
+def directed(e, model, vip, port, src, nbytes):
+    """For every backend, a source port that the model maps to it, chosen
+    before connecting, and nbytes echoed through it: full-size segments cross
+    that backend's encapsulation near the fabric MTU. One check each; returns
+    the backends reached."""
+    reached = []
+    for name, _, _ in e.backends:
+        sport = next(p for p in range(20000, 30000) if model.backend(src, p, vip, port) == name)
+        r = e.run([PY, BULK_ECHO, vip, str(port), "--sport", str(sport), "--bytes", str(nbytes)],
+                  ns=e.ns("client"), check=False)
+        try:
+            got = json.loads(r.stdout)
+        except ValueError:
+            got = {"ok": False, "error": r.stderr.strip()[-200:], "backend": None}
+        ok = got.get("ok") and got.get("backend") == name
+        e.check(f"directed: [{vip}]:{port} from port {sport}, predicted {name}, "
+                f"{nbytes >> 10} KiB echoed", ok,
+                f"served by {got.get('backend')}, echoed {got.get('echoed')} bytes"
+                + (f", {got.get('error')}" if got.get("error") else ""))
+        if ok:
+            reached.append(name)
+    return reached
+
+
+def wire_and_counters(e, wire, final, backend_macs, lb_mac, connections):
+    """DSR on the client's wire, forwarded == client->VIP frames, one new
+    flow per connection, per-backend flows at spillwayd == at the client, no
+    drops. connections: {backend: connections the client made to it}."""
+    from_lb = wire["in"].get(lb_mac, 0)
+    from_backends = sum(n for m, n in wire["in"].items() if m in backend_macs)
+    e.check("dsr: no TCP frame from a VIP carries the gateway's MAC", from_lb == 0 and
+            from_backends == sum(wire["in"].values()),
+            f"{from_backends} frames from backends' MACs, {from_lb} from the gateway's "
+            f"{lb_mac}, others {[m for m in wire['in'] if m not in backend_macs and m != lb_mac]}")
+    to_vip = sum(v["frames"] for v in wire["out"].values())
+    fwd, lost = final["forwarded"], wire["drops"]
+    e.check("forwarded == client->VIP packets",
+            (fwd <= to_vip if lost == 0 else True) and fwd >= to_vip * 0.99,
+            f"spillwayd forwarded {fwd}, the client sent {to_vip} frames to the VIPs "
+            f"(tap lost {lost}); frames from the VIPs seen by the client: "
+            f"{sum(wire['in'].values())}")
+    total = sum(connections.values())
+    e.check("new flows == connections", final["new_flows"] == total,
+            f"{final['new_flows']} new flows for {total} connections")
+    lb_flows = {b["name"]: b["new_flows"] for b in final["backends"]}
+    e.check("per-backend new flows at spillwayd == connections per backend at the client",
+            all(lb_flows.get(n, 0) == connections.get(n, 0) for n in set(lb_flows) |
+                set(connections)), f"spillwayd {lb_flows}, client {connections}")
+    e.check("no drops", final["dropped"] == 0 and final["tx_dropped"] == 0,
+            f"dropped {final['dropped']} {final['drops']}, tx_dropped {final['tx_dropped']}")
+
+
+def distribution_table(e, model, runs, per_vip):
+    log("")
+    log(f"{'backend':<9}{'pool':<8}{'address':<13}{'weight':>7}" + "".join(
+        f"{' ' + v + ':' + str(p) + ' share':>28}{'seen':>6}" for v, p, *_ in runs))
+    for name, _, _ in e.backends:
+        b = model.backends[name]
+        row = f"{name:<9}{b['pool']:<8}{b['address']:<13}{b['weight']:>7}"
+        for vip, port, count, _, _ in runs:
+            v = model.vip(vip, 6, port)
+            share = model.shares(v)[name] / v["size"]
+            row += f"{'M=' + str(v['size']):>13}{100 * share:>6.1f} % ~{share * count:>4.0f}" \
+                   f"{per_vip.get(vip, {}).get(name, 0):>6}"
+        log(row)
+
+
+def test_distribution(e):
+    e.topology_up(onprem=3, cloud=2)
+    client = e.ns("client")
+    # A second client address, used for the grpc VIP: more than one source
+    # address in the hash inputs.
+    e.run(["ip", "-n", client, "addr", "add", f"{CLIENT2}/24", "dev", "eth0"])
+    e.run(["ip", "-n", client, "route", "replace", f"{VIP_GRPC}/32", "via", LB_ADDR, "src",
+           CLIENT2])
+    e.start_servers()
+    e.write_config()
+    model = maglev_model.Model(e.config)
+    lb = e.start_lb("a")
+    e.wait_ready(lb)
+    lb_mac = e.mac("lb")
+    backend_macs = {e.mac(name): name for name, _, _ in e.backends}
+    tap = e.start_tap("a")
+
+    t0 = time.monotonic()
+    runs = [(VIP_NCCL, 8000, 1000, CLIENT, e.fanout(VIP_NCCL, 8000, 1000, "nccl")),
+            (VIP_GRPC, 50051, 200, CLIENT2, e.fanout(VIP_GRPC, 50051, 200, "grpc"))]
+    took = time.monotonic() - t0
+    reached = directed(e, model, VIP_NCCL, 8000, CLIENT, 1 << 20)
+    e.quiesce(lb)
+    wire = e.stop_tap(tap)
+    rc, _, final = e.stop_lb(lb)
+    if final is None:
+        raise Fail(f"spillwayd printed no final statistics (exit {rc}):\n{lb.log_tail()}")
+
+    per_vip, passed, total = placement(e, model, runs, wire, backend_macs)
+    connections = {}
+    for name in reached:
+        connections[name] = connections.get(name, 0) + 1
+    for _, _, _, _, result in runs:
+        for name, n in result["per_backend"].items():
+            connections[name] = connections.get(name, 0) + n
+    wire_and_counters(e, wire, final, backend_macs, lb_mac, connections)
+    distribution_table(e, model, runs, per_vip)
+    log(f"{total} connections in {took:.1f} s; spillwayd: rx {final['rx_packets']}, forwarded "
+        f"{final['forwarded']}, to_kernel {final['to_kernel']}, new_flows {final['new_flows']}, "
+        f"drops {final['drops']}")
+    log("")
+    return f"{passed} of {total} connections on the predicted backend"
+
+
+# Which decap counters each tunnel address family and pool must have moved:
+# the outer header (in4 / in6) follows the backend's address, the inner one
+# the VIP's family, GUE for the cloud pool.
+def expected_decap(pool, backend_v6):
+    outer = "in6" if backend_v6 else "in4"
+    gue = "gue_" if pool == "cloud" else ""
+    return [f"decap_{gue}ip4{outer}", f"decap_{gue}ip6{outer}"]
+
+
+def test_ipv6(e):
+    e.topology_up(onprem=3, cloud=2, ipv6=True)
+    # Mixed tunnel families: every encapsulation the dataplane writes for
+    # IPv4 and IPv6 VIPs (4in4, 6in4, 4in6, 6in6, GUE over IPv4 and IPv6).
+    v6 = {"onprem1", "onprem2", "cloud1"}
+    addresses = {n: e.backends6[n] for n in v6}
+    e.start_servers()
+    e.write_config(addresses=addresses, extra_vips=[
+        ['name = "nccl6"', f'address = "{VIP6}"', 'protocol = "tcp"', "port = 0",
+         'pools = ["onprem", "cloud"]', "answer_ping = true"]])
+    model = maglev_model.Model(e.config)
+    lb = e.start_lb("v6")
+    e.wait_ready(lb)
+    lb_mac = e.mac("lb")
+    backend_macs = {e.mac(name): name for name, _, _ in e.backends}
+    tap = e.start_tap("v6", vips=(VIP_NCCL, VIP6))
+
+    runs = [(VIP6, 8000, 300, CLIENT6, e.fanout(VIP6, 8000, 300, "nccl6")),
+            (VIP_NCCL, 8000, 300, CLIENT, e.fanout(VIP_NCCL, 8000, 300, "nccl"))]
+    reached = directed(e, model, VIP6, 8000, CLIENT6, 256 << 10)
+    reached += directed(e, model, VIP_NCCL, 8000, CLIENT, 256 << 10)
+    e.quiesce(lb)
+    wire = e.stop_tap(tap)
+    base = lb.read_stats()
+    r = e.run(["ping", "-6", "-c", "3", "-i", "0.2", "-w", "5", VIP6], ns=e.ns("client"),
+              check=False)
+    e.check("ping to the IPv6 VIP answered by spillwayd (ICMPv6 echo)", *ping_ok(r, 3))
+    rc, _, final = e.stop_lb(lb)
+    if final is None:
+        raise Fail(f"spillwayd printed no final statistics (exit {rc}):\n{lb.log_tail()}")
+    e.check("echo replies counted", final["replies"] - base["replies"] == 3,
+            f"replies +{final['replies'] - base['replies']}")
+
+    per_vip, passed, total = placement(e, model, runs, wire, backend_macs)
+    connections = {}
+    for name in reached:
+        connections[name] = connections.get(name, 0) + 1
+    for _, _, _, _, result in runs:
+        for name, n in result["per_backend"].items():
+            connections[name] = connections.get(name, 0) + n
+    wire_and_counters(e, wire, final, backend_macs, lb_mac, connections)
+    for name, ns, _ in e.backends:
+        stats = json.loads(e.run([e.decap, "stats", "--dev", "eth0", "--json"], ns=ns).stdout)
+        counters = {k: v["packets"] for k, v in stats["counters"].items() if v["packets"]}
+        want = expected_decap(model.backends[name]["pool"], name in v6)
+        e.check(f"{name} ({model.backends[name]['address']}, {model.backends[name]['pool']}) "
+                f"decapsulated {' and '.join(want)}",
+                all(counters.get(k, 0) > 0 for k in want) and not any(
+                    k.startswith("decap_") and k not in want for k in counters),
+                f"{counters}")
+    distribution_table(e, model, runs, per_vip)
+    log(f"spillwayd: rx {final['rx_packets']}, forwarded {final['forwarded']}, "
+        f"replies {final['replies']}, new_flows {final['new_flows']}, drops {final['drops']}")
+    return f"{passed} of {total} connections on the predicted backend"
+
+
+def test_restart(e):
+    hold, timeout, held = 12.0, 10.0, 50
+    e.topology_up(onprem=3, cloud=2)
+    e.start_servers(ports=(8000,))
+    e.write_config()
+    model = maglev_model.Model(e.config)
+    lb = e.start_lb("first")
+    e.wait_ready(lb)
+    tap = e.start_tap("restart", vips=(VIP_NCCL,))
+    client, out = e.fanout(VIP_NCCL, 8000, held, "held", hold=hold, timeout=timeout,
+                           background=True)
+
+    # All held connections open and echoing through the first instance.
+    def established():
+        s = lb.read_stats()
+        return s and s["new_flows"] >= held and s["forwarded"] >= held * 8
+    wait_until(f"{held} connections through the first instance", established, 20)
+    n_est = len(e.run(["ss", "-Htn", "state", "established", "dst", VIP_NCCL],
+                      ns=e.ns("client")).stdout.splitlines())
+    e.check("held connections established before the restart", n_est == held,
+            f"{n_est} established")
+
+    t_stop_wall = time.time()
+    t_stop = time.monotonic()
+    rc, took, final1 = e.stop_lb(lb)
+    e.check("SIGTERM stops spillwayd cleanly", rc == 0 and final1 is not None,
+            f"exit {rc} after {took:.2f} s")
+    lb2 = e.start_lb("second")
+    s2 = e.wait_ready(lb2)
+    gap = time.monotonic() - t_stop
+    # TCP's retransmission backoff roughly doubles an outage before the flows
+    # move again, so half the client's echo timeout (and at most 5 s) is the
+    # bound that keeps every held connection inside it.
+    bound = min(5.0, timeout / 2)
+    e.check(f"outage (SIGTERM to the new instance's ready) under {bound:g} s", gap < bound,
+            f"{gap:.2f} s (client echo timeout {timeout:g} s)")
+
+    wait_until("the new instance to track the held flows",
+               lambda: (lb2.read_stats() or {}).get("new_flows", 0) >= held, timeout)
+    try:
+        client.wait(hold + 3 * timeout)
+    except subprocess.TimeoutExpired:
+        raise Fail("fanout_client did not finish") from None
+    e.procs.remove(client)
+    with open(out) as f:
+        result = json.load(f)
+    e.quiesce(lb2)
+    wire = e.stop_tap(tap)
+    rc2, _, final2 = e.stop_lb(lb2)
+    if final2 is None:
+        raise Fail(f"the second spillwayd printed no statistics (exit {rc2})")
+
+    conns = result["connections"]
+    bad = [c for c in conns if not c.get("ok")]
+    for c in bad[:10]:
+        log(f"FAIL held connection {c.get('sport')}: {c.get('error')} after "
+            f"{c.get('messages')} echoes (backend {c.get('backend')})")
+    e.check("every held connection completed without reset or bad echo",
+            len(conns) == held and not bad,
+            f"{len(conns) - len(bad)}/{held} ok; echoes per connection "
+            f"{min((c.get('messages', 0) for c in conns), default=0)}.."
+            f"{max((c.get('messages', 0) for c in conns), default=0)}")
+    want = {c["sport"]: model.backend(CLIENT, c["sport"], VIP_NCCL, 8000) for c in conns
+            if c.get("backend")}
+    wrong = [c for c in conns if c.get("backend") and want[c["sport"]] != c["backend"]]
+    e.check("every held connection on the model's backend", not wrong,
+            f"{len(wrong)} elsewhere")
+    # After the restart the echoes must have come from the same backend: the
+    # client's wire shows one source MAC per flow.
+    macs = {e.mac(name): name for name, _, _ in e.backends}
+    moved = {k: v for k, v in wire["flows"].items() if len(v["macs"]) != 1}
+    e.check("one backend MAC per held flow on the client's wire, across the restart",
+            not moved and len(wire["flows"]) == held,
+            f"{len(wire['flows'])} flows, moved {list(moved.items())[:3]}")
+    late_syn = [k for k, v in wire["flows"].items() if any(t >= t_stop_wall for t in v["syn"])]
+    e.check("no SYN after the restart", not late_syn, f"{len(late_syn)} flows sent one")
+    e.check("new instance tracked the held flows from mid-flow packets",
+            final2["new_flows"] == held,
+            f"new_flows {final2['new_flows']} (first instance {final1['new_flows']}), "
+            f"forwarded {final2['forwarded']}, resteered {final2['resteered']}")
+    per1 = {b["name"]: b["new_flows"] for b in final1["backends"]}
+    per2 = {b["name"]: b["new_flows"] for b in final2["backends"]}
+    e.check("per-backend flows identical in both instances", per1 == per2,
+            f"first {per1}, second {per2}")
+    # While its next hops resolve (starting the af_packet port flushes the
+    # interface's neighbour table), the new instance knows each flow's backend
+    # (the tables do not depend on resolution) but not yet its MAC: those
+    # packets are dropped as next_hop_unresolved, the flow stays where it was,
+    # and TCP retransmits them.
+    e.check("new instance dropped nothing but next_hop_unresolved while resolving next hops",
+            set(final2["drops"]) <= {"next_hop_unresolved"},
+            f"{final2['drops']}; ready at snapshot generation {s2['generation']}")
+    log(f"outage {gap:.2f} s; spillwayd exited {took:.2f} s after SIGTERM; per backend {per2}; "
+        f"wire MACs {sorted(set(macs.get(m, m) for v in wire['flows'].values() for m in v['macs']))}")
+    return f"{held - len(bad)} of {held} held connections survived the restart"
+
+
+def test_host_traffic(e):
+    e.topology_up(onprem=2, cloud=0)
+    e.start_servers(ports=(8000,))
+    lb_ns, client = e.ns("lb"), e.ns("client")
+    # A service of the gateway host itself (SSH, a health endpoint).
+    e.spawn([PY, IDENTITY_SERVER, "gateway-host", "2222"], ns=lb_ns)
+    wait_until("the gateway's own service", lambda: e.run(
+        ["ss", "-Hltn", "sport = :2222"], ns=lb_ns).stdout.strip(), 20)
+    e.write_config(answer_ping=True)
+    lb = e.start_lb("host")
+    e.wait_ready(lb)
+    lb_mac = e.mac("lb")
+    tap = e.start_tap("host")
+
+    def stats():
+        return lb.read_stats()
+
+    def drops(s, reason):
+        return s["drops"].get(reason, 0)
+
+    def after(pred, what, timeout=5):
+        """The statistics once pred holds (the file lags by up to one
+        period), or the last ones at the deadline, for the check to judge."""
+        def poll():
+            s = stats()
+            return s if s and pred(s) else None
+        try:
+            return wait_until(what, poll, timeout)
+        except Fail:
+            return stats()
+
+    base = stats()
+    r = e.run(["ping", "-c", "3", "-i", "0.2", "-w", "5", LB_ADDR], ns=client, check=False)
+    e.check("ping to the gateway's own address (kernel)", *ping_ok(r, 3))
+    s = after(lambda s: s["to_kernel"] - base["to_kernel"] >= 3, "host packets counted")
+    e.check("spillwayd left the host's packets to the kernel",
+            s["to_kernel"] - base["to_kernel"] >= 3 and s["forwarded"] == base["forwarded"],
+            f"to_kernel +{s['to_kernel'] - base['to_kernel']}, "
+            f"forwarded +{s['forwarded'] - base['forwarded']}")
+    neigh = e.run(["ip", "-n", client, "neigh", "show", LB_ADDR], ns=None).stdout
+    e.check("ARP for the gateway answered by its kernel", lb_mac in neigh, neigh.strip())
+    r = e.run([PY, "-c", "import socket,sys; s=socket.create_connection((sys.argv[1], 2222), 3);"
+               "s.settimeout(3); print(s.makefile().readline().strip())", LB_ADDR],
+              ns=client, check=False)
+    e.check("TCP to a service of the gateway host", r.stdout.strip() == "backend=gateway-host",
+            r.stdout.strip() or r.stderr.strip()[-200:])
+
+    base = stats()
+    r = e.run(["ping", "-c", "3", "-i", "0.2", "-w", "5", VIP_NCCL], ns=client, check=False)
+    e.check("ping to a VIP with answer_ping", *ping_ok(r, 3))
+    s = after(lambda s: s["replies"] - base["replies"] >= 3, "echo replies counted")
+    e.check("the echo replies came from spillwayd",
+            s["replies"] - base["replies"] >= 3 and s["forwarded"] == base["forwarded"],
+            f"replies +{s['replies'] - base['replies']}, "
+            f"forwarded +{s['forwarded'] - base['forwarded']}")
+    r = e.run(["ping", "-c", "2", "-i", "0.2", "-w", "2", VIP_GRPC], ns=client, check=False)
+    s = after(lambda s: drops(s, "icmp_unsupported") - drops(base, "icmp_unsupported") >= 2,
+              "unanswered echo counted")
+    e.check("ping to a VIP without answer_ping: unanswered, dropped and counted",
+            r.returncode != 0 and drops(s, "icmp_unsupported") - drops(base, "icmp_unsupported")
+            >= 2, f"ping exit {r.returncode}, icmp_unsupported "
+            f"+{drops(s, 'icmp_unsupported') - drops(base, 'icmp_unsupported')}")
+
+    base = stats()
+    r = e.run([PY, "-c", "import socket,sys\n"
+               "s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n"
+               "for i in range(5): s.sendto(b'x'*32,(sys.argv[1],5000))", VIP_NCCL],
+              ns=client, check=False)
+    s = after(lambda s: drops(s, "vip_port_not_served") - drops(base, "vip_port_not_served") >= 5,
+              "UDP drops counted")
+    n = drops(s, "vip_port_not_served") - drops(base, "vip_port_not_served")
+    e.check("UDP to a TCP-only VIP: dropped and counted (vip_port_not_served)",
+            r.returncode == 0 and n == 5 and s["forwarded"] == base["forwarded"],
+            f"+{n} vip_port_not_served for 5 datagrams, "
+            f"forwarded +{s['forwarded'] - base['forwarded']}")
+
+    base = stats()
+    r = e.run([PY, "-c", "import socket,sys\n"
+               "try:\n"
+               "    socket.create_connection((sys.argv[1], 8000), 1.5); print('connected')\n"
+               "except socket.timeout: print('timeout')\n"
+               "except OSError as x: print(type(x).__name__)", VIP_GRPC], ns=client, check=False)
+    s = after(lambda s: drops(s, "vip_port_not_served") - drops(base, "vip_port_not_served") >= 1,
+              "TCP drops counted")
+    n = drops(s, "vip_port_not_served") - drops(base, "vip_port_not_served")
+    e.check("TCP to a port the VIP does not serve: no answer, dropped and counted",
+            r.stdout.strip() == "timeout" and n >= 1 and s["forwarded"] == base["forwarded"],
+            f"connect: {r.stdout.strip()}, +{n} vip_port_not_served (SYN and retries), "
+            f"forwarded +{s['forwarded'] - base['forwarded']}")
+
+    # VIP traffic at the same time as host traffic.
+    ping = e.spawn(["ping", "-c", "10", "-i", "0.1", "-w", "10", LB_ADDR], ns=client)
+    result = e.fanout(VIP_NCCL, 8000, 50, "mixed")
+    ping.wait(20)
+    e.procs.remove(ping)
+    e.check("VIP connections and host pings side by side",
+            result["ok"] == 50 and ping.returncode == 0,
+            f"{result['ok']}/50 connections {result['per_backend']}, ping exit {ping.returncode}")
+    wire = e.stop_tap(tap)
+    macs = {e.mac(name): name for name, _, _ in e.backends}
+    macs[lb_mac] = "gateway"
+    seen = {macs.get(m, m): n for m, n in wire["in"].items()}
+    e.check("on the wire, the VIP's echo replies carry the gateway's MAC (spillwayd), its TCP "
+            "the backends' (DSR)", seen.get("gateway", 0) == 3 and all(
+                m in macs for m in wire["in"]), f"frames from the VIPs by source: {seen}")
+    rc, _, final = e.stop_lb(lb)
+    log(f"spillwayd: rx {final['rx_packets']}, forwarded {final['forwarded']}, "
+        f"replies {final['replies']}, to_kernel {final['to_kernel']}, drops {final['drops']}")
+    return None
+
+
+def test_restart_late_neighbour(e):
+    """A restart while one backend's next hop answers ARP late (a slow host,
+    a router that is busy): its held flows must wait for it, not move.
+    Not registered with meson: it fails today (see the issue note), because
+    the new instance steers the mid-flow packets of that backend's flows by a
+    table built without it, and tracks them on the wrong backend for good."""
+    held, hold, timeout = 50, 10.0, 10.0
+    e.topology_up(onprem=3, cloud=2)
+    e.start_servers(ports=(8000,))
+    e.write_config()
+    model = maglev_model.Model(e.config)
+    lb = e.start_lb("first")
+    e.wait_ready(lb)
+    client, out = e.fanout(VIP_NCCL, 8000, held, "held", hold=hold, timeout=timeout,
+                           background=True)
+    wait_until("held connections echoing", lambda: (lb.read_stats() or {}).get(
+        "forwarded", 0) >= held * 8, 20)
+    late = "onprem2"  # the heaviest weight: the most flows
+    # arp_ignore=8: the backend answers no ARP request until set back.
+    e.run(["sysctl", "-qw", "net.ipv4.conf.all.arp_ignore=8"], ns=e.ns(late))
+    e.stop_lb(lb)
+    lb2 = e.start_lb("second")
+    s = wait_until("every backend but the late one resolved", lambda: (
+        lambda s: s if s and [b["name"] for b in s["backends"] if not b["next_hop_resolved"]]
+        == [late] else None)(lb2.read_stats()), 10)
+    # The partial table stays up for a second, as it would while a slow
+    # neighbour resolves: a fixed window here is the scenario, not a wait.
+    time.sleep(1.0)
+    e.run(["sysctl", "-qw", "net.ipv4.conf.all.arp_ignore=1"], ns=e.ns(late))
+    e.wait_ready(lb2)
+    try:
+        client.wait(hold + 3 * timeout)
+    except subprocess.TimeoutExpired:
+        raise Fail("fanout_client did not finish") from None
+    e.procs.remove(client)
+    with open(out) as f:
+        result = json.load(f)
+    _, _, final = e.stop_lb(lb2)
+    on_late = [c for c in result["connections"]
+               if model.backend(CLIENT, c.get("sport", 0), VIP_NCCL, 8000) == late]
+    bad = [c for c in result["connections"] if not c.get("ok")]
+    for c in bad:
+        log(f"     broken: port {c.get('sport')} on {c.get('backend')} "
+            f"(model: {model.backend(CLIENT, c.get('sport', 0), VIP_NCCL, 8000)}) after "
+            f"{c.get('messages')} echoes: {c.get('error')}")
+    e.check(f"held flows survive a restart while {late} resolves late", not bad,
+            f"{len(bad)} of {held} broken ({sorted(set(c.get('error') for c in bad))}); "
+            f"{len(on_late)} were on {late}; the new instance tracked "
+            f"{ {b['name']: b['new_flows'] for b in final['backends']} }, "
+            f"generation {s['generation']} had {late} unresolved")
+    return None
+
+
+def test_pmtu(e):
+    e.topology_up(onprem=3, cloud=2, ipv6=True)
+    v6 = {"onprem1", "onprem2", "cloud1"}
+    e.start_servers(ports=(8000,))
+    # Egress MTU 1500, the client's too: every full-size segment is too big
+    # once encapsulated (by 20 to 52 bytes), so spillwayd must answer it with
+    # ICMP "fragmentation needed" / ICMPv6 "packet too big" carrying the MTU
+    # that fits, and the client's TCP must shrink its segments and go on.
+    e.write_config(addresses={n: e.backends6[n] for n in v6}, mtu=1500, extra_vips=[
+        ['name = "nccl6"', f'address = "{VIP6}"', 'protocol = "tcp"', "port = 0",
+         'pools = ["onprem", "cloud"]']])
+    model = maglev_model.Model(e.config)
+    lb = e.start_lb("pmtu")
+    e.wait_ready(lb)
+    reached = directed(e, model, VIP_NCCL, 8000, CLIENT, 256 << 10)
+    reached += directed(e, model, VIP6, 8000, CLIENT6, 256 << 10)
+    e.quiesce(lb)
+    rc, _, final = e.stop_lb(lb)
+    if final is None:
+        raise Fail(f"spillwayd printed no final statistics (exit {rc}):\n{lb.log_tail()}")
+    client = e.ns("client")
+    learned = {vip: e.run(["ip", "-n", client, "route", "get", vip]).stdout.split()
+               for vip in (VIP_NCCL, VIP6)}
+    mtus = {vip: (words[words.index("mtu") + 1] if "mtu" in words else "1500")
+            for vip, words in learned.items()}
+    e.check("spillwayd answered too-big packets with path MTU errors",
+            final["replies"] > 0 and set(final["drops"]) <= {"mtu_exceeded"},
+            f"{final['replies']} ICMP errors sent, drops {final['drops']}, "
+            f"forwarded {final['forwarded']}; the client's path MTU now {mtus}")
+    e.check("every encapsulation's flow completed after path MTU discovery",
+            len(reached) == 2 * len(e.backends), f"{len(reached)} of {2 * len(e.backends)}")
+    return f"{len(reached)} of {2 * len(e.backends)} bulk flows through path MTU discovery"
+
+
+TESTS = {"distribution": ("e2e-af-packet-distribution", test_distribution),
+         "restart": ("e2e-restart", test_restart),
+         "ipv6": ("e2e-ipv6", test_ipv6),
+         "pmtu": ("e2e-path-mtu", test_pmtu),
+         "restart-late-neighbour": ("e2e-restart-late-neighbour", test_restart_late_neighbour),
+         "host-traffic": ("e2e-exception-free-host-traffic", test_host_traffic)}
+
+
+def preflight():
+    if os.geteuid() != 0:
+        raise Skip("needs root (network namespaces, XDP, af_packet)")
+    for tool in ("ip", "ss", "ping"):
+        if shutil.which(tool) is None:
+            raise Skip(f"'{tool}' not found")
+    probe = f"swe{os.getpid()}-probe"
+    r = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise Skip(f"cannot create network namespaces: {r.stderr.strip()}")
+    try:
+        r = subprocess.run(["ip", "-n", probe, "link", "add", "name", "a", "type", "veth", "peer",
+                            "name", "b"], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise Skip(f"cannot create veth pairs: {r.stderr.strip()}")
+    finally:
+        subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+
+
+def main():
+    if len(sys.argv) != 4 or sys.argv[1] not in TESTS:
+        print(f"usage: spillwayd_e2e.py {'|'.join(TESTS)} SPILLWAYD SPILLWAY_DECAP",
+              file=sys.stderr)
+        return 2
+    name, fn = TESTS[sys.argv[1]]
+    spillwayd, decap = (os.path.abspath(p) for p in sys.argv[2:4])
+    try:
+        preflight()
+    except Skip as s:
+        log(f"{name}: SKIP: {s}")
+        return 77
+    e = Estate(sys.argv[1], spillwayd, decap)
+
+    def on_signal(signum, _):
+        raise KeyboardInterrupt(f"signal {signum}")
+    signal.signal(signal.SIGTERM, on_signal)
+    summary = None
+    try:
+        summary = fn(e)
+    except Fail as f:
+        e.check("harness", False, str(f))
+    except KeyboardInterrupt:
+        e.check("harness", False, "interrupted")
+    finally:
+        e.cleanup()
+    log(f"{name}: {e.passed} passed, {e.failed} failed" + (f" ({summary})" if summary else ""))
+    return 0 if e.failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
