@@ -46,8 +46,8 @@
 // Thread contract: one owner lcore calls every member function; no locks, no
 // atomics, no allocation after construction (the constructor allocates and
 // pre-faults the buckets and may throw; every other member is noexcept).
-// Control threads read only counters(): plain 64-bit words with this one
-// writer, summed by the stats code. countByBackend() runs on the owner lcore.
+// Control threads read only counters(): single-writer relaxed words
+// (RelaxedU64), summed by the stats code. countByBackend() runs on the owner lcore.
 #pragma once
 
 #include <array>
@@ -56,6 +56,7 @@
 #include <memory>
 #include <span>
 
+#include "spillway/stats.hpp"
 #include "spillway/wire.hpp"
 
 namespace spillway {
@@ -101,17 +102,17 @@ enum class InsertResult : std::uint8_t {
 
 // Single writer (the owner lcore).
 struct FlowTableCounters {
-  std::uint64_t lookups = 0;
-  std::uint64_t hits = 0;
-  std::uint64_t inserts = 0;            // Inserted results
-  std::uint64_t updates = 0;            // Updated results
-  std::uint64_t insertFailures = 0;     // FullEmbryonic + Full results
-  std::uint64_t embryonicRejected = 0;  // FullEmbryonic results
-  std::uint64_t evictions = 0;          // Embryonic/Closing entries pushed out
-  std::uint64_t relocations = 0;        // entries moved to their other bucket
-  std::uint64_t expiredReclaimed = 0;   // by sweep, lookup or insert
-  std::uint64_t erased = 0;
-  std::uint64_t occupancy = 0;  // slots in use: live plus expired not yet reclaimed
+  RelaxedU64 lookups = 0;
+  RelaxedU64 hits = 0;
+  RelaxedU64 inserts = 0;            // Inserted results
+  RelaxedU64 updates = 0;            // Updated results
+  RelaxedU64 insertFailures = 0;     // FullEmbryonic + Full results
+  RelaxedU64 embryonicRejected = 0;  // FullEmbryonic results
+  RelaxedU64 evictions = 0;          // Embryonic/Closing entries pushed out
+  RelaxedU64 relocations = 0;        // entries moved to their other bucket
+  RelaxedU64 expiredReclaimed = 0;   // by sweep, lookup or insert
+  RelaxedU64 erased = 0;
+  RelaxedU64 occupancy = 0;  // slots in use: live plus expired not yet reclaimed
 };
 
 class FlowTable {
@@ -174,6 +175,10 @@ class FlowTable {
   // span are skipped); returns the number of live entries. Walks the whole
   // table: ~memoryBytes() of reads.
   std::size_t countByBackend(std::span<std::uint32_t> counts, Millis now) const noexcept;
+  // The same over buckets [firstBucket, firstBucket + bucketLimit), so the
+  // owner lcore can count a large table a slice per loop iteration.
+  std::size_t countByBackend(std::span<std::uint32_t> counts, Millis now, std::size_t firstBucket,
+                             std::size_t bucketLimit) const noexcept;
 
   // Empties the table; counters other than occupancy keep counting.
   void clear() noexcept;

@@ -5,6 +5,7 @@
 #include <rte_mbuf.h>
 #include <rte_prefetch.h>
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace spillway {
@@ -42,7 +43,9 @@ Worker::Worker(const WorkerConfig& config, const std::vector<OpenPort>& ports, Q
     : config_(config),
       qsbr_(qsbr),
       publisher_(publisher),
-      steering_(config.flowTable, config.hashSeed) {
+      steering_(config.flowTable, config.hashSeed),
+      countScratch_(kStatsBackends, 0),
+      liveFlows_(std::make_unique<Counter[]>(kStatsBackends)) {
   const int socket = static_cast<int>(rte_lcore_to_socket_id(config.lcore));
   for (const auto& p : ports) {
     auto io = std::make_unique<PortIo>();
@@ -157,6 +160,24 @@ void Worker::flushAll() noexcept {
   }
 }
 
+void Worker::countFlowsSlice(std::uint64_t nowMs) noexcept {
+  constexpr std::size_t kBucketsPerSlice = 8192;  // 512 KiB of table per drain period
+  if (countingFor_ == 0) {
+    const std::uint64_t req = flowCountRequest_.load(std::memory_order_acquire);
+    if (req == flowCountDone_.load(std::memory_order_relaxed)) return;
+    countingFor_ = req;
+    countCursor_ = 0;
+    std::fill(countScratch_.begin(), countScratch_.end(), 0);
+  }
+  FlowTable& table = steering_.flowTable();
+  table.countByBackend(countScratch_, nowMs, countCursor_, kBucketsPerSlice);
+  countCursor_ += kBucketsPerSlice;
+  if (countCursor_ < table.bucketCount()) return;
+  for (std::size_t i = 0; i < countScratch_.size(); ++i) liveFlows_[i].set(countScratch_[i]);
+  flowCountDone_.store(countingFor_, std::memory_order_release);
+  countingFor_ = 0;
+}
+
 void Worker::run(const std::atomic<bool>& stop) noexcept {
   const std::uint64_t hz = rte_get_tsc_hz();
   const std::uint64_t drainTsc = hz / 1'000'000 * config_.txDrainUs;
@@ -184,6 +205,7 @@ void Worker::run(const std::atomic<bool>& stop) noexcept {
       lastDrain = tsc;
       // Idle-time housekeeping: a few flow-table buckets per drain period.
       (void)steering_.flowTable().sweep(nowMs, 64);
+      countFlowsSlice(nowMs);
     }
   }
   flushAll();

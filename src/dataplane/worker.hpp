@@ -76,6 +76,18 @@ class Worker {
   [[nodiscard]] const WorkerCounters& counters() const noexcept { return counters_; }
   [[nodiscard]] const WorkerConfig& config() const noexcept { return config_; }
 
+  // Live tracked flows per backend index, counted by the worker itself a
+  // slice of its flow table per drain period (so a 10M-flow table never
+  // stalls the lcore). The control thread asks with requestFlowCount(n) (n
+  // increasing), and reads liveFlows() once flowCountDone() == n.
+  void requestFlowCount(std::uint64_t n) noexcept {
+    flowCountRequest_.store(n, std::memory_order_release);
+  }
+  [[nodiscard]] std::uint64_t flowCountDone() const noexcept {
+    return flowCountDone_.load(std::memory_order_acquire);
+  }
+  [[nodiscard]] const Counter* liveFlows() const noexcept { return liveFlows_.get(); }
+
  private:
   struct PortIo;
   void pollPort(PortIo& io, const ForwardingSnapshot& snapshot, std::uint64_t nowMs) noexcept;
@@ -83,6 +95,7 @@ class Worker {
   void send(PortIo& to, rte_mbuf* m) noexcept;
   void sendToTap(PortIo& io, rte_mbuf* m) noexcept;
   void flushAll() noexcept;
+  void countFlowsSlice(std::uint64_t nowMs) noexcept;
 
   WorkerConfig config_;
   QsbrDomain& qsbr_;
@@ -90,6 +103,13 @@ class Worker {
   Steering steering_;
   std::vector<std::unique_ptr<PortIo>> ports_;
   WorkerCounters counters_;
+
+  std::atomic<std::uint64_t> flowCountRequest_{0};
+  std::atomic<std::uint64_t> flowCountDone_{0};
+  std::uint64_t countingFor_ = 0;  // request being counted; 0 = none
+  std::size_t countCursor_ = 0;
+  std::vector<std::uint32_t> countScratch_;
+  std::unique_ptr<Counter[]> liveFlows_;
 };
 
 }  // namespace spillway

@@ -444,9 +444,16 @@ std::size_t FlowTable::sweep(Millis now, std::size_t maxBuckets) noexcept {
 }
 
 std::size_t FlowTable::countByBackend(std::span<std::uint32_t> counts, Millis now) const noexcept {
+  return countByBackend(counts, now, 0, bucketCount());
+}
+
+std::size_t FlowTable::countByBackend(std::span<std::uint32_t> counts, Millis now,
+                                      std::size_t firstBucket,
+                                      std::size_t bucketLimit) const noexcept {
   const auto now32 = static_cast<std::uint32_t>(now);
   std::size_t live = 0;
-  for (std::size_t b = 0; b <= mask_; ++b) {
+  const std::size_t end = std::min(bucketCount(), firstBucket + bucketLimit);
+  for (std::size_t b = firstBucket; b < end; ++b) {
     const Bucket& bucket = buckets_[b];
     for (unsigned i = 0; i < kSlotsPerBucket; ++i) {
       if (bucket.fingerprint[i] == 0 || expired(bucket, i, now32)) continue;
