@@ -1,5 +1,8 @@
 #include "control/snapshot_builder.hpp"
 
+#include <tbb/enumerable_thread_specific.h>
+#include <tbb/parallel_for.h>
+
 #include <algorithm>
 #include <set>
 #include <utility>
@@ -191,6 +194,58 @@ SnapshotBackend SnapshotBuilder::snapshotBackend(const Backend& b) const {
   return s;
 }
 
+std::vector<MaglevBackend> SnapshotBuilder::tableInput(
+    const VipConfig& v, const std::map<std::uint64_t, std::uint32_t>* weights) const {
+  std::vector<MaglevBackend> input;
+  auto overrides = vipWeights_.find(v.name);
+  for (const BackendConfig& c : config_.backends) {
+    if (std::find(v.poolIndices.begin(), v.poolIndices.end(), c.poolIndex) ==
+        v.poolIndices.end()) {
+      continue;
+    }
+    const Backend& b = backends_.at(c.id);
+    std::uint32_t w = b.runtime.effectiveWeight;
+    if (weights != nullptr) {
+      auto it = weights->find(c.id);
+      if (it != weights->end()) w = it->second;
+    } else if (overrides != vipWeights_.end()) {
+      auto it = overrides->second.find(c.id);
+      if (it != overrides->second.end()) w = it->second;
+    }
+    input.push_back(MaglevBackend{c.id, takesNewFlows(b) ? w : 0, b.index});
+  }
+  std::sort(input.begin(), input.end(),
+            [](const MaglevBackend& x, const MaglevBackend& y) { return x.id < y.id; });
+  return input;
+}
+
+void SnapshotBuilder::setVipWeights(const std::string& vip,
+                                    std::map<std::uint64_t, std::uint32_t> weights) {
+  vipWeights_[vip] = std::move(weights);
+}
+
+void SnapshotBuilder::clearVipWeights() { vipWeights_.clear(); }
+
+const MaglevTable* SnapshotBuilder::currentTable(const std::string& vip) const {
+  auto it = previous_.find(vip);
+  return it == previous_.end() ? nullptr : &it->second.table;
+}
+
+std::optional<std::uint32_t> SnapshotBuilder::predictChanged(
+    const std::string& vip, const std::map<std::uint64_t, std::uint32_t>& weights) {
+  const VipConfig* v = nullptr;
+  for (const VipConfig& c : config_.vips) {
+    if (c.name == vip) v = &c;
+  }
+  if (v == nullptr) return std::nullopt;
+  const std::vector<MaglevBackend> input = tableInput(*v, &weights);
+  const MaglevTable* before = currentTable(vip);
+  MaglevBuildResult result =
+      maglev_.build(input, FlowHasher(config_.dataplane.hashSeed), v->tableSize, before);
+  if (!result) return std::nullopt;
+  return result.value().changed;
+}
+
 std::unique_ptr<ForwardingSnapshot> SnapshotBuilder::build(std::uint64_t generation) {
   lastError_.clear();
   auto snapshot = std::make_unique<ForwardingSnapshot>();
@@ -208,63 +263,74 @@ std::unique_ptr<ForwardingSnapshot> SnapshotBuilder::build(std::uint64_t generat
 
   const std::uint64_t seed = config_.dataplane.hashSeed;
   const FlowHasher hasher(seed);
-  std::vector<VipBuildReport> reports;
-  std::vector<std::pair<std::string, PreviousVip>> rebuilt;
-  std::set<std::string> reused;
-  snapshot->vips.reserve(config_.vips.size());
-  for (const VipConfig& v : config_.vips) {
-    std::vector<MaglevBackend> input;
-    for (const BackendConfig& c : config_.backends) {
-      if (std::find(v.poolIndices.begin(), v.poolIndices.end(), c.poolIndex) ==
-          v.poolIndices.end()) {
-        continue;
-      }
-      const Backend& b = backends_.at(c.id);
-      input.push_back(
-          MaglevBackend{c.id, takesNewFlows(b) ? b.runtime.effectiveWeight : 0, b.index});
-    }
-    std::sort(input.begin(), input.end(),
-              [](const MaglevBackend& x, const MaglevBackend& y) { return x.id < y.id; });
-
-    SnapshotVip& sv = snapshot->vips.emplace_back();
+  const std::size_t n = config_.vips.size();
+  std::vector<VipBuildReport> reports(n);
+  std::vector<std::vector<MaglevBackend>> inputs(n);
+  std::vector<const PreviousVip*> before(n, nullptr);
+  std::vector<std::size_t> toBuild;
+  snapshot->vips.resize(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const VipConfig& v = config_.vips[i];
+    inputs[i] = tableInput(v, nullptr);
+    SnapshotVip& sv = snapshot->vips[i];
     sv.key =
         VipKey{v.address.bytes, v.address.version, static_cast<std::uint8_t>(v.protocol), v.port};
     sv.name = v.name;
     sv.answerEcho = v.answerPing;
-    VipBuildReport& r = reports.emplace_back();
+    VipBuildReport& r = reports[i];
     r.name = v.name;
     r.tableSize = v.tableSize;
-
     auto prev = previous_.find(v.name);
-    const PreviousVip* before = prev == previous_.end() ? nullptr : &prev->second;
-    if (before != nullptr && before->tableSize == v.tableSize && before->seed == seed &&
-        sameInput(before->input, input)) {
-      sv.table = before->table;
-      r.shares = before->shares;
-      r.allNone = std::all_of(input.begin(), input.end(),
+    before[i] = prev == previous_.end() ? nullptr : &prev->second;
+    if (before[i] != nullptr && before[i]->tableSize == v.tableSize && before[i]->seed == seed &&
+        sameInput(before[i]->input, inputs[i])) {
+      sv.table = before[i]->table;
+      r.shares = before[i]->shares;
+      r.allNone = std::all_of(inputs[i].begin(), inputs[i].end(),
                               [](const MaglevBackend& m) { return m.weight == 0; });
-      reused.insert(v.name);
       continue;
     }
-    MaglevBuildResult result =
-        maglev_.build(input, hasher, v.tableSize, before ? &before->table : nullptr);
-    if (!result) {
-      lastError_ = "vip " + v.name + ": " + result.error();
+    toBuild.push_back(i);
+  }
+
+  // Tables that changed are rebuilt in parallel (one MaglevBuilder and its
+  // scratch per TBB worker thread); each build is a pure function of its
+  // input, so the result does not depend on the schedule.
+  std::vector<std::optional<MaglevBuildResult>> results(n);
+  auto buildOne = [&](MaglevBuilder& builder, std::size_t i) {
+    const VipConfig& v = config_.vips[i];
+    results[i].emplace(builder.build(inputs[i], hasher, v.tableSize,
+                                     before[i] != nullptr ? &before[i]->table : nullptr));
+  };
+  if (toBuild.size() > 1) {
+    tbb::enumerable_thread_specific<MaglevBuilder> builders;
+    tbb::parallel_for(std::size_t{0}, toBuild.size(),
+                      [&](std::size_t k) { buildOne(builders.local(), toBuild[k]); });
+  } else if (toBuild.size() == 1) {
+    buildOne(maglev_, toBuild[0]);
+  }
+
+  std::map<std::string, PreviousVip> next;
+  for (std::size_t i = 0; i < n; ++i) {
+    const VipConfig& v = config_.vips[i];
+    if (!results[i]) {
+      if (before[i] != nullptr) next.emplace(v.name, *before[i]);
+      continue;
+    }
+    if (!*results[i]) {
+      lastError_ = "vip " + v.name + ": " + results[i]->error();
       return nullptr;
     }
-    MaglevBuild& built = result.value();
+    MaglevBuild& built = results[i]->value();
+    VipBuildReport& r = reports[i];
     r.changed = built.changed;
     r.rebuilt = true;
     r.allNone = built.allNone;
     r.shares = built.shares;
-    sv.table = built.table;
-    rebuilt.emplace_back(v.name, PreviousVip{std::move(input), v.tableSize, seed,
-                                             std::move(built.table), std::move(built.shares)});
+    snapshot->vips[i].table = built.table;
+    next.insert_or_assign(v.name, PreviousVip{std::move(inputs[i]), v.tableSize, seed,
+                                              std::move(built.table), std::move(built.shares)});
   }
-
-  std::map<std::string, PreviousVip> next;
-  for (const std::string& name : reused) next.emplace(name, std::move(previous_.at(name)));
-  for (auto& [name, p] : rebuilt) next.insert_or_assign(name, std::move(p));
   previous_ = std::move(next);
   lastBuild_ = std::move(reports);
   snapshot->indexVips();

@@ -110,6 +110,18 @@ class SnapshotBuilder {
   // A complete snapshot, or nullptr with lastError() set (a table build
   // rejected its input, which a validated Config does not cause).
   [[nodiscard]] std::unique_ptr<ForwardingSnapshot> build(std::uint64_t generation);
+
+  // Per-VIP weights from the policy (load feedback, spillover), by backend
+  // id; a backend without one uses its effective weight. Only backends that
+  // take new flows (Active) get a non-zero weight either way.
+  void setVipWeights(const std::string& vip, std::map<std::uint64_t, std::uint32_t> weights);
+  void clearVipWeights();
+  // The VIP's table as last built, or null.
+  [[nodiscard]] const MaglevTable* currentTable(const std::string& vip) const;
+  // Entries of the VIP's table that would change with these weights (by id;
+  // others as now), without applying anything: dry runs and churn budgets.
+  [[nodiscard]] std::optional<std::uint32_t> predictChanged(
+      const std::string& vip, const std::map<std::uint64_t, std::uint32_t>& weights);
   // One report per VIP of the last build, in config order.
   [[nodiscard]] const std::vector<VipBuildReport>& lastBuild() const noexcept { return lastBuild_; }
   [[nodiscard]] const std::string& lastError() const noexcept { return lastError_; }
@@ -134,6 +146,8 @@ class SnapshotBuilder {
   };
 
   Backend* find(std::uint64_t id);
+  [[nodiscard]] std::vector<MaglevBackend> tableInput(
+      const VipConfig& v, const std::map<std::uint64_t, std::uint32_t>* weights) const;
   [[nodiscard]] std::optional<MacAddress> ourMac(std::uint32_t portIndex) const;
   [[nodiscard]] SnapshotBackend snapshotBackend(const Backend& b) const;
   [[nodiscard]] bool takesNewFlows(const Backend& b) const;
@@ -143,6 +157,7 @@ class SnapshotBuilder {
   std::vector<std::uint64_t> idByIndex_{0};      // [0] = "none"
   std::vector<PortBinding> ports_;               // by config port index
   std::map<std::string, PreviousVip> previous_;  // by VIP name
+  std::map<std::string, std::map<std::uint64_t, std::uint32_t>> vipWeights_;
   MaglevBuilder maglev_;
   std::vector<VipBuildReport> lastBuild_;
   std::string lastError_;
