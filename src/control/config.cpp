@@ -122,6 +122,18 @@ Place regionPlace(const toml::source_region& r) {
   return {r.begin.line, r.begin.column};
 }
 
+// The shortest text that reads back as v: 0.15, 90, 1e+06.
+std::string numberText(double v) {
+  char buf[32];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
+  if (ec != std::errc{}) return "?";
+  return std::string(buf, end);
+}
+
+std::string secondsText(Millis ms) {
+  return numberText(static_cast<double>(ms) / 1000.0);
+}
+
 // The value as written, on one line and shortened: strings in double quotes,
 // tables as {...}.
 std::string describe(const toml::node& n) {
@@ -136,6 +148,9 @@ std::string describe(const toml::node& n) {
   } else if (n.is_table() ||
              (n.is_array() && !n.as_array()->empty() && n.as_array()->get(0)->is_table())) {
     s = n.is_table() ? "{...}" : "[{...}]";
+  } else if (const auto* f = n.as_floating_point()) {
+    s = numberText(f->get());
+    if (s.find_first_of(".eni") == std::string::npos) s += ".0";  // still reads as a float
   } else {
     std::ostringstream os;
     n.visit([&](auto&& v) { os << v; });
@@ -252,6 +267,70 @@ std::string vdevInterface(std::string_view devargs) {
   return {};
 }
 
+std::string_view healthKindName(HealthCheckKind kind) {
+  switch (kind) {
+    case HealthCheckKind::None:
+      return "none";
+    case HealthCheckKind::Tcp:
+      return "tcp";
+    case HealthCheckKind::Http:
+      return "http";
+    case HealthCheckKind::Encap:
+      return "encap";
+  }
+  return "?";
+}
+
+// A Prometheus metric name: [a-zA-Z_:][a-zA-Z0-9_:]*.
+bool isMetricName(std::string_view s) {
+  if (s.empty() || (s[0] >= '0' && s[0] <= '9')) return false;
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+           c == ':';
+  });
+}
+
+// An HTTP request target: "/" then visible ASCII, no spaces.
+bool isUrlPath(std::string_view s) {
+  if (s.empty() || s[0] != '/' || s.size() > 1024) return false;
+  return std::all_of(s.begin(), s.end(), [](char c) { return c > 0x20 && c < 0x7f; });
+}
+
+// A POSIX group name, as groupadd accepts it.
+bool isGroupName(std::string_view s) {
+  if (s.empty() || s.size() > 32 || s[0] == '-') return false;
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+           c == '-' || c == '.';
+  });
+}
+
+// "address:port" with an IPv4 address, or "[address]:port" with IPv6.
+bool isListenAddress(std::string_view s) {
+  std::string_view host;
+  std::string_view port;
+  if (!s.empty() && s[0] == '[') {
+    const std::size_t close = s.find(']');
+    if (close == std::string_view::npos || close + 1 >= s.size() || s[close + 1] != ':') {
+      return false;
+    }
+    host = s.substr(1, close - 1);
+    port = s.substr(close + 2);
+    auto a = parseIpAddress(host);
+    if (!a || a->version != IpVersion::V6) return false;
+  } else {
+    const std::size_t colon = s.rfind(':');
+    if (colon == std::string_view::npos) return false;
+    host = s.substr(0, colon);
+    port = s.substr(colon + 1);
+    auto a = parseIpAddress(host);
+    if (!a || a->version != IpVersion::V4) return false;
+  }
+  unsigned value = 0;
+  auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), value);
+  return ec == std::errc{} && end == port.data() + port.size() && value >= 1 && value <= 65535;
+}
+
 class Loader;
 
 // One TOML table being read. Every key asked for is "known"; finish() reports
@@ -284,7 +363,13 @@ class Section {
   std::optional<std::string> name(std::string_view key = "name");
   std::optional<IpAddress> address(std::string_view key, bool required = false);
   std::optional<MacAddress> mac(std::string_view key);
-  std::optional<Millis> seconds(std::string_view key);
+  // A duration written in seconds (integer or decimal), kept in milliseconds,
+  // within [minMs, maxMs].
+  std::optional<Millis> seconds(std::string_view key, Millis minMs = 1,
+                                Millis maxMs = FlowTable::kMaxTimeout / 1000 * 1000);
+  // An integer or a float within the bounds; an open bound excludes itself.
+  std::optional<double> number(std::string_view key, double min, double max, bool minOpen = false,
+                               bool maxOpen = false);
   template <class E>
   std::optional<E> choice(std::string_view key, std::initializer_list<std::pair<const char*, E>>,
                           bool required = false);
@@ -329,6 +414,13 @@ class Loader {
   void loadPools(const toml::table& root, std::set<std::string>& used);
   void loadVips(const toml::table& root, std::set<std::string>& used);
   void loadBackends(const toml::table& root, std::set<std::string>& used);
+  void loadHealth(Section& pool, PoolConfig& p);
+  void loadLoadSource(Section& pool, PoolConfig& p);
+  void loadPolicy(const toml::table& root, std::set<std::string>& used);
+  void loadControl(const toml::table& root, std::set<std::string>& used);
+  // The top-level table `key`, or nullptr when absent or not a table (then an
+  // error).
+  const toml::table* topTable(const toml::table& root, std::string_view key);
   // The tables of an array of tables [[key]]; errors for anything else.
   std::vector<std::pair<const toml::table*, std::string>> tables(const toml::table& root,
                                                                  std::string_view key);
@@ -468,7 +560,7 @@ std::optional<MacAddress> Section::mac(std::string_view key) {
   return m;
 }
 
-std::optional<Millis> Section::seconds(std::string_view key) {
+std::optional<Millis> Section::seconds(std::string_view key, Millis minMs, Millis maxMs) {
   const toml::node* n = get(key);
   if (n == nullptr) return std::nullopt;
   double v = 0;
@@ -480,13 +572,36 @@ std::optional<Millis> Section::seconds(std::string_view key) {
     fail(key, "expected a number of seconds, got "s + std::string(typeName(n->type())));
     return std::nullopt;
   }
-  constexpr double kMaxSeconds = static_cast<double>(FlowTable::kMaxTimeout / 1000);
-  if (!(v >= 0.001 && v <= kMaxSeconds)) {
-    fail(key, "out of range; must be from 0.001 to " +
-                  std::to_string(FlowTable::kMaxTimeout / 1000) + " seconds");
+  const double ms = v * 1000.0;
+  if (!(ms >= static_cast<double>(minMs) - 1e-6 && ms <= static_cast<double>(maxMs) + 1e-6)) {
+    fail(key, "out of range; must be from " + secondsText(minMs) + " to " + secondsText(maxMs) +
+                  " seconds");
     return std::nullopt;
   }
-  return static_cast<Millis>(std::llround(v * 1000.0));
+  return static_cast<Millis>(std::llround(ms));
+}
+
+std::optional<double> Section::number(std::string_view key, double min, double max, bool minOpen,
+                                      bool maxOpen) {
+  const toml::node* n = get(key);
+  if (n == nullptr) return std::nullopt;
+  double v = 0;
+  if (const auto* i = n->as_integer()) {
+    v = static_cast<double>(i->get());
+  } else if (const auto* f = n->as_floating_point()) {
+    v = f->get();
+  } else {
+    fail(key, "expected a number, got "s + std::string(typeName(n->type())));
+    return std::nullopt;
+  }
+  const bool below = minOpen ? !(v > min) : !(v >= min);
+  const bool above = maxOpen ? !(v < max) : !(v <= max);
+  if (below || above) {
+    fail(key, "out of range; must be in "s + (minOpen ? "(" : "[") + numberText(min) + ", " +
+                  numberText(max) + (maxOpen ? ")" : "]"));
+    return std::nullopt;
+  }
+  return v;
 }
 
 template <class E>
@@ -526,8 +641,20 @@ void Section::finish() {
   for (const std::string& k : known_) list += (list.empty() ? "" : ", ") + k;
   for (auto&& [key, node] : table_) {
     if (std::find(known_.begin(), known_.end(), key.str()) != known_.end()) continue;
+    std::string why = "unknown key; ";
+    // "interval_ms = 200" where "interval" (in seconds) is meant.
+    const std::string_view k = key.str();
+    if (k.size() > 3 && k.substr(k.size() - 3) == "_ms" &&
+        std::find(known_.begin(), known_.end(), k.substr(0, k.size() - 3)) != known_.end()) {
+      why += "durations are in seconds: write " + std::string(k.substr(0, k.size() - 3)) + " = ";
+      if (const auto* i = node.as_integer()) {
+        why += numberText(static_cast<double>(i->get()) / 1000.0) + "; ";
+      } else {
+        why += "<seconds>; ";
+      }
+    }
     loader_.error(regionPlace(key.source()), field(key.str()), describe(node),
-                  "unknown key; " + (path_.empty() ? "the top level"s : path_) + " takes " + list);
+                  why + (path_.empty() ? "the top level"s : path_) + " takes " + list);
   }
 }
 
@@ -768,6 +895,8 @@ void Loader::loadPools(const toml::table& root, std::set<std::string>& used) {
         p.guePort = static_cast<std::uint16_t>(*v);
       }
     }
+    loadHealth(s, p);
+    loadLoadSource(s, p);
     s.finish();
     if (errors_.size() != before) poolsValid_ = false;
     config_.pools.push_back(std::move(p));
@@ -1018,6 +1147,253 @@ void Loader::loadBackends(const toml::table& root, std::set<std::string>& used) 
   }
 }
 
+const toml::table* Loader::topTable(const toml::table& root, std::string_view key) {
+  const toml::node* n = root.get(key);
+  if (n == nullptr) return nullptr;
+  const toml::table* t = n->as_table();
+  if (t == nullptr) {
+    error(regionPlace(n->source()), std::string(key), describe(*n),
+          "expected a table ([" + std::string(key) + "])");
+  }
+  return t;
+}
+
+void Loader::loadHealth(Section& pool, PoolConfig& p) {
+  HealthCheckConfig& h = p.health;
+  // Site defaults (config.hpp): on-prem finds a dead backend within 1 s,
+  // cloud rides out WAN RTT and jitter.
+  const bool cloud = p.site == PoolSite::Cloud;
+  h.interval = cloud ? 1000 : 200;
+  h.timeout = cloud ? 500 : 150;
+  h.rise = 2;
+  h.fall = 3;
+  const bool present = pool.get("health") != nullptr;
+  const toml::table* t = pool.table("health");
+  if (!present) {
+    h.kind = HealthCheckKind::None;  // no [pool.health]: never checked
+    return;
+  }
+  if (t == nullptr) return;
+  Section s(*this, *t, pool.field("health"));
+  if (auto v = s.choice<HealthCheckKind>("kind", {{"tcp", HealthCheckKind::Tcp},
+                                                  {"http", HealthCheckKind::Http},
+                                                  {"encap", HealthCheckKind::Encap},
+                                                  {"none", HealthCheckKind::None}})) {
+    h.kind = *v;
+  }
+  const std::string kindText = "\"" + std::string(healthKindName(h.kind)) + "\"";
+  if (auto v = s.integer("port", 1, 65535)) h.port = static_cast<std::uint16_t>(*v);
+  if (h.kind != HealthCheckKind::None && t->get("port") == nullptr) {
+    s.failMissing("port", "missing; kind " + kindText +
+                              " needs the backend port to probe (required unless kind is "
+                              "\"none\")");
+  }
+  if (auto v = s.string("path")) {
+    if (!isUrlPath(*v)) {
+      s.fail("path", "must start with '/' and hold no spaces or control characters");
+    } else {
+      h.httpPath = *v;
+    }
+  }
+  if (auto v = s.integer("expect_status", 100, 599)) {
+    h.expectStatus = static_cast<std::uint16_t>(*v);
+  }
+  for (const char* key : {"path", "expect_status"}) {
+    if (t->get(key) != nullptr && h.kind != HealthCheckKind::Http) {
+      s.fail(key, "set, but kind is " + kindText + ", not \"http\"");
+    }
+  }
+  const bool intervalSet = t->get("interval") != nullptr;
+  const bool timeoutSet = t->get("timeout") != nullptr;
+  bool timesOk = true;
+  if (auto v = s.seconds("interval", 10, 3'600'000)) {
+    h.interval = *v;
+  } else if (intervalSet) {
+    timesOk = false;
+  }
+  if (auto v = s.seconds("timeout", 1, 3'600'000)) {
+    h.timeout = *v;
+  } else if (timeoutSet) {
+    timesOk = false;
+  }
+  if (timesOk && h.kind != HealthCheckKind::None && h.timeout >= h.interval) {
+    const std::string site(toString(p.site));
+    if (timeoutSet) {
+      s.fail("timeout", "must be shorter than interval (" + secondsText(h.interval) + " s" +
+                            (intervalSet ? "" : ", the " + site + " default") +
+                            "): a check ends before the next one starts");
+    } else {
+      s.fail("interval", "must be longer than timeout (" + secondsText(h.timeout) + " s, the " +
+                             site + " default); set timeout below it too");
+    }
+  }
+  if (auto v = s.integer("rise", 1, 100)) h.rise = static_cast<std::uint32_t>(*v);
+  if (auto v = s.integer("fall", 1, 100)) h.fall = static_cast<std::uint32_t>(*v);
+  if (h.kind == HealthCheckKind::None) {
+    for (const char* key : {"port", "interval", "timeout", "rise", "fall"}) {
+      if (t->get(key) != nullptr) s.fail(key, "set, but kind is \"none\" (never checked)");
+    }
+  }
+  s.finish();
+}
+
+void Loader::loadLoadSource(Section& pool, PoolConfig& p) {
+  LoadSourceConfig& l = p.load;
+  const toml::table* t = pool.table("load");
+  if (t == nullptr) return;  // no [pool.load]: no load feedback
+  Section s(*this, *t, pool.field("load"));
+  l.enabled = true;
+  if (auto v = s.boolean("enabled")) l.enabled = *v;
+  if (auto v = s.integer("port", 1, 65535)) l.port = static_cast<std::uint16_t>(*v);
+  if (auto v = s.string("path")) {
+    if (!isUrlPath(*v)) {
+      s.fail("path", "must start with '/' and hold no spaces or control characters");
+    } else {
+      l.path = *v;
+    }
+  }
+  bool metricsOk = true;
+  for (auto [key, out] :
+       {std::pair{"gpu_metric", &l.gpuMetric}, std::pair{"queue_metric", &l.queueMetric}}) {
+    if (auto v = s.string(key)) {
+      if (!v->empty() && !isMetricName(*v)) {
+        s.fail(key,
+               "not a Prometheus metric name ([a-zA-Z_:][a-zA-Z0-9_:]*, no labels); \"\" for "
+               "none");
+        metricsOk = false;
+      } else {
+        *out = *v;
+      }
+    } else if (t->get(key) != nullptr) {
+      metricsOk = false;
+    }
+  }
+  if (metricsOk && l.enabled && l.gpuMetric.empty() && l.queueMetric.empty()) {
+    s.fail("gpu_metric", "empty, and so is queue_metric: nothing to scrape; name at least one");
+  }
+  const bool intervalSet = t->get("interval") != nullptr;
+  const bool timeoutSet = t->get("timeout") != nullptr;
+  const bool staleSet = t->get("stale_after") != nullptr;
+  bool timesOk = true;
+  if (auto v = s.seconds("interval", 100, 3'600'000)) {
+    l.interval = *v;
+  } else if (intervalSet) {
+    timesOk = false;
+  }
+  if (auto v = s.seconds("timeout", 1, 3'600'000)) {
+    l.timeout = *v;
+  } else if (timeoutSet) {
+    timesOk = false;
+  }
+  if (auto v = s.seconds("stale_after", 1, 86'400'000)) {
+    l.staleAfter = *v;
+  } else if (staleSet) {
+    timesOk = false;
+  }
+  if (timesOk && l.timeout >= l.interval) {
+    if (timeoutSet) {
+      s.fail("timeout", "must be shorter than interval (" + secondsText(l.interval) + " s" +
+                            (intervalSet ? "" : ", the default") + ")");
+    } else {
+      s.fail("interval", "must be longer than timeout (" + secondsText(l.timeout) +
+                             " s, the default); set timeout below it too");
+    }
+  }
+  if (timesOk && l.staleAfter <= l.interval) {
+    s.fail(staleSet ? "stale_after" : "interval",
+           staleSet ? "must be longer than interval (" + secondsText(l.interval) +
+                          " s), or every sample would expire before the next scrape"
+                    : "must be shorter than stale_after (" + secondsText(l.staleAfter) +
+                          " s, the default); set stale_after above it too");
+  }
+  if (auto v = s.number("smoothing", 0.0, 1.0, true, false)) l.smoothing = *v;
+  s.finish();
+}
+
+void Loader::loadPolicy(const toml::table& root, std::set<std::string>& used) {
+  used.insert("policy");
+  const toml::table* t = topTable(root, "policy");
+  if (t == nullptr) return;
+  Section s(*this, *t, "policy");
+  PolicyConfig& c = config_.policy;
+  // A watermark pair must keep low < high. The error goes to the key written
+  // in the file (the low one when both are), with the other's value.
+  const auto pair = [&](const char* lowKey, double& low, const char* highKey, double& high,
+                        double lowMin, double highMax, bool highMinOpen) {
+    const bool lowSet = t->get(lowKey) != nullptr;
+    const bool highSet = t->get(highKey) != nullptr;
+    bool ok = true;
+    if (auto v = s.number(highKey, 0.0, highMax, highMinOpen, false)) {
+      high = *v;
+    } else if (highSet) {
+      ok = false;
+    }
+    if (auto v = s.number(lowKey, lowMin, highMax, false, true)) {
+      low = *v;
+    } else if (lowSet) {
+      ok = false;
+    }
+    if (!ok || low < high) return;
+    if (lowSet) {
+      s.fail(lowKey, "must be below " + std::string(highKey) + " (" + numberText(high) +
+                         (highSet ? "" : ", the default") +
+                         "): the gap between them is the hysteresis");
+    } else {
+      s.fail(highKey, "must be above " + std::string(lowKey) + " (" + numberText(low) +
+                          ", the default); set " + lowKey + " below it too");
+    }
+  };
+  pair("gpu_low", c.gpuLow, "gpu_high", c.gpuHigh, 0.0, 100.0, true);
+  pair("queue_low", c.queueLow, "queue_high", c.queueHigh, 0.0, 1e9, true);
+  if (auto v = s.number("overprovisioning", 1.0, 10.0)) c.overprovisioning = *v;
+  if (auto v = s.number("panic_threshold", 0.0, 1.0, false, true)) c.panicThreshold = *v;
+  if (auto v = s.number("min_load_factor", 0.0, 1.0, true, false)) c.minLoadFactor = *v;
+  if (auto v = s.number("churn_budget", 0.0, 1.0, true, false)) c.churnBudget = *v;
+  if (auto v = s.seconds("churn_interval", 10, 3'600'000)) c.churnInterval = *v;
+  if (auto v = s.seconds("drain_timeout")) c.drainTimeout = *v;
+  s.finish();
+}
+
+void Loader::loadControl(const toml::table& root, std::set<std::string>& used) {
+  used.insert("control");
+  const toml::table* t = topTable(root, "control");
+  if (t == nullptr) return;
+  Section s(*this, *t, "control");
+  ControlConfig& c = config_.control;
+  if (auto v = s.string("socket")) {
+    // sun_path holds 108 bytes with the terminating NUL.
+    if (v->empty() || (*v)[0] != '/') {
+      s.fail("socket", "must be an absolute path");
+    } else if (v->size() > 107) {
+      s.fail("socket", "longer than 107 bytes, the limit of a Unix socket path");
+    } else {
+      c.socketPath = *v;
+    }
+  }
+  if (auto v = s.string("socket_group")) {
+    if (!v->empty() && !isGroupName(*v)) {
+      s.fail("socket_group",
+             "not a group name (letters, digits, '_', '-', '.', at most 32, not starting with "
+             "'-'); \"\" for the daemon's group");
+    } else {
+      c.socketGroup = *v;
+    }
+  }
+  if (auto v = s.string("metrics_listen")) {
+    if (!v->empty() && !isListenAddress(*v)) {
+      s.fail("metrics_listen",
+             "expected \"address:port\" (\"127.0.0.1:9550\", \"[::1]:9550\"), or \"\" for no "
+             "metrics endpoint");
+    } else {
+      c.metricsListen = *v;
+    }
+  }
+  if (auto v = s.integer("event_log_size", 16, 1'048'576)) {
+    c.eventLogSize = static_cast<std::size_t>(*v);
+  }
+  s.finish();
+}
+
 ConfigResult Loader::load(std::string_view text) {
   toml::table root;
   try {
@@ -1034,11 +1410,13 @@ ConfigResult Loader::load(std::string_view text) {
   loadPools(root, used);
   loadVips(root, used);
   loadBackends(root, used);
+  loadPolicy(root, used);
+  loadControl(root, used);
   for (auto&& [key, node] : root) {
     if (used.count(std::string(key.str())) != 0) continue;
     error(regionPlace(key.source()), std::string(key.str()), describe(node),
-          "unknown key; the top level takes [dataplane], [[port]], [[pool]], [[vip]] and "
-          "[[backend]]");
+          "unknown key; the top level takes [dataplane], [policy], [control], [[port]], "
+          "[[pool]], [[vip]] and [[backend]]");
   }
   if (!errors_.empty()) {
     std::stable_sort(errors_.begin(), errors_.end(),

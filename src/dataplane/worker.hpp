@@ -45,7 +45,7 @@ struct WorkerCounters {
         backendNewFlows(std::make_unique<Counter[]>(kStatsBackends)) {}
 
   Counter txPackets;
-  Counter txDropped;       // TX ring full: freed, counted here and as drops
+  Counter txDropped;       // TX ring full: freed; the stats add these to drops.tx_queue_full
   Counter exceptionRx;     // from the kernel (tap) to the wire
   Counter exceptionTx;     // from the wire to the kernel (tap)
   Counter unsteered;       // received but never steered (chained mbufs), in drops too

@@ -72,6 +72,22 @@ TEST(Config, ExampleParses) {
   EXPECT_TRUE(c.backends[3].mac.has_value());
   EXPECT_EQ(c.backends[4].address.version, IpVersion::V6);
   EXPECT_EQ(c.backends[4].initialState, BackendState::Disabled);
+
+  const HealthCheckConfig& h0 = c.pools[0].health;
+  EXPECT_EQ(h0.kind, HealthCheckKind::Http);
+  EXPECT_EQ(h0.port, 8000);
+  EXPECT_EQ(h0.httpPath, "/health");
+  EXPECT_EQ(h0.interval, 200u);
+  EXPECT_EQ(h0.timeout, 150u);
+  const HealthCheckConfig& h1 = c.pools[1].health;
+  EXPECT_EQ(h1.kind, HealthCheckKind::Tcp);
+  EXPECT_EQ(h1.interval, 1000u);  // the cloud defaults
+  EXPECT_EQ(h1.timeout, 500u);
+  EXPECT_TRUE(c.pools[0].load.enabled);
+  EXPECT_EQ(c.pools[0].load.gpuMetric, "DCGM_FI_DEV_GPU_UTIL");
+  EXPECT_EQ(c.pools[1].load.queueMetric, "vllm:num_requests_waiting");
+  EXPECT_EQ(c.policy.drainTimeout, 300'000u);
+  EXPECT_EQ(c.control.socketGroup, "spillway");
 }
 
 TEST(Config, EveryValidFixtureLoads) {
@@ -128,6 +144,39 @@ TEST(Config, Defaults) {
   EXPECT_EQ(b.port, "p0");
   EXPECT_EQ(b.initialState, BackendState::Active);
   EXPECT_FALSE(b.mac);
+}
+
+TEST(Config, ControlPlaneDefaults) {
+  const Config c = mustLoad(kData + "/valid/minimal.toml");
+  // No [pool.health]: never checked, with the site's timings for display.
+  const HealthCheckConfig& h = c.pools.at(0).health;
+  EXPECT_EQ(h.kind, HealthCheckKind::None);
+  EXPECT_EQ(h.interval, 200u);
+  EXPECT_EQ(h.timeout, 150u);
+  EXPECT_EQ(h.rise, 2u);
+  EXPECT_EQ(h.fall, 3u);
+  EXPECT_EQ(h.httpPath, "/health");
+  EXPECT_EQ(h.expectStatus, 200);
+  // No [pool.load]: no load feedback.
+  const LoadSourceConfig& l = c.pools.at(0).load;
+  EXPECT_FALSE(l.enabled);
+  EXPECT_EQ(l.port, 9400);
+  EXPECT_EQ(l.gpuMetric, "DCGM_FI_DEV_GPU_UTIL");
+  const PolicyConfig p{};
+  EXPECT_EQ(c.policy.gpuHigh, p.gpuHigh);
+  EXPECT_EQ(c.policy.gpuLow, p.gpuLow);
+  EXPECT_EQ(c.policy.queueHigh, p.queueHigh);
+  EXPECT_EQ(c.policy.queueLow, p.queueLow);
+  EXPECT_EQ(c.policy.overprovisioning, 1.4);
+  EXPECT_EQ(c.policy.panicThreshold, 0.5);
+  EXPECT_EQ(c.policy.minLoadFactor, 0.1);
+  EXPECT_EQ(c.policy.churnBudget, 0.05);
+  EXPECT_EQ(c.policy.churnInterval, 1000u);
+  EXPECT_EQ(c.policy.drainTimeout, 300'000u);
+  EXPECT_EQ(c.control.socketPath, "/run/spillway/spillway.sock");
+  EXPECT_EQ(c.control.socketGroup, "");
+  EXPECT_EQ(c.control.metricsListen, "127.0.0.1:9550");
+  EXPECT_EQ(c.control.eventLogSize, 4096u);
 }
 
 TEST(Config, HexSeedIdsAndBothFamilies) {
@@ -193,6 +242,12 @@ const Invalid kInvalid[] = {
     {"bad_site", 14, "pool[0].site = \"edge\": must be one of \"onprem\", \"cloud\""},
     {"bad_state", 26, "backend[0].state = \"draining\": must be one of \"active\", \"disabled\""},
     {"bad_vip_address", 18, "vip[0].address = \"192.0.2.300\": not an IPv4 or IPv6 address"},
+    {"control_bad_group", 29, "control.socket_group = \"gpu ops\": not a group name"},
+    {"control_event_log_size_small", 29,
+     "control.event_log_size = 8: out of range; must be in [16, 1048576]"},
+    {"control_metrics_listen_hostname", 29,
+     "control.metrics_listen = \"localhost:9550\": expected \"address:port\""},
+    {"control_socket_relative", 29, "control.socket = \"spillway.sock\": must be an absolute path"},
     {"dataplane_missing", 1, "dataplane: missing"},
     {"duplicate_backend_address", 29,
      "backend[1].address = \"10.0.0.11\": the same address as "
@@ -207,8 +262,32 @@ const Invalid kInvalid[] = {
     {"hash_seed_bad_hex", 4, "dataplane.hash_seed = \"0x5eedzz\": expected an integer or a hex"},
     {"hash_seed_missing", 2, "dataplane.hash_seed: missing; set a secret 64-bit seed"},
     {"hash_seed_negative", 4, "dataplane.hash_seed = -42: must not be negative"},
+    {"health_bad_kind", 17,
+     "pool[0].health.kind = \"icmp\": must be one of \"tcp\", \"http\", \"encap\", \"none\""},
+    {"health_interval_below_default_timeout", 18,
+     "pool[0].health.interval = 0.5: must be longer than timeout (0.5 s, the cloud default)"},
+    {"health_interval_ms", 18,
+     "pool[0].health.interval_ms = 200: unknown key; durations are in seconds: write "
+     "interval = 0.2"},
+    {"health_path_on_tcp", 19,
+     "pool[0].health.path = \"/health\": set, but kind is \"tcp\", not \"http\""},
+    {"health_port_missing", 16,
+     "pool[0].health.port: missing; kind \"http\" needs the backend port to probe"},
+    {"health_port_on_none", 18,
+     "pool[0].health.port = 8080: set, but kind is \"none\" (never checked)"},
+    {"health_rise_zero", 18, "pool[0].health.rise = 0: out of range; must be in [1, 100]"},
+    {"health_timeout_not_below_interval", 19,
+     "pool[0].health.timeout = 0.2: must be shorter than interval (0.2 s)"},
     {"lcores_empty", 3, "dataplane.lcores = []: empty"},
     {"lcores_repeated", 3, "dataplane.lcores[2] = 1: listed twice"},
+    {"load_bad_metric", 17,
+     "pool[0].load.gpu_metric = \"DCGM_FI_DEV_GPU_UTIL{gpu=\\\"0\\\"}\": "
+     "not a Prometheus metric name"},
+    {"load_no_signal", 17,
+     "pool[0].load.gpu_metric = \"\": empty, and so is queue_metric: nothing to scrape"},
+    {"load_smoothing_zero", 17, "pool[0].load.smoothing = 0: out of range; must be in (0, 1]"},
+    {"load_stale_not_above_interval", 19,
+     "pool[0].load.stale_after = 2: must be longer than interval (2 s)"},
     {"mtu_too_small_for_v6_vip", 11, "port[0].mtu = 1290: too small for IPv6 clients"},
     {"multicast_mac", 10, "must be a unicast MAC address"},
     {"multicast_vip", 18, "vip[0].address = \"239.1.1.1\": must be a unicast address"},
@@ -216,13 +295,35 @@ const Invalid kInvalid[] = {
     {"no_next_hop", 21, "backend[0].mac: no way to find the next-hop MAC"},
     {"no_port", 1, "port: missing; at least one [[port]]"},
     {"port_not_array", 6, "expected an array of tables; write each entry as [[port]]"},
+    {"policy_churn_budget_above_one", 29,
+     "policy.churn_budget = 1.5: out of range; must be in (0, 1]"},
+    {"policy_churn_budget_zero", 29, "policy.churn_budget = 0: out of range; must be in (0, 1]"},
+    {"policy_drain_timeout_zero", 29,
+     "policy.drain_timeout = 0: out of range; must be from 0.001 to 2147483 seconds"},
+    {"policy_gpu_high_below_default_low", 29,
+     "policy.gpu_high = 70: must be above gpu_low (75, the default)"},
+    {"policy_gpu_high_string", 29, "policy.gpu_high = \"90%\": expected a number, got a string"},
+    {"policy_gpu_low_not_below_high", 30, "policy.gpu_low = 90: must be below gpu_high (90)"},
+    {"policy_min_load_factor_zero", 29,
+     "policy.min_load_factor = 0: out of range; must be in (0, 1]"},
+    {"policy_not_table", 2, "policy = \"default\": expected a table ([policy])"},
+    {"policy_overprovisioning_below_one", 29,
+     "policy.overprovisioning = 0.9: out of range; must be in [1, 10]"},
+    {"policy_panic_threshold_one", 29,
+     "policy.panic_threshold = 1.0: out of range; must be in [0, 1)"},
+    {"policy_queue_low_not_below_high", 30,
+     "policy.queue_low = 12.5: must be below queue_high (8)"},
+    {"policy_unknown_key", 29,
+     "policy.overprovision = 1.4: unknown key; policy takes gpu_high, gpu_low"},
     {"syntax_error", 19, "TOML: Error while parsing string"},
     {"table_size_not_prime", 20, "vip[0].table_size = 65536: not prime; use a prime such as 65537"},
     {"table_size_too_large", 20, "vip[0].table_size = 16777259: exceeds the maximum 16777216"},
     {"tap_name_too_long", 6, "port[0].exception_name: the default tap name \"sw-uplink-primary\""},
     {"timeout_negative", 7, "dataplane.timeouts.established = -1: out of range"},
     {"two_armed_without_backend_port", 6, "needs a \"client\" and a \"backend\" port"},
-    {"unknown_health_table", 16, "pool[0].health = {...}: unknown key; pool[0] takes name"},
+    {"unknown_health_table", 16,
+     "pool[0].healthcheck = {...}: unknown key; pool[0] takes name, site, priority, encap, "
+     "gue_port, health, load"},
     {"unknown_key", 20, "vip[0].tabel_size = 13: unknown key; vip[0] takes name, address"},
     {"unknown_pool", 20, "vip[0].pools[1] = \"gpu\": no such pool; pools are a"},
     {"unknown_top_level", 16, "vips = [{...}]: unknown key; the top level takes"},
@@ -282,6 +383,134 @@ next_hop_mac = "02:00:00:00:00:01"
 name = "a"
 site = "onprem"
 )";
+
+// kMinimal with its pool at `site` and `extra` after it.
+std::string withPool(const std::string& site, const std::string& extra) {
+  std::string text = kMinimal;
+  text.replace(text.find("site = \"onprem\""), 15, "site = \"" + site + "\"");
+  return text + "\n" + extra;
+}
+
+TEST(Config, HealthDefaultsFollowTheSite) {
+  ConfigResult r = loadConfigFromString(withPool("cloud", "[pool.health]\nport = 22\n"), "t.toml");
+  ASSERT_TRUE(r.ok()) << formatErrors(r.errors());
+  const HealthCheckConfig& cloud = r.value().pools.at(0).health;
+  EXPECT_EQ(cloud.kind, HealthCheckKind::Tcp);
+  EXPECT_EQ(cloud.port, 22);
+  EXPECT_EQ(cloud.interval, 1000u);
+  EXPECT_EQ(cloud.timeout, 500u);
+  EXPECT_EQ(cloud.rise, 2u);
+  EXPECT_EQ(cloud.fall, 3u);
+  r = loadConfigFromString(withPool("onprem", "[pool.health]\nport = 22\n"), "t.toml");
+  ASSERT_TRUE(r.ok()) << formatErrors(r.errors());
+  EXPECT_EQ(r.value().pools.at(0).health.interval, 200u);
+  EXPECT_EQ(r.value().pools.at(0).health.timeout, 150u);
+}
+
+TEST(Config, EveryControlPlaneKey) {
+  std::string text = withPool("cloud", R"([pool.health]
+kind = "encap"
+port = 50051
+interval = 2
+timeout = 0.75
+rise = 5
+fall = 1
+
+[pool.load]
+enabled = false
+port = 8002
+path = "/metrics/gpu"
+gpu_metric = ""
+queue_metric = "nv_inference_pending_request_count"
+interval = 0.5
+timeout = 0.25
+stale_after = 10
+smoothing = 1
+)");
+  text += R"(
+[policy]
+gpu_high = 100
+gpu_low = 0
+queue_high = 1.5
+queue_low = 0
+overprovisioning = 1
+panic_threshold = 0
+min_load_factor = 1
+churn_budget = 1
+churn_interval = 0.01
+drain_timeout = 3600
+
+[control]
+socket = "/tmp/s.sock"
+socket_group = "gpu-ops"
+metrics_listen = "[::1]:9000"
+event_log_size = 16
+)";
+  ConfigResult r = loadConfigFromString(text, "t.toml");
+  ASSERT_TRUE(r.ok()) << formatErrors(r.errors());
+  const Config& c = r.value();
+  const HealthCheckConfig& h = c.pools.at(0).health;
+  EXPECT_EQ(h.kind, HealthCheckKind::Encap);
+  EXPECT_EQ(h.port, 50051);
+  EXPECT_EQ(h.interval, 2000u);
+  EXPECT_EQ(h.timeout, 750u);
+  EXPECT_EQ(h.rise, 5u);
+  EXPECT_EQ(h.fall, 1u);
+  const LoadSourceConfig& l = c.pools.at(0).load;
+  EXPECT_FALSE(l.enabled);
+  EXPECT_EQ(l.port, 8002);
+  EXPECT_EQ(l.path, "/metrics/gpu");
+  EXPECT_EQ(l.gpuMetric, "");
+  EXPECT_EQ(l.queueMetric, "nv_inference_pending_request_count");
+  EXPECT_EQ(l.interval, 500u);
+  EXPECT_EQ(l.timeout, 250u);
+  EXPECT_EQ(l.staleAfter, 10'000u);
+  EXPECT_EQ(l.smoothing, 1.0);
+  const PolicyConfig& p = c.policy;
+  EXPECT_EQ(p.gpuHigh, 100.0);
+  EXPECT_EQ(p.gpuLow, 0.0);
+  EXPECT_EQ(p.queueHigh, 1.5);
+  EXPECT_EQ(p.queueLow, 0.0);
+  EXPECT_EQ(p.overprovisioning, 1.0);
+  EXPECT_EQ(p.panicThreshold, 0.0);
+  EXPECT_EQ(p.minLoadFactor, 1.0);
+  EXPECT_EQ(p.churnBudget, 1.0);
+  EXPECT_EQ(p.churnInterval, 10u);
+  EXPECT_EQ(p.drainTimeout, 3'600'000u);
+  EXPECT_EQ(c.control.socketPath, "/tmp/s.sock");
+  EXPECT_EQ(c.control.socketGroup, "gpu-ops");
+  EXPECT_EQ(c.control.metricsListen, "[::1]:9000");
+  EXPECT_EQ(c.control.eventLogSize, 16u);
+}
+
+TEST(Config, HttpCheckAndHealthNone) {
+  ConfigResult r = loadConfigFromString(
+      withPool("onprem",
+               "[pool.health]\nkind = \"http\"\nport = 80\npath = \"/v1/ready?x=1\"\n"
+               "expect_status = 204\n"),
+      "t.toml");
+  ASSERT_TRUE(r.ok()) << formatErrors(r.errors());
+  EXPECT_EQ(r.value().pools.at(0).health.kind, HealthCheckKind::Http);
+  EXPECT_EQ(r.value().pools.at(0).health.httpPath, "/v1/ready?x=1");
+  EXPECT_EQ(r.value().pools.at(0).health.expectStatus, 204);
+  r = loadConfigFromString(withPool("onprem", "[pool.health]\nkind = \"none\"\n"), "t.toml");
+  ASSERT_TRUE(r.ok()) << formatErrors(r.errors());
+  EXPECT_EQ(r.value().pools.at(0).health.kind, HealthCheckKind::None);
+}
+
+TEST(Config, MetricsListenForms) {
+  for (const char* good : {"127.0.0.1:9550", "0.0.0.0:1", "[::1]:65535", "[2001:db8::1]:80", ""}) {
+    ConfigResult r = loadConfigFromString(
+        std::string(kMinimal) + "\n[control]\nmetrics_listen = \"" + good + "\"\n", "t.toml");
+    EXPECT_TRUE(r.ok()) << good << "\n" << formatErrors(r.errors());
+  }
+  for (const char* bad : {"127.0.0.1", "127.0.0.1:0", "127.0.0.1:65536", "::1:9550", "[::1]9550",
+                          "[127.0.0.1]:80", ":9550", "127.0.0.1:95a0"}) {
+    ConfigResult r = loadConfigFromString(
+        std::string(kMinimal) + "\n[control]\nmetrics_listen = \"" + bad + "\"\n", "t.toml");
+    EXPECT_FALSE(r.ok()) << bad;
+  }
+}
 
 TEST(Config, FormatsAsFileLineColumnFieldValueWhy) {
   const std::string text = std::string(kMinimal) + R"(

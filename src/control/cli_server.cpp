@@ -1,0 +1,466 @@
+#include "control/cli_server.hpp"
+
+#include <fcntl.h>
+#include <grp.h>
+#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <filesystem>
+#include <utility>
+
+namespace spillway {
+namespace {
+
+constexpr int kListenBacklog = 64;
+constexpr int kMaxEventsPerPoll = 64;
+constexpr int kMaxAcceptsPerPoll = 64;
+// Replies up to kMaxReplyBytes must fit one message: the send buffer bounds
+// the largest datagram of an AF_UNIX socket.
+constexpr int kReplySendBuffer = static_cast<int>(kMaxReplyBytes + 64 * 1024);
+
+std::string errnoText(int err) { return std::strerror(err); }
+
+bool fillAddress(const std::string& path, sockaddr_un& addr) {
+  std::memset(&addr, 0, sizeof addr);
+  addr.sun_family = AF_UNIX;
+  if (path.empty() || path.size() >= sizeof addr.sun_path) return false;
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  return true;
+}
+
+// A gid from a group name, or from a number.
+bool resolveGroup(const std::string& name, gid_t& gid, std::string& error) {
+  group entry{};
+  group* found = nullptr;
+  std::vector<char> buffer(16384);
+  for (;;) {
+    const int rc = getgrnam_r(name.c_str(), &entry, buffer.data(), buffer.size(), &found);
+    if (rc == ERANGE && buffer.size() < (1u << 22)) {
+      buffer.resize(buffer.size() * 2);
+      continue;
+    }
+    break;
+  }
+  if (found != nullptr) {
+    gid = found->gr_gid;
+    return true;
+  }
+  std::uint32_t number = 0;
+  const auto [end, ec] = std::from_chars(name.data(), name.data() + name.size(), number);
+  if (ec == std::errc() && end == name.data() + name.size() && !name.empty()) {
+    gid = static_cast<gid_t>(number);
+    return true;
+  }
+  error = "unknown group '" + name + "' (control socket_group): no such group in the group database";
+  return false;
+}
+
+PeerCredentials readPeer(int fd, bool& ok) {
+  PeerCredentials peer;
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  ok = getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0;
+  if (!ok) return peer;
+  peer.pid = cred.pid;
+  peer.uid = cred.uid;
+  peer.gid = cred.gid;
+#ifdef SO_PEERGROUPS
+  std::vector<gid_t> groups(64);
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    socklen_t bytes = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &bytes) == 0) {
+      groups.resize(bytes / sizeof(gid_t));
+      peer.groups.assign(groups.begin(), groups.end());
+      break;
+    }
+    if (errno != ERANGE) break;
+    groups.resize(bytes / sizeof(gid_t) + 1);
+  }
+#endif
+  return peer;
+}
+
+std::string describePeer(const PeerCredentials& peer) {
+  return "pid=" + std::to_string(peer.pid) + " uid=" + std::to_string(peer.uid) +
+         " gid=" + std::to_string(peer.gid);
+}
+
+}  // namespace
+
+CliServerOptions CliServerOptions::fromConfig(const ControlConfig& config) {
+  CliServerOptions options;
+  options.socketPath = config.socketPath;
+  options.socketGroup = config.socketGroup;
+  return options;
+}
+
+CliServer::CliServer(ControlApi& api, CliServerOptions options)
+    : api_(api), options_(std::move(options)) {}
+
+CliServer::~CliServer() { close(); }
+
+std::chrono::steady_clock::time_point CliServer::now() const {
+  return options_.clock ? options_.clock() : std::chrono::steady_clock::now();
+}
+
+void CliServer::log(const std::string& line) const noexcept {
+  if (!options_.log) return;
+  try {
+    options_.log(line);
+  } catch (...) {
+    // A failing logger must not take the socket down.
+  }
+}
+
+bool CliServer::open(std::string& error) {
+  close();
+  const std::string& path = options_.socketPath;
+  const auto fail = [&](std::string why) {
+    error = "control socket " + path + ": " + why;
+    close();
+    return false;
+  };
+  sockaddr_un addr{};
+  if (!fillAddress(path, addr)) {
+    return fail(path.empty() ? "no path configured"
+                             : "path longer than " + std::to_string(sizeof addr.sun_path - 1) +
+                                   " bytes");
+  }
+  gid_t gid = getegid();
+  if (!options_.socketGroup.empty()) {
+    std::string why;
+    if (!resolveGroup(options_.socketGroup, gid, why)) return fail(why);
+  }
+
+  std::error_code ec;
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty() && !std::filesystem::exists(parent, ec)) {
+    std::filesystem::create_directories(parent, ec);
+    if (ec) return fail("cannot create directory " + parent.string() + ": " + ec.message());
+  }
+
+  struct stat st {};
+  if (lstat(path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) return fail("exists and is not a socket; not replacing it");
+    const int probe = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (probe < 0) return fail("socket: " + errnoText(errno));
+    const int rc = ::connect(probe, reinterpret_cast<const sockaddr*>(&addr), sizeof addr);
+    const int err = errno;
+    ::close(probe);
+    if (rc == 0 || err == EAGAIN || err == EPROTOTYPE) {
+      return fail("another process is listening on it (is spillwayd already running?)");
+    }
+    if (err != ECONNREFUSED && err != ENOENT) return fail("probing it: " + errnoText(err));
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+      return fail("cannot remove the stale socket: " + errnoText(errno));
+    }
+  }
+
+  listenFd_ = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (listenFd_ < 0) return fail("socket: " + errnoText(errno));
+  if (bind(listenFd_, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) {
+    return fail("bind: " + errnoText(errno));
+  }
+  if (stat(path.c_str(), &st) == 0) {
+    socketDev_ = st.st_dev;
+    socketIno_ = st.st_ino;
+  }
+  // Mode and group before listen(): nobody can connect before then.
+  if (::chmod(path.c_str(), 0660) != 0) return fail("chmod 0660: " + errnoText(errno));
+  if (!options_.socketGroup.empty() && ::chown(path.c_str(), static_cast<uid_t>(-1), gid) != 0) {
+    return fail("chown to group " + options_.socketGroup + ": " + errnoText(errno));
+  }
+  if (listen(listenFd_, kListenBacklog) != 0) return fail("listen: " + errnoText(errno));
+
+  epollFd_ = epoll_create1(EPOLL_CLOEXEC);
+  if (epollFd_ < 0) return fail("epoll_create1: " + errnoText(errno));
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = 0;
+  if (epoll_ctl(epollFd_, EPOLL_CTL_ADD, listenFd_, &ev) != 0) {
+    return fail("epoll_ctl: " + errnoText(errno));
+  }
+
+  policy_ = options_.policy;
+  policy_.uids.push_back(static_cast<std::uint32_t>(geteuid()));
+  policy_.gids.push_back(static_cast<std::uint32_t>(gid));
+  buffer_.assign(kMaxRequestBytes + 1, '\0');
+  return true;
+}
+
+void CliServer::close() noexcept {
+  while (!clients_.empty()) closeClient(clients_.begin()->first);
+  if (epollFd_ >= 0) ::close(epollFd_);
+  epollFd_ = -1;
+  if (listenFd_ >= 0) {
+    ::close(listenFd_);
+    listenFd_ = -1;
+    struct stat st {};
+    if (socketIno_ != 0 && lstat(options_.socketPath.c_str(), &st) == 0 &&
+        static_cast<std::uint64_t>(st.st_dev) == socketDev_ &&
+        static_cast<std::uint64_t>(st.st_ino) == socketIno_) {
+      ::unlink(options_.socketPath.c_str());
+    }
+  }
+  socketDev_ = socketIno_ = 0;
+}
+
+void CliServer::watch(std::uint64_t id, const Client& client, bool writable) noexcept {
+  epoll_event ev{};
+  ev.events = writable ? EPOLLOUT : EPOLLIN;
+  ev.data.u64 = id;
+  epoll_ctl(epollFd_, EPOLL_CTL_MOD, client.fd, &ev);
+}
+
+void CliServer::closeClient(std::uint64_t id) noexcept {
+  const auto it = clients_.find(id);
+  if (it == clients_.end()) return;
+  if (epollFd_ >= 0) epoll_ctl(epollFd_, EPOLL_CTL_DEL, it->second.fd, nullptr);
+  ::close(it->second.fd);
+  clients_.erase(it);
+}
+
+void CliServer::poll() noexcept {
+  if (epollFd_ < 0) return;
+  epoll_event events[kMaxEventsPerPoll];
+  const int n = epoll_wait(epollFd_, events, kMaxEventsPerPoll, 0);
+  for (int i = 0; i < n; ++i) {
+    const std::uint64_t id = events[i].data.u64;
+    if (id == 0) {
+      acceptClients();
+      continue;
+    }
+    const auto it = clients_.find(id);
+    if (it == clients_.end()) continue;  // closed earlier in this round
+    Client& client = it->second;
+    if (!client.pendingReply.empty()) {
+      if (events[i].events & (EPOLLERR | EPOLLHUP)) {
+        closeClient(id);
+      } else {
+        flush(id, client);
+      }
+      continue;
+    }
+    serveOne(id, client);
+  }
+  // Idle clients go, so a stuck one cannot hold a slot for ever.
+  try {
+    const auto t = now();
+    std::vector<std::uint64_t> idle;
+    for (const auto& [id, client] : clients_) {
+      if (t - client.lastActive >= options_.idleTimeout) idle.push_back(id);
+    }
+    for (std::uint64_t id : idle) closeClient(id);
+  } catch (...) {
+  }
+}
+
+void CliServer::acceptClients() noexcept {
+  for (int i = 0; i < kMaxAcceptsPerPoll; ++i) {
+    const int fd = accept4(listenFd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) return;  // EAGAIN, or a connection that died in the backlog
+    bool adopted = false;
+    try {
+      bool ok = false;
+      PeerCredentials peer = readPeer(fd, ok);
+      if (ok && clients_.size() >= options_.maxClients) {
+        const std::string busy = makeErrorReply(
+            "busy", "too many CLI clients (" + std::to_string(options_.maxClients) +
+                        " connected); try again");
+        (void)::send(fd, busy.data(), busy.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+        log("cli: rejected " + describePeer(peer) + ": too many clients");
+      } else if (ok) {
+        const int size = kReplySendBuffer;
+        if (setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &size, sizeof size) != 0) {
+          (void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &size, sizeof size);
+        }
+        const std::uint64_t id = nextId_++;
+        Client client;
+        client.fd = fd;
+        client.peer = std::move(peer);
+        client.lastActive = now();
+        const auto it = clients_.emplace(id, std::move(client)).first;
+        epoll_event ev{};
+        ev.events = EPOLLIN;
+        ev.data.u64 = id;
+        if (epoll_ctl(epollFd_, EPOLL_CTL_ADD, fd, &ev) == 0) {
+          adopted = true;
+        } else {
+          clients_.erase(it);
+        }
+      }
+    } catch (...) {
+      // Out of memory: drop this connection, keep the server.
+    }
+    if (!adopted) ::close(fd);
+  }
+}
+
+void CliServer::serveOne(std::uint64_t id, Client& client) noexcept {
+  const ssize_t n =
+      recv(client.fd, buffer_.data(), buffer_.size(), MSG_DONTWAIT | MSG_TRUNC);
+  if (n < 0) {
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return;
+    closeClient(id);
+    return;
+  }
+  if (n == 0) {  // the peer hung up (or sent an empty message, which is no request)
+    closeClient(id);
+    return;
+  }
+  try {
+    client.lastActive = now();
+    const auto size = static_cast<std::size_t>(n);
+    if (size > kMaxRequestBytes) {
+      log("cli: " + describePeer(client.peer) + ": request of " + std::to_string(size) +
+          " bytes rejected (limit " + std::to_string(kMaxRequestBytes) + ")");
+      send(id, client,
+           makeErrorReply("too_large", "request of " + std::to_string(size) +
+                                           " bytes exceeds the limit of " +
+                                           std::to_string(kMaxRequestBytes)));
+      return;
+    }
+    RequestOutcome outcome =
+        processRequest(std::string_view(buffer_.data(), size), api_, client.peer, policy_);
+    if (outcome.write) {
+      log("cli: " + describePeer(client.peer) + " " + outcome.command + " " + outcome.args +
+          ": " + (outcome.ok ? std::string("ok") : outcome.errorCode));
+    }
+    send(id, client, std::move(outcome.reply));
+  } catch (...) {
+    closeClient(id);
+  }
+}
+
+void CliServer::send(std::uint64_t id, Client& client, std::string reply) noexcept {
+  const ssize_t n = ::send(client.fd, reply.data(), reply.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+  if (n >= 0) return;
+  if (errno == EAGAIN || errno == EWOULDBLOCK) {
+    client.pendingReply = std::move(reply);
+    watch(id, client, true);
+    return;
+  }
+  if (errno == EMSGSIZE) {
+    try {
+      const std::string small = makeErrorReply(
+          "reply_too_large", "the reply of " + std::to_string(reply.size()) +
+                                 " bytes exceeds the socket's message size limit");
+      if (::send(client.fd, small.data(), small.size(), MSG_DONTWAIT | MSG_NOSIGNAL) >= 0) return;
+    } catch (...) {
+    }
+  }
+  closeClient(id);
+}
+
+void CliServer::flush(std::uint64_t id, Client& client) noexcept {
+  const ssize_t n = ::send(client.fd, client.pendingReply.data(), client.pendingReply.size(),
+                           MSG_DONTWAIT | MSG_NOSIGNAL);
+  if (n < 0) {
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+    closeClient(id);
+    return;
+  }
+  client.pendingReply.clear();
+  client.pendingReply.shrink_to_fit();
+  try {
+    client.lastActive = now();
+  } catch (...) {
+  }
+  watch(id, client, false);
+}
+
+CliClient::~CliClient() { close(); }
+
+void CliClient::close() noexcept {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
+bool CliClient::connect(const std::string& socketPath, std::string& error) {
+  close();
+  sockaddr_un addr{};
+  if (!fillAddress(socketPath, addr)) {
+    error = "cannot connect to " + socketPath + ": " +
+            (socketPath.empty() ? "no socket path" : "path too long for a Unix socket");
+    return false;
+  }
+  fd_ = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (fd_ < 0) {
+    error = "cannot connect to " + socketPath + ": socket: " + errnoText(errno);
+    return false;
+  }
+  if (::connect(fd_, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) {
+    const int err = errno;
+    error = "cannot connect to " + socketPath + ": " + errnoText(err);
+    if (err == ENOENT || err == ECONNREFUSED) error += " (is spillwayd running?)";
+    if (err == EACCES) error += " (root or the socket's group is needed)";
+    close();
+    return false;
+  }
+  return true;
+}
+
+bool CliClient::call(std::string_view request, std::string& reply,
+                     std::chrono::milliseconds timeout, std::string& error) {
+  if (fd_ < 0) {
+    error = "not connected";
+    return false;
+  }
+  if (::send(fd_, request.data(), request.size(), MSG_NOSIGNAL) < 0) {
+    const int err = errno;
+    // The server may have refused the connection with a reply ("busy").
+    if (err == EPIPE && receive(reply, std::chrono::milliseconds(0), error)) return true;
+    error = "sending the request: " + errnoText(err);
+    return false;
+  }
+  return receive(reply, timeout, error);
+}
+
+bool CliClient::receive(std::string& reply, std::chrono::milliseconds timeout,
+                        std::string& error) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    pollfd p{fd_, POLLIN, 0};
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    const int rc = ::poll(&p, 1, static_cast<int>(std::max<std::int64_t>(left.count(), 0)));
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc < 0) {
+      error = "waiting for the reply: " + errnoText(errno);
+      return false;
+    }
+    if (rc == 0) {
+      error = "no reply within " + std::to_string(timeout.count()) + " ms";
+      return false;
+    }
+    char probe = 0;
+    const ssize_t size = recv(fd_, &probe, 1, MSG_PEEK | MSG_TRUNC | MSG_DONTWAIT);
+    if (size < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+    if (size < 0) {
+      error = "reading the reply: " + errnoText(errno);
+      return false;
+    }
+    if (size == 0) {
+      error = "the server closed the connection without a reply";
+      return false;
+    }
+    reply.assign(static_cast<std::size_t>(size), '\0');
+    const ssize_t got = recv(fd_, reply.data(), reply.size(), MSG_DONTWAIT);
+    if (got < 0) {
+      error = "reading the reply: " + errnoText(errno);
+      return false;
+    }
+    reply.resize(static_cast<std::size_t>(got));
+    return true;
+  }
+}
+
+}  // namespace spillway

@@ -1,0 +1,135 @@
+// The operator's CLI socket: a Unix SOCK_SEQPACKET socket on which every
+// message is one request and the answer one reply (protocol.hpp), and the
+// client that spillwayctl and the tests use to talk to it.
+//
+// Gates, in order: the socket file's mode 0660 and group (ControlConfig's
+// socket_group, or the daemon's group), so only its owner and group can
+// connect; then the AccessPolicy (root, the daemon's user and the socket
+// group's members may change state, any other peer only read); the peer's
+// credentials (SO_PEERCRED, SO_PEERGROUPS) are read once at accept and logged
+// with every request that changes state, granted or not.
+//
+// open() creates the parent directory when it is missing and replaces a
+// socket file only when nothing listens on it (a second daemon on the same
+// path fails instead of stealing it); the file is removed by close() when it
+// is still the one this server created.
+//
+// Robustness: every socket is non-blocking and poll() never waits. A client
+// gets at most one request served per poll() (fairness), its next request is
+// not read while its last reply is still unsent, at most maxClients are
+// connected (the next is told "busy" and closed), clients silent for
+// idleTimeout are closed, and a client that sends garbage, an oversized
+// message or disconnects mid-way only ends its own connection.
+//
+// Thread contract: the control thread only. Register pollFd() (an epoll fd,
+// readable when any socket of the server is) with the control loop, call
+// poll() when it is readable, and now and then (say once a second) so idle
+// clients are closed. A CliClient is used by one thread at a time.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "control/config.hpp"
+#include "control/control_api.hpp"
+#include "control/protocol.hpp"
+
+namespace spillway {
+
+using CliClock = std::function<std::chrono::steady_clock::time_point()>;
+using CliLog = std::function<void(std::string_view line)>;
+
+struct CliServerOptions {
+  std::string socketPath = ControlConfig{}.socketPath;
+  std::string socketGroup;  // a group name or a numeric gid; empty: the daemon's group
+  std::size_t maxClients = 64;
+  std::chrono::milliseconds idleTimeout{std::chrono::seconds(30)};
+  // Writers besides root, the daemon's effective uid and the socket's group,
+  // which open() adds.
+  AccessPolicy policy;
+  CliLog log;      // one line per request that changes state, and per rejected client
+  CliClock clock;  // default: std::chrono::steady_clock::now
+
+  [[nodiscard]] static CliServerOptions fromConfig(const ControlConfig& config);
+};
+
+class CliServer {
+ public:
+  CliServer(ControlApi& api, CliServerOptions options);
+  ~CliServer();
+  CliServer(const CliServer&) = delete;
+  CliServer& operator=(const CliServer&) = delete;
+
+  // Binds and listens. On failure `error` names the socket path and the
+  // reason, and the server stays closed.
+  [[nodiscard]] bool open(std::string& error);
+  void close() noexcept;
+
+  [[nodiscard]] int pollFd() const noexcept { return epollFd_; }
+  // Accepts, reads, dispatches and replies to whatever is ready; never blocks.
+  void poll() noexcept;
+
+  [[nodiscard]] bool isOpen() const noexcept { return listenFd_ >= 0; }
+  [[nodiscard]] std::size_t clientCount() const noexcept { return clients_.size(); }
+  [[nodiscard]] const std::string& socketPath() const noexcept { return options_.socketPath; }
+  // The policy in force (after open(): with the daemon's uid and the group).
+  [[nodiscard]] const AccessPolicy& policy() const noexcept { return policy_; }
+
+ private:
+  struct Client {
+    int fd = -1;
+    PeerCredentials peer;
+    std::string pendingReply;  // a reply the socket could not take yet
+    std::chrono::steady_clock::time_point lastActive;
+  };
+
+  void acceptClients() noexcept;
+  void serveOne(std::uint64_t id, Client& client) noexcept;
+  void flush(std::uint64_t id, Client& client) noexcept;
+  void send(std::uint64_t id, Client& client, std::string reply) noexcept;
+  void closeClient(std::uint64_t id) noexcept;
+  void watch(std::uint64_t id, const Client& client, bool writable) noexcept;
+  void log(const std::string& line) const noexcept;
+  [[nodiscard]] std::chrono::steady_clock::time_point now() const;
+
+  ControlApi& api_;
+  CliServerOptions options_;
+  AccessPolicy policy_;
+  int listenFd_ = -1;
+  int epollFd_ = -1;
+  std::uint64_t socketDev_ = 0;  // the bound file, so close() unlinks only our own
+  std::uint64_t socketIno_ = 0;
+  std::uint64_t nextId_ = 1;  // 0 is the listening socket
+  std::map<std::uint64_t, Client> clients_;
+  std::vector<char> buffer_;
+};
+
+// One connection to a CliServer: connect once, then call() per request.
+class CliClient {
+ public:
+  CliClient() = default;
+  ~CliClient();
+  CliClient(const CliClient&) = delete;
+  CliClient& operator=(const CliClient&) = delete;
+
+  // On failure `error` says which socket and why ("cannot connect to PATH: ...").
+  [[nodiscard]] bool connect(const std::string& socketPath, std::string& error);
+  // Sends one request message and waits for its reply message.
+  [[nodiscard]] bool call(std::string_view request, std::string& reply,
+                          std::chrono::milliseconds timeout, std::string& error);
+  void close() noexcept;
+  [[nodiscard]] int fd() const noexcept { return fd_; }
+
+ private:
+  [[nodiscard]] bool receive(std::string& reply, std::chrono::milliseconds timeout,
+                             std::string& error);
+  int fd_ = -1;
+};
+
+}  // namespace spillway
