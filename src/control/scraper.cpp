@@ -70,7 +70,7 @@ struct LoadScraper::Entry {
   HttpExchange exchange;
 };
 
-LoadScraper::LoadScraper(LoadScraperOptions options) : options_(std::move(options)) {
+LoadScraper::LoadScraper(LoadScraperOptions options) : options_(options) {
   epollFd_ = ::epoll_create1(EPOLL_CLOEXEC);
   if (epollFd_ < 0) initError_ = "epoll_create1: " + errnoText(errno);
 }
@@ -99,7 +99,7 @@ void LoadScraper::setTargets(std::vector<ScrapeTarget> targets) {
       if (it->second->target.address == t.address &&
           sameSource(it->second->target.config, t.config)) {
         entry = std::move(it->second);
-        entry->target.name = std::move(t.name);
+        entry->target.name = t.name;
       }
       if (it->second) endScrape(*it->second);
       old.erase(it);
@@ -133,12 +133,12 @@ std::size_t LoadScraper::scrapesInFlight() const noexcept {
   return n;
 }
 
-BackendLoad LoadScraper::load(std::uint64_t id, Millis now) const noexcept {
+ScrapedLoad LoadScraper::load(std::uint64_t id, Millis now) const noexcept {
   const auto it = byId_.find(id);
   if (it == byId_.end() || !it->second->target.config.enabled) return {};
   const Entry& e = *it->second;
   const Millis stale = e.target.config.staleAfter;
-  BackendLoad l;
+  ScrapedLoad l;
   l.gpuUtilization = e.gpu.value(now, stale);
   if (!e.target.config.queueMetric.empty()) l.queueDepth = e.queue.value(now, stale);
   return l;
@@ -280,7 +280,7 @@ bool LoadScraper::ingestInto(Entry& e, Millis now, std::string_view body) {
   e.status.lastSuccess = now;
   e.status.responseBytes = body.size();
   std::string problems;
-  const auto note = [&problems](std::string text) {
+  const auto note = [&problems](const std::string& text) {
     if (!problems.empty()) problems += "; ";
     problems += text;
   };

@@ -45,7 +45,7 @@ struct ScrapeTarget {
 
 // The smoothed signals of a backend at a given time; std::nullopt for a
 // signal that is unknown (never scraped, not configured) or stale.
-struct BackendLoad {
+struct ScrapedLoad {
   std::optional<double> gpuUtilization;  // percent, averaged over the host's GPUs
   std::optional<double> queueDepth;      // requests waiting, summed over label sets
 };
@@ -108,7 +108,7 @@ class LoadScraper {
   // the past (poll at once); std::nullopt when nothing is scheduled.
   [[nodiscard]] std::optional<Millis> nextDeadline() const noexcept;
 
-  [[nodiscard]] BackendLoad load(std::uint64_t id, Millis now) const noexcept;
+  [[nodiscard]] ScrapedLoad load(std::uint64_t id, Millis now) const noexcept;
   [[nodiscard]] std::optional<LoadStatus> status(std::uint64_t id) const;
   [[nodiscard]] std::size_t targetCount() const noexcept { return entries_.size(); }
   [[nodiscard]] std::size_t scrapesInFlight() const noexcept;

@@ -11,6 +11,9 @@
 #include <sstream>
 #include <thread>
 
+#include "control/cli_server.hpp"
+#include "control/control_plane.hpp"
+#include "control/metrics_http.hpp"
 #include "control/neighbours.hpp"
 #include "control/snapshot_builder.hpp"
 #include "ports.hpp"
@@ -163,7 +166,10 @@ void writeAtomically(const std::string& path, const std::string& text) {
 
 std::atomic<bool>& daemonStopRequested() noexcept { return gStop; }
 
-int runDaemon(const Config& config, const DaemonOptions& options) {
+int runDaemon(const Config& configIn, const DaemonOptions& options) {
+  Config config = configIn;
+  if (options.controlSocket) config.control.socketPath = *options.controlSocket;
+  if (options.metricsListen) config.control.metricsListen = *options.metricsListen;
   const auto log = [&](const std::string& line) {
     if (!options.quiet) std::fprintf(stderr, "spillwayd: %s\n", line.c_str());
   };
@@ -294,16 +300,6 @@ int runDaemon(const Config& config, const DaemonOptions& options) {
 
     QsbrDomain qsbr(workers);
     SnapshotPublisher publisher(qsbr);
-    std::uint64_t generation = 1;
-    auto first = builder.build(generation);
-    if (!first) {
-      std::fprintf(stderr, "spillwayd: %s\n", builder.lastError().c_str());
-      ports.close();
-      rte_eal_cleanup();
-      return 1;
-    }
-    publisher.publish(std::move(first));
-    log("published snapshot generation 1");
 
     std::vector<std::unique_ptr<Worker>> pool;
     for (unsigned i = 0; i < workers; ++i) {
@@ -329,37 +325,107 @@ int runDaemon(const Config& config, const DaemonOptions& options) {
         return 1;
       }
     }
+
+    const auto start = Clock::now();
+    auto millis = [&] {
+      return static_cast<Millis>(
+          std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count());
+    };
+    DataplaneHooks hooks;
+    hooks.stats = [&]() -> Json {
+      return Json::parse(statsJson(config, builder, pool, publisher.current() != nullptr
+                                                              ? publisher.current()->generation
+                                                              : 0),
+                         nullptr, false);
+    };
+    hooks.requestFlowCounts = [&](std::uint64_t n) {
+      for (auto& w : pool) w->requestFlowCount(n);
+    };
+    hooks.collectFlowCounts = [&](std::uint64_t n)
+        -> std::optional<std::vector<std::pair<unsigned, std::vector<std::uint64_t>>>> {
+      for (auto& w : pool) {
+        if (w->flowCountDone() < n) return std::nullopt;
+      }
+      std::vector<std::pair<unsigned, std::vector<std::uint64_t>>> out;
+      for (auto& w : pool) {
+        std::vector<std::uint64_t> counts(kStatsBackends);
+        for (std::uint32_t i = 0; i < kStatsBackends; ++i) counts[i] = w->liveFlows()[i].read();
+        out.emplace_back(w->config().lcore, std::move(counts));
+      }
+      return out;
+    };
+    hooks.appliedGeneration = [&]() -> std::uint64_t {
+      std::uint64_t oldest = UINT64_MAX;
+      for (auto& w : pool) oldest = std::min(oldest, w->counters().snapshotGeneration.read());
+      return oldest;
+    };
+    ControlPlane control(config, options.configPath, builder, std::move(hooks), millis());
+    auto first = control.takeSnapshot(millis());
+    if (!first) {
+      std::fprintf(stderr, "spillwayd: %s\n", builder.lastError().c_str());
+      pool.clear();
+      ports.close();
+      rte_eal_cleanup();
+      return 1;
+    }
+    publisher.publish(std::move(first));
+    log("published snapshot generation 1");
+
+    CliServer cli(control, CliServerOptions::fromConfig(config.control));
+    if (!cli.open(error)) {
+      std::fprintf(stderr, "spillwayd: CLI socket: %s\n", error.c_str());
+      pool.clear();
+      ports.close();
+      rte_eal_cleanup();
+      return 1;
+    }
+    MetricsHttpServer metrics(control, MetricsHttpOptions::fromConfig(config.control));
+    if (!metrics.open(error)) {
+      std::fprintf(stderr, "spillwayd: metrics: %s\n", error.c_str());
+      pool.clear();
+      ports.close();
+      rte_eal_cleanup();
+      return 1;
+    }
+    log("CLI socket " + config.control.socketPath +
+        (config.control.metricsListen.empty() ? std::string()
+                                              : ", metrics on http://" +
+                                                    config.control.metricsListen + "/metrics"));
+
     gWorkersStop.store(false);
     for (auto& w : pool) rte_eal_remote_launch(workerMain, w.get(), w->config().lcore);
     log("running " + std::to_string(workers) + " worker lcore(s)");
 
-    const auto start = Clock::now();
     auto lastStats = start, lastNeighbours = start, lastRx = start;
     std::uint64_t rxSeen = 0;
     while (!gStop.load()) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
       const auto now = Clock::now();
+      const Millis nowMs = millis();
       publisher.reclaim();
       if (now - lastNeighbours >= std::chrono::milliseconds(250)) {
         lastNeighbours = now;
-        resolver.refresh(config);
+        resolver.refresh(control.config());
         const std::size_t changed = builder.refreshNextHops(resolver);
         // Unresolved next hops: have the kernel ask (ARP / ND) for the next round.
-        resolver.solicitUnresolved(config);
-        if (changed > 0) {
-          if (auto next = builder.build(++generation)) {
-            publisher.publish(std::move(next));
-            log("next hops changed: published snapshot generation " + std::to_string(generation));
-          } else {
-            --generation;
-            log("rebuild failed: " + builder.lastError());
+        resolver.solicitUnresolved(control.config());
+        if (changed > 0) control.markDirty();
+      }
+      cli.poll();
+      metrics.poll();
+      if (control.tick(nowMs)) {
+        if (auto next = control.takeSnapshot(nowMs)) {
+          publisher.publish(std::move(next));
+          if (!options.quiet) {
+            log("published snapshot generation " + std::to_string(control.generation()));
           }
         }
       }
       if (!options.statsFile.empty() &&
           now - lastStats >= std::chrono::milliseconds(options.statsIntervalMs)) {
         lastStats = now;
-        writeAtomically(options.statsFile, statsJson(config, builder, pool, generation));
+        writeAtomically(options.statsFile,
+                        statsJson(control.config(), builder, pool, control.generation()));
       }
       const std::uint64_t rx = sum(pool).rx;
       if (rx != rxSeen) {
@@ -377,7 +443,7 @@ int runDaemon(const Config& config, const DaemonOptions& options) {
     }
     gWorkersStop.store(true);
     rte_eal_mp_wait_lcore();
-    const std::string stats = statsJson(config, builder, pool, generation);
+    const std::string stats = statsJson(control.config(), builder, pool, control.generation());
     if (!options.statsFile.empty()) writeAtomically(options.statsFile, stats);
     std::printf("%s\n", stats.c_str());
     std::fflush(stdout);

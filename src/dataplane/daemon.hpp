@@ -18,6 +18,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,9 @@ struct DaemonOptions {
   // Stop by itself after this long (0 = never).
   std::uint32_t runForMs = 0;
   bool quiet = false;
+  // Override [control] socket / metrics_listen (tests run several daemons).
+  std::optional<std::string> controlSocket;
+  std::optional<std::string> metricsListen;
 };
 
 // Set from the signal handler; polled by the control loop.

@@ -54,6 +54,11 @@ int main(int argc, char** argv) {
                  "stop once no packet arrived for this long after the first (tests, replays)");
   cli.add_option("--run-for-ms", options.runForMs, "stop after this long");
   cli.add_flag("--quiet,-q", options.quiet, "no progress messages on stderr");
+  std::string controlSocket, metricsListen;
+  auto* socketOpt = cli.add_option("--control-socket", controlSocket,
+                                   "CLI socket path (overrides [control] socket)");
+  auto* metricsOpt = cli.add_option("--metrics-listen", metricsListen,
+                                    "metrics address, \"\" for none (overrides [control])");
   std::vector<std::string> reversed(app.rbegin(), app.rend());
   try {
     cli.parse(reversed);
@@ -83,6 +88,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.ealArgs = eal;
+  if (socketOpt->count() > 0) options.controlSocket = controlSocket;
+  if (metricsOpt->count() > 0) options.metricsListen = metricsListen;
   std::signal(SIGINT, onSignal);
   std::signal(SIGTERM, onSignal);
   return spillway::runDaemon(result.value(), options);

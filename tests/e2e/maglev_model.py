@@ -18,6 +18,7 @@ from the headers' contracts rather than from the C++:
     maglev_model.py CONFIG.toml [SRC SPORT VIP DPORT]   # shares, or one flow
 """
 import ipaddress
+import math
 import os
 import sys
 import tomllib
@@ -74,6 +75,7 @@ class Model:
                                      start=1):
             self.backends[name]["index"] = index
         self.by_index = {b["index"]: name for name, b in self.backends.items()}
+        self.priority = {p["name"]: p.get("priority", 0) for p in conf.get("pool", [])}
         self.vips = {}  # (address, proto, port) -> dict(name, size, members)
         for v in conf.get("vip", []):
             key = (str(ipaddress.ip_address(v["address"])), PROTOCOLS[v["protocol"]],
@@ -91,9 +93,29 @@ class Model:
                 return self.vips[(address, proto, p)]
         return None
 
+    def policy_weights(self, vip):
+        """The Maglev weights spillwayd's policy gives a VIP's backends when
+        every backend is healthy and reports no load (see policy.hpp): the
+        highest-priority level with capacity takes every new flow (its
+        available capacity 1 times the overprovisioning factor >= 1); within
+        it each backend gets round(10^6 * w / sum of w), at least 1 when w > 0;
+        lower levels get 0."""
+        members = [n for n in vip["members"] if self.backends[n]["weight"] > 0]
+        if not members:
+            return {n: 0 for n in vip["members"]}
+        top = min(self.priority.get(self.backends[n]["pool"], 0) for n in members)
+        level = [n for n in members if self.priority.get(self.backends[n]["pool"], 0) == top]
+        total = float(sum(self.backends[n]["weight"] for n in level))
+        weights = {n: 0 for n in vip["members"]}
+        for n in level:
+            share = self.backends[n]["weight"] / total
+            weights[n] = min(10**6, max(1, math.floor(share * 10**6 + 0.5)))
+        return weights
+
     def table(self, vip):
         if vip["table"] is None:
-            inputs = [(self.backends[n]["id"], self.backends[n]["weight"],
+            weights = self.policy_weights(vip)
+            inputs = [(self.backends[n]["id"], weights[n],
                        self.backends[n]["index"]) for n in vip["members"]]
             vip["table"] = ref.build(self.hasher, inputs, vip["size"])
         return vip["table"]

@@ -245,7 +245,10 @@ class Estate:
             f'address = "{LB_ADDR}"'] + ([f'address6 = "{LB_ADDR6}"'] if self.backends6 else []) + [
             f"mtu = {mtu}", 'kernel_interface = "eth0"', "",
             "[[pool]]", 'name = "onprem"', 'site = "onprem"', "priority = 0", 'encap = "ipip"', "",
-            "[[pool]]", 'name = "cloud"', 'site = "cloud"', "priority = 1", 'encap = "gue"', "",
+            # Both pools at one priority level, so new flows spread over every
+            # backend by weight and every encapsulation carries traffic
+            # (spillover between levels has its own test).
+            "[[pool]]", 'name = "cloud"', 'site = "cloud"', "priority = 0", 'encap = "gue"', "",
             "[[vip]]", 'name = "nccl"', f'address = "{VIP_NCCL}"', 'protocol = "tcp"', "port = 0",
             'pools = ["onprem", "cloud"]', f"answer_ping = {'true' if answer_ping else 'false'}",
             "",
@@ -272,7 +275,9 @@ class Estate:
         stderr = os.path.join(self.work, f"spillwayd-{tag}.log")
         p = self.spawn([self.spillwayd, "--no-huge", "-m", "512", "--file-prefix", self.prefix,
                         "--", "--config", self.config, "--stats-file", stats,
-                        "--stats-interval-ms", "100"], ns=self.ns("lb"), stdout=stdout,
+                        "--stats-interval-ms", "100",
+                        "--control-socket", os.path.join(self.work, "spillway.sock"),
+                        "--metrics-listen", ""], ns=self.ns("lb"), stdout=stdout,
                        stderr=stderr)
         return Lb(p, stats, stdout, stderr)
 

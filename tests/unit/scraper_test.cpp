@@ -132,7 +132,7 @@ TEST(LoadScraper, IngestAveragesGpusAndSumsQueues) {
   LoadScraper scraper;
   scraper.setTargets({target(1, source())});
   ASSERT_TRUE(scraper.ingest(1, 100, dcgm({30, 50, 100}, 8.0)));
-  const BackendLoad l = scraper.load(1, 100);
+  const ScrapedLoad l = scraper.load(1, 100);
   EXPECT_DOUBLE_EQ(l.gpuUtilization.value(), 60.0);
   EXPECT_DOUBLE_EQ(l.queueDepth.value(), 8.0);
   const LoadStatus s = *scraper.status(1);
@@ -156,7 +156,7 @@ TEST(LoadScraper, EachSignalGoesStaleOnItsOwn) {
   ASSERT_TRUE(scraper.ingest(1, 3000, dcgm({70})));  // the queue metric vanished
   EXPECT_EQ(scraper.status(1)->lastError, "no samples of vllm:num_requests_waiting");
   EXPECT_TRUE(scraper.load(1, 5000).queueDepth);
-  const BackendLoad later = scraper.load(1, 6000);
+  const ScrapedLoad later = scraper.load(1, 6000);
   EXPECT_DOUBLE_EQ(later.gpuUtilization.value(), 60.0);
   EXPECT_FALSE(later.queueDepth);  // last updated at 0, stale after 5000
   EXPECT_FALSE(scraper.load(1, 8001).gpuUtilization);

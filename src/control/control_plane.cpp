@@ -1,0 +1,873 @@
+#include "control/control_plane.hpp"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "control/metrics_http.hpp"
+
+namespace spillway {
+namespace {
+
+constexpr Millis kFlowCountPeriod = 1000;
+
+ApiError notFound(const std::string& what, const std::string& name) {
+  return ApiError{"not_found", "no " + what + " named '" + name + "'"};
+}
+
+std::string stateName(BackendState s) { return std::string(toString(s)); }
+
+Json ipJson(const IpAddress& a) { return formatIpAddress(a); }
+
+std::string protocolName(IpProto p) { return p == IpProto::Udp ? "udp" : "tcp"; }
+
+}  // namespace
+
+ControlPlane::ControlPlane(Config config, std::string configPath, SnapshotBuilder& builder,
+                           DataplaneHooks hooks, Millis now)
+    : config_(std::move(config)),
+      configPath_(std::move(configPath)),
+      builder_(builder),
+      hooks_(std::move(hooks)),
+      started_(now),
+      now_(now),
+      events_(config_.control.eventLogSize),
+      states_(events_, config_.policy.drainTimeout),
+      policy_(config_.policy) {
+  for (const BackendConfig& b : config_.backends) {
+    (void)states_.add(b.id, b.name, now, "configured",
+                      b.initialState == BackendState::Disabled ? AdminState::Disabled
+                                                               : AdminState::Enabled);
+  }
+  applyTargets();
+  for (const BackendConfig& b : config_.backends) {
+    if (auto s = states_.state(b.id)) builder_.setState(b.id, *s);
+  }
+  statesSeen_ = states_.generation();
+  (void)applyPolicy(now, true);
+  lastChurn_ = now;
+}
+
+void ControlPlane::applyTargets() {
+  std::vector<HealthTarget> checks;
+  std::vector<ScrapeTarget> scrapes;
+  for (const BackendConfig& b : config_.backends) {
+    const PoolConfig& pool = config_.pools[b.poolIndex];
+    HealthTarget h;
+    h.id = b.id;
+    h.name = b.name;
+    h.address = b.address;
+    h.config = pool.health;
+    if (pool.health.kind == HealthCheckKind::Encap) {
+      // Probe through the tunnel to the first VIP that lists this pool.
+      const PortConfig& port = config_.ports[b.portIndex];
+      const auto& source = b.address.version == IpVersion::V4 ? port.address : port.address6;
+      for (const VipConfig& v : config_.vips) {
+        const bool serves = std::find(v.poolIndices.begin(), v.poolIndices.end(), b.poolIndex) !=
+                            v.poolIndices.end();
+        if (!serves || !source) continue;
+        EncapProbeTarget e;
+        e.vip = v.address;
+        e.tunnelSource = *source;
+        e.kind = encapKindFor(pool.encap, b.address.version);
+        e.guePort = pool.guePort;
+        h.encap = e;
+        break;
+      }
+      if (!h.encap) h.config.kind = HealthCheckKind::None;
+    }
+    checks.push_back(h);
+    scrapes.push_back(ScrapeTarget{b.id, b.name, b.address, pool.load});
+  }
+  health_.setTargets(std::move(checks));
+  scraper_.setTargets(std::move(scrapes));
+}
+
+std::vector<int> ControlPlane::pollFds() const {
+  std::vector<int> fds;
+  if (health_.pollFd() >= 0) fds.push_back(health_.pollFd());
+  return fds;
+}
+
+const BackendConfig* ControlPlane::backendNamed(const std::string& name) const {
+  for (const BackendConfig& b : config_.backends) {
+    if (b.name == name) return &b;
+  }
+  return nullptr;
+}
+
+PolicyInput ControlPlane::policyInput(
+    const VipConfig& vip, Millis now,
+    const std::map<std::uint64_t, std::uint32_t>* baseOverride) const {
+  PolicyInput in;
+  std::map<std::uint32_t, std::uint32_t> poolPosition;
+  for (std::uint32_t p : vip.poolIndices) {
+    poolPosition[p] = static_cast<std::uint32_t>(in.pools.size());
+    const PoolConfig& pool = config_.pools[p];
+    in.pools.push_back(PolicyPool{pool.name, pool.priority, pool.site});
+  }
+  for (const BackendConfig& b : config_.backends) {
+    auto pos = poolPosition.find(b.poolIndex);
+    if (pos == poolPosition.end()) continue;
+    PolicyBackend pb;
+    pb.id = b.id;
+    pb.name = b.name;
+    pb.pool = pos->second;
+    pb.weight = b.weight;
+    if (baseOverride != nullptr) {
+      auto o = baseOverride->find(b.id);
+      if (o != baseOverride->end()) pb.weight = o->second;
+    }
+    pb.state = states_.state(b.id).value_or(BackendState::Removed);
+    const ScrapedLoad load = scraper_.load(b.id, now);
+    pb.load = BackendLoad{load.gpuUtilization, load.queueDepth};
+    in.backends.push_back(pb);
+  }
+  return in;
+}
+
+bool ControlPlane::applyPolicy(Millis now, bool forceChurn) {
+  (void)forceChurn;
+  bool changed = false;
+  for (const VipConfig& vip : config_.vips) {
+    const PolicyInput in = policyInput(vip, now, nullptr);
+    PolicyDecision decision = policy_.decide(in);
+    const std::vector<std::uint32_t> target = weightsOf(decision);
+    const std::vector<bool> forced = forcedOf(decision);
+    auto& applied = weights_[vip.name];
+    std::vector<std::uint32_t> current(in.backends.size(), 0);
+    bool first = applied.empty();
+    for (std::size_t i = 0; i < in.backends.size(); ++i) {
+      auto it = applied.find(in.backends[i].id);
+      if (it != applied.end()) current[i] = it->second;
+    }
+    std::vector<std::uint32_t> next = target;
+    if (!first && current != target) {
+      auto toMap = [&](const std::vector<std::uint32_t>& w) {
+        std::map<std::uint64_t, std::uint32_t> m;
+        for (std::size_t i = 0; i < in.backends.size(); ++i) m[in.backends[i].id] = w[i];
+        return m;
+      };
+      const ChurnStep step = limitChurn(
+          current, target, forced, churnBudgetEntries(config_.policy.churnBudget, vip.tableSize),
+          [&](const std::vector<std::uint32_t>& w) {
+            return builder_.predictChanged(vip.name, toMap(w)).value_or(vip.tableSize);
+          });
+      next = step.weights;
+      if (step.limited) {
+        events_.append(now, "", kEventWeight,
+                       "vip " + vip.name + ": churn budget: moved " +
+                           std::to_string(step.predictedChanged) + " entries (" +
+                           std::to_string(static_cast<int>(step.step * 100)) +
+                           "% of the way to the target weights); more next interval");
+      }
+    }
+    auto before = decisions_.find(vip.name);
+    for (const PolicyNote& note :
+         policyNotes(before == decisions_.end() ? nullptr : &before->second, decision)) {
+      events_.append(now, note.subject, note.kind, "vip " + vip.name + ": " + note.cause);
+    }
+    decisions_[vip.name] = std::move(decision);
+    std::map<std::uint64_t, std::uint32_t> m;
+    for (std::size_t i = 0; i < in.backends.size(); ++i) m[in.backends[i].id] = next[i];
+    if (m != applied) {
+      applied = m;
+      builder_.setVipWeights(vip.name, m);
+      changed = true;
+    }
+  }
+  return changed;
+}
+
+void ControlPlane::collectFlows(Millis now) {
+  if (!hooks_.requestFlowCounts || !hooks_.collectFlowCounts) return;
+  if (flowCountAsked_ != 0 && flowCountAt_ != 0) {
+    if (auto counts = hooks_.collectFlowCounts(flowCountAsked_)) {
+      lastFlows_ = std::move(*counts);
+      flowCountAt_ = 0;
+      for (const BackendConfig& b : config_.backends) {
+        const std::uint32_t index = builder_.indexOf(b.id);
+        std::uint64_t total = 0;
+        for (const auto& [lcore, byIndex] : lastFlows_) {
+          if (index < byIndex.size()) total += byIndex[index];
+        }
+        (void)states_.setLiveFlows(b.id, total, now);
+      }
+    }
+    return;
+  }
+  static_assert(kFlowCountPeriod > 0);
+  if (flowCountAsked_ == 0 || now >= lastFlowRequest_ + kFlowCountPeriod) {
+    hooks_.requestFlowCounts(++flowCountAsked_);
+    flowCountAt_ = now;
+    lastFlowRequest_ = now;
+  }
+}
+
+bool ControlPlane::tick(Millis now) {
+  now_ = now;
+  health_.poll(now);
+  for (const HealthTransition& t : health_.takeTransitions()) {
+    (void)states_.setHealth(t.id, t.up, now, t.cause);
+  }
+  scraper_.poll(now);
+  collectFlows(now);
+  states_.tick(now);
+
+  // Backends whose removal completed leave the configuration.
+  std::vector<std::uint64_t> gone;
+  for (const BackendConfig& b : config_.backends) {
+    if (states_.state(b.id) == BackendState::Removed) gone.push_back(b.id);
+  }
+  if (!gone.empty()) {
+    Config next = config_;
+    std::erase_if(next.backends, [&](const BackendConfig& b) {
+      return std::find(gone.begin(), gone.end(), b.id) != gone.end();
+    });
+    reconfigure(std::move(next), now, "removal completed");
+    for (auto id : gone) (void)states_.erase(id);
+  }
+
+  const bool statesChanged = states_.generation() != statesSeen_;
+  if (statesChanged) {
+    statesSeen_ = states_.generation();
+    for (const BackendConfig& b : config_.backends) {
+      if (auto s = states_.state(b.id)) builder_.setState(b.id, *s);
+    }
+    dirty_ = true;
+  }
+  const bool churnDue = now >= lastChurn_ + config_.policy.churnInterval;
+  if (statesChanged || churnDue) {
+    if (applyPolicy(now, churnDue)) dirty_ = true;
+    if (churnDue) lastChurn_ = now;
+  }
+  if (pendingApply_ && hooks_.appliedGeneration &&
+      hooks_.appliedGeneration() >= pendingApply_->first) {
+    applyLatencies_.push_back(now - pendingApply_->second);
+    if (applyLatencies_.size() > 64) applyLatencies_.erase(applyLatencies_.begin());
+    pendingApply_.reset();
+  }
+  return dirty_;
+}
+
+std::unique_ptr<ForwardingSnapshot> ControlPlane::takeSnapshot(Millis now) {
+  auto s = builder_.build(generation_ + 1);
+  if (!s) {
+    events_.append(now, "", kEventConfig, "snapshot build failed: " + builder_.lastError());
+    dirty_ = false;
+    return nullptr;
+  }
+  ++generation_;
+  ++publishes_;
+  dirty_ = false;
+  pendingApply_ = {generation_, now};
+  return s;
+}
+
+void ControlPlane::reconfigure(Config next, Millis now, const std::string& cause) {
+  // Backends new to the configuration join the state machine; those that
+  // left it are removed at once (their tracked flows re-steered).
+  for (const BackendConfig& b : next.backends) {
+    if (!states_.find(b.id) || states_.state(b.id) == BackendState::Removed) {
+      (void)states_.add(b.id, b.name, now, cause,
+                        b.initialState == BackendState::Disabled ? AdminState::Disabled
+                                                                 : AdminState::Enabled);
+    }
+  }
+  for (const BackendConfig& b : config_.backends) {
+    const bool kept = std::any_of(next.backends.begin(), next.backends.end(),
+                                  [&](const BackendConfig& n) { return n.id == b.id; });
+    if (!kept && states_.state(b.id) != BackendState::Removed) {
+      (void)states_.remove(b.id, now, cause, true);
+    }
+  }
+  config_ = std::move(next);
+  if (auto e = builder_.setConfig(config_)) {
+    events_.append(now, "", kEventConfig, "configuration not applied: " + *e);
+  }
+  builder_.clearVipWeights();
+  weights_.clear();
+  policy_.setConfig(config_.policy);
+  states_.setDrainTimeout(config_.policy.drainTimeout);
+  applyTargets();
+  for (const BackendConfig& b : config_.backends) {
+    if (auto s = states_.state(b.id)) builder_.setState(b.id, *s);
+  }
+  statesSeen_ = states_.generation();
+  (void)applyPolicy(now, true);
+  dirty_ = true;
+}
+
+ApiResult ControlPlane::stateResult(const StateResult& r, const std::string& name,
+                                    const char* verb) {
+  if (!r) return ApiError{std::string(r.codeName()), r.message()};
+  const BackendConfig* b = backendNamed(name);
+  Json out{{"backend", name}, {"action", verb}};
+  if (b != nullptr) {
+    if (const BackendStatus* st = states_.find(b->id)) {
+      out["state"] = stateName(st->effective);
+      out["cause"] = st->cause;
+    }
+  }
+  return out;
+}
+
+// --- ControlApi: reads --------------------------------------------------------
+
+ApiResult ControlPlane::status() {
+  Json vips = Json::array();
+  for (const auto& [name, d] : decisions_) {
+    vips.push_back({{"vip", name}, {"panic", d.panic}, {"empty", d.empty}, {"summary", d.summary}});
+  }
+  std::map<std::string, int> byState;
+  for (const BackendConfig& b : config_.backends) {
+    ++byState[stateName(states_.state(b.id).value_or(BackendState::Removed))];
+  }
+  Json latency = nullptr;
+  if (!applyLatencies_.empty()) latency = applyLatencies_.back();
+  return Json{{"generation", generation_},
+              {"uptime_ms", now_ - started_},
+              {"worker_lcores", config_.dataplane.lcores},
+              {"vips", config_.vips.size()},
+              {"pools", config_.pools.size()},
+              {"backends", config_.backends.size()},
+              {"backends_by_state", byState},
+              {"publishes", publishes_},
+              {"last_publish_latency_ms", latency},
+              {"policy", vips},
+              {"config", configPath_}};
+}
+
+ApiResult ControlPlane::vipList() {
+  Json out = Json::array();
+  for (const VipConfig& v : config_.vips) {
+    auto d = decisions_.find(v.name);
+    out.push_back({{"name", v.name},
+                   {"address", ipJson(v.address)},
+                   {"protocol", protocolName(v.protocol)},
+                   {"port", v.port},
+                   {"table_size", v.tableSize},
+                   {"pools", v.pools},
+                   {"panic", d != decisions_.end() && d->second.panic}});
+  }
+  return out;
+}
+
+ApiResult ControlPlane::vipShow(const std::string& name) {
+  for (const VipConfig& v : config_.vips) {
+    if (v.name != name) continue;
+    Json out{{"name", v.name},       {"address", ipJson(v.address)},
+             {"protocol", protocolName(v.protocol)}, {"port", v.port},
+             {"table_size", v.tableSize}, {"answer_ping", v.answerPing}};
+    auto d = decisions_.find(v.name);
+    if (d != decisions_.end()) {
+      Json pools = Json::array();
+      for (const PoolDecision& p : d->second.pools) {
+        pools.push_back({{"pool", p.name},
+                         {"priority", p.priority},
+                         {"share", p.share},
+                         {"healthy_fraction", p.healthyFraction},
+                         {"available", p.available},
+                         {"active", p.active},
+                         {"saturated", p.saturated}});
+      }
+      Json backends = Json::array();
+      for (const BackendDecision& b : d->second.backends) {
+        backends.push_back({{"backend", b.name},
+                            {"weight", b.weight},
+                            {"share", b.share},
+                            {"load_factor", b.loadFactor},
+                            {"saturated", b.saturated}});
+      }
+      out["pools"] = pools;
+      out["backends"] = backends;
+      out["panic"] = d->second.panic;
+      out["healthy_capacity"] = d->second.healthyCapacity;
+      out["summary"] = d->second.summary;
+    }
+    return out;
+  }
+  return notFound("vip", name);
+}
+
+ApiResult ControlPlane::poolList() {
+  Json out = Json::array();
+  for (std::uint32_t p = 0; p < config_.pools.size(); ++p) {
+    const PoolConfig& pool = config_.pools[p];
+    int members = 0, active = 0;
+    for (const BackendConfig& b : config_.backends) {
+      if (b.poolIndex != p) continue;
+      ++members;
+      active += states_.state(b.id) == BackendState::Active;
+    }
+    out.push_back({{"name", pool.name},
+                   {"site", std::string(toString(pool.site))},
+                   {"priority", pool.priority},
+                   {"encap", std::string(toString(pool.encap))},
+                   {"backends", members},
+                   {"active", active}});
+  }
+  return out;
+}
+
+ApiResult ControlPlane::poolShow(const std::string& name) {
+  for (std::uint32_t p = 0; p < config_.pools.size(); ++p) {
+    if (config_.pools[p].name != name) continue;
+    Json backends = Json::array();
+    for (const BackendConfig& b : config_.backends) {
+      if (b.poolIndex == p) backends.push_back(backendJson(b));
+    }
+    Json shares = Json::array();
+    for (const auto& [vip, d] : decisions_) {
+      for (const PoolDecision& pd : d.pools) {
+        if (pd.name == name) {
+          shares.push_back({{"vip", vip}, {"share", pd.share},
+                            {"healthy_fraction", pd.healthyFraction}});
+        }
+      }
+    }
+    const PoolConfig& pool = config_.pools[p];
+    return Json{{"name", pool.name},
+                {"site", std::string(toString(pool.site))},
+                {"priority", pool.priority},
+                {"encap", std::string(toString(pool.encap))},
+                {"share_of_new_flows", shares},
+                {"backends", backends}};
+  }
+  return notFound("pool", name);
+}
+
+Json ControlPlane::backendJson(const BackendConfig& b) const {
+  Json j{{"name", b.name},
+         {"pool", b.pool},
+         {"address", ipJson(b.address)},
+         {"id", b.id},
+         {"index", builder_.indexOf(b.id)},
+         {"base_weight", b.weight}};
+  if (const BackendStatus* st = states_.find(b.id)) {
+    j["state"] = stateName(st->effective);
+    j["admin"] = std::string(toString(st->admin));
+    j["health"] = std::string(toString(st->health));
+    j["cause"] = st->cause;
+    j["live_flows"] = st->liveFlows ? Json(*st->liveFlows) : Json(nullptr);
+  }
+  Json weights = Json::object();
+  for (const auto& [vip, w] : weights_) {
+    auto it = w.find(b.id);
+    if (it != w.end()) weights[vip] = it->second;
+  }
+  j["weight"] = weights;
+  if (auto h = health_.status(b.id)) {
+    j["rtt_ms"] = h->rttMs ? Json(*h->rttMs) : Json(nullptr);
+    j["last_error"] = h->lastError;
+  }
+  const ScrapedLoad load = scraper_.load(b.id, now_);
+  j["gpu_utilization"] = load.gpuUtilization ? Json(*load.gpuUtilization) : Json(nullptr);
+  j["queue_depth"] = load.queueDepth ? Json(*load.queueDepth) : Json(nullptr);
+  j["saturated"] = policy_.saturated(b.id);
+  const BackendRuntime* rt = builder_.runtime(b.id);
+  j["next_hop_resolved"] = rt != nullptr && rt->nextHopMac.has_value();
+  return j;
+}
+
+ApiResult ControlPlane::backendList() {
+  Json out = Json::array();
+  for (const BackendConfig& b : config_.backends) out.push_back(backendJson(b));
+  return out;
+}
+
+ApiResult ControlPlane::tableShow(const std::string& vip) {
+  Json out = Json::array();
+  bool found = vip.empty();
+  for (const VipConfig& v : config_.vips) {
+    if (!vip.empty() && v.name != vip) continue;
+    found = true;
+    const MaglevTable* t = builder_.currentTable(v.name);
+    std::map<std::uint32_t, std::uint32_t> entries;
+    if (t != nullptr) {
+      for (std::uint32_t e : t->entries()) ++entries[e];
+    }
+    Json backends = Json::array();
+    for (const BackendConfig& b : config_.backends) {
+      const std::uint32_t index = builder_.indexOf(b.id);
+      auto it = entries.find(index);
+      if (it == entries.end()) continue;
+      backends.push_back({{"backend", b.name}, {"index", index}, {"entries", it->second}});
+    }
+    out.push_back({{"vip", v.name},
+                   {"table_size", v.tableSize},
+                   {"empty_entries", entries.count(0) ? entries[0] : 0},
+                   {"backends", backends}});
+  }
+  if (!found) return notFound("vip", vip);
+  return Json{{"generation", generation_}, {"tables", out}};
+}
+
+ApiResult ControlPlane::flows() {
+  Json perBackend = Json::array();
+  for (const BackendConfig& b : config_.backends) {
+    const std::uint32_t index = builder_.indexOf(b.id);
+    Json lcores = Json::object();
+    std::uint64_t total = 0;
+    for (const auto& [lcore, byIndex] : lastFlows_) {
+      const std::uint64_t n = index < byIndex.size() ? byIndex[index] : 0;
+      lcores[std::to_string(lcore)] = n;
+      total += n;
+    }
+    perBackend.push_back({{"backend", b.name}, {"flows", total}, {"per_lcore", lcores}});
+  }
+  return Json{{"backends", perBackend}};
+}
+
+ApiResult ControlPlane::stats() {
+  if (!hooks_.stats) return ApiError{"unavailable", "no data path attached"};
+  return hooks_.stats();
+}
+
+ApiResult ControlPlane::health() {
+  Json out = Json::array();
+  for (const BackendConfig& b : config_.backends) {
+    const PoolConfig& pool = config_.pools[b.poolIndex];
+    Json j{{"backend", b.name}, {"pool", pool.name}};
+    switch (pool.health.kind) {
+      case HealthCheckKind::None: j["check"] = "none"; break;
+      case HealthCheckKind::Tcp: j["check"] = "tcp"; break;
+      case HealthCheckKind::Http: j["check"] = "http"; break;
+      case HealthCheckKind::Encap: j["check"] = "encap"; break;
+    }
+    if (auto h = health_.status(b.id)) {
+      j["up"] = h->up;
+      j["consecutive_ok"] = h->consecutiveOk;
+      j["consecutive_fail"] = h->consecutiveFail;
+      j["last_error"] = h->lastError;
+      j["rtt_ms"] = h->rttMs ? Json(*h->rttMs) : Json(nullptr);
+      j["probes"] = h->probes;
+      j["failures"] = h->failures;
+    }
+    out.push_back(j);
+  }
+  return out;
+}
+
+ApiResult ControlPlane::events(std::uint64_t after, std::uint32_t limit) {
+  const EventPage page = events_.since(after, limit);
+  Json list = Json::array();
+  for (const Event& e : page.events) {
+    Json j{{"seq", e.seq}, {"time_ms", e.time}, {"backend", e.backend}, {"kind", e.kind},
+           {"cause", e.cause}};
+    if (e.from) j["from"] = stateName(*e.from);
+    if (e.to) j["to"] = stateName(*e.to);
+    list.push_back(j);
+  }
+  return Json{{"events", list}, {"next", page.next}, {"missed", page.missed}};
+}
+
+ApiResult ControlPlane::configCheck(const std::string& path) {
+  const std::string file = path.empty() ? configPath_ : path;
+  auto result = loadConfig(file);
+  if (!result) return ApiError{"invalid", formatErrors(result.errors())};
+  const Config& c = result.value();
+  return Json{{"path", file}, {"ok", true}, {"vips", c.vips.size()},
+              {"backends", c.backends.size()}};
+}
+
+ApiResult ControlPlane::configReload(const std::string& path) {
+  const std::string file = path.empty() ? configPath_ : path;
+  auto result = loadConfig(file);
+  if (!result) return ApiError{"invalid", formatErrors(result.errors())};
+  Config next = std::move(result).value();
+  // What the data path was started with cannot change under it.
+  const auto& a = config_.dataplane;
+  const auto& b = next.dataplane;
+  if (a.lcores != b.lcores || a.hashSeed != b.hashSeed || a.flowCapacity != b.flowCapacity ||
+      config_.ports.size() != next.ports.size()) {
+    return ApiError{"conflict",
+                    "the new file changes [dataplane] or the ports; restart spillwayd for that"};
+  }
+  for (std::size_t i = 0; i < next.ports.size(); ++i) {
+    if (next.ports[i].devargs != config_.ports[i].devargs ||
+        next.ports[i].name != config_.ports[i].name) {
+      return ApiError{"conflict", "port " + next.ports[i].name +
+                                      " changed its device; restart spillwayd for that"};
+    }
+  }
+  configPath_ = file;
+  reconfigure(std::move(next), now_, "configuration reloaded from " + file);
+  events_.append(now_, "", kEventConfig, "reloaded " + file);
+  return Json{{"path", file}, {"applied", true}, {"backends", config_.backends.size()}};
+}
+
+ApiResult ControlPlane::configDump() {
+  Json pools = Json::array();
+  for (const PoolConfig& p : config_.pools) {
+    pools.push_back({{"name", p.name}, {"site", std::string(toString(p.site))},
+                     {"priority", p.priority}, {"encap", std::string(toString(p.encap))}});
+  }
+  Json vips = Json::array();
+  for (const VipConfig& v : config_.vips) {
+    vips.push_back({{"name", v.name}, {"address", ipJson(v.address)},
+                    {"protocol", protocolName(v.protocol)}, {"port", v.port},
+                    {"table_size", v.tableSize}, {"pools", v.pools},
+                    {"answer_ping", v.answerPing}});
+  }
+  Json backends = Json::array();
+  for (const BackendConfig& b : config_.backends) {
+    backends.push_back({{"name", b.name}, {"id", b.id}, {"address", ipJson(b.address)},
+                        {"pool", b.pool}, {"weight", b.weight}, {"port", b.port}});
+  }
+  Json ports = Json::array();
+  for (const PortConfig& p : config_.ports) {
+    ports.push_back({{"name", p.name}, {"devargs", p.devargs}, {"mtu", p.mtu}});
+  }
+  return Json{{"path", configPath_},
+              {"dataplane", {{"lcores", config_.dataplane.lcores},
+                             {"flow_capacity", config_.dataplane.flowCapacity}}},
+              {"ports", ports},
+              {"pools", pools},
+              {"vips", vips},
+              {"backends", backends},
+              {"policy", {{"gpu_high", config_.policy.gpuHigh},
+                          {"gpu_low", config_.policy.gpuLow},
+                          {"queue_high", config_.policy.queueHigh},
+                          {"queue_low", config_.policy.queueLow},
+                          {"overprovisioning", config_.policy.overprovisioning},
+                          {"panic_threshold", config_.policy.panicThreshold},
+                          {"churn_budget", config_.policy.churnBudget},
+                          {"drain_timeout_ms", config_.policy.drainTimeout}}}};
+}
+
+// --- ControlApi: changes ------------------------------------------------------
+
+ApiResult ControlPlane::backendAdd(const BackendSpec& spec) {
+  if (backendNamed(spec.name) != nullptr) {
+    return ApiError{"conflict", "a backend named '" + spec.name + "' exists"};
+  }
+  Config next = config_;
+  BackendConfig b;
+  b.name = spec.name;
+  auto address = parseIpAddress(spec.address);
+  if (!address) return ApiError{"invalid", "address '" + spec.address + "' is not an IP address"};
+  b.address = *address;
+  b.id = spec.id.value_or(backendIdFromName(spec.name));
+  b.weight = spec.weight;
+  if (b.weight > kMaxBackendWeight) {
+    return ApiError{"invalid", "weight " + std::to_string(b.weight) + " is above " +
+                                   std::to_string(kMaxBackendWeight)};
+  }
+  bool poolFound = false;
+  for (std::uint32_t p = 0; p < next.pools.size(); ++p) {
+    if (next.pools[p].name == spec.pool) {
+      b.pool = spec.pool;
+      b.poolIndex = p;
+      poolFound = true;
+    }
+  }
+  if (!poolFound) return notFound("pool", spec.pool);
+  bool portFound = false;
+  for (std::uint32_t p = 0; p < next.ports.size(); ++p) {
+    const bool wanted = spec.port ? next.ports[p].name == *spec.port
+                                  : next.ports[p].role != PortRole::Client;
+    if (wanted && !portFound) {
+      b.port = next.ports[p].name;
+      b.portIndex = p;
+      portFound = true;
+    }
+  }
+  if (!portFound) return notFound("port", spec.port.value_or("(default)"));
+  const PortConfig& port = next.ports[b.portIndex];
+  if ((b.address.version == IpVersion::V4 ? port.address : port.address6) == std::nullopt) {
+    return ApiError{"invalid", "port " + port.name + " has no tunnel source address for IPv" +
+                                   std::string(b.address.version == IpVersion::V4 ? "4" : "6")};
+  }
+  if (spec.mac) {
+    auto mac = parseMacAddress(*spec.mac);
+    if (!mac) return ApiError{"invalid", "mac '" + *spec.mac + "' is not a MAC address"};
+    b.mac = *mac;
+  }
+  for (const BackendConfig& o : next.backends) {
+    if (o.id == b.id) return ApiError{"conflict", "backend id " + std::to_string(b.id) + " is taken"};
+    if (o.address == b.address) {
+      return ApiError{"conflict", "address " + spec.address + " belongs to " + o.name};
+    }
+  }
+  next.backends.push_back(b);
+  reconfigure(std::move(next), now_, "added by operator");
+  return Json{{"backend", b.name}, {"action", "add"}, {"id", b.id},
+              {"index", builder_.indexOf(b.id)}};
+}
+
+ApiResult ControlPlane::backendRemove(const std::string& name) {
+  const BackendConfig* b = backendNamed(name);
+  if (b == nullptr) return notFound("backend", name);
+  return stateResult(states_.remove(b->id, now_, "operator: remove"), name, "remove");
+}
+
+ApiResult ControlPlane::backendDrain(const std::string& name) {
+  const BackendConfig* b = backendNamed(name);
+  if (b == nullptr) return notFound("backend", name);
+  return stateResult(states_.drain(b->id, now_, "operator: drain"), name, "drain");
+}
+
+ApiResult ControlPlane::backendUndrain(const std::string& name) {
+  const BackendConfig* b = backendNamed(name);
+  if (b == nullptr) return notFound("backend", name);
+  return stateResult(states_.undrain(b->id, now_, "operator: undrain"), name, "undrain");
+}
+
+ApiResult ControlPlane::backendDisable(const std::string& name) {
+  const BackendConfig* b = backendNamed(name);
+  if (b == nullptr) return notFound("backend", name);
+  return stateResult(states_.disable(b->id, now_, "operator: disable"), name, "disable");
+}
+
+ApiResult ControlPlane::backendEnable(const std::string& name) {
+  const BackendConfig* b = backendNamed(name);
+  if (b == nullptr) return notFound("backend", name);
+  return stateResult(states_.enable(b->id, now_, "operator: enable"), name, "enable");
+}
+
+ApiResult ControlPlane::backendWeight(const std::string& name, std::uint32_t weight,
+                                      bool dryRun) {
+  const BackendConfig* b = backendNamed(name);
+  if (b == nullptr) return notFound("backend", name);
+  if (weight > kMaxBackendWeight) {
+    return ApiError{"invalid", "weight " + std::to_string(weight) + " is above " +
+                                   std::to_string(kMaxBackendWeight)};
+  }
+  // The predicted move: the policy's weights with the new base weight, built
+  // aside and compared with each VIP's current table.
+  Json moves = Json::array();
+  std::map<std::uint64_t, std::uint32_t> base{{b->id, weight}};
+  for (const VipConfig& v : config_.vips) {
+    if (std::find(v.poolIndices.begin(), v.poolIndices.end(), b->poolIndex) ==
+        v.poolIndices.end()) {
+      continue;
+    }
+    const PolicyInput in = policyInput(v, now_, &base);
+    WeightPolicy scratch = policy_;
+    const PolicyDecision d = scratch.decide(in);
+    std::map<std::uint64_t, std::uint32_t> w;
+    for (std::size_t i = 0; i < in.backends.size(); ++i) w[in.backends[i].id] = d.backends[i].weight;
+    const auto changed = builder_.predictChanged(v.name, w);
+    moves.push_back({{"vip", v.name},
+                     {"table_size", v.tableSize},
+                     {"entries_changed", changed ? Json(*changed) : Json(nullptr)},
+                     {"share_changed", changed ? Json(double(*changed) / v.tableSize) : Json(nullptr)},
+                     {"churn_budget_entries",
+                      churnBudgetEntries(config_.policy.churnBudget, v.tableSize)}});
+  }
+  Json out{{"backend", name}, {"weight", weight}, {"previous_weight", b->weight},
+           {"dry_run", dryRun}, {"predicted", moves}};
+  if (!dryRun) {
+    for (BackendConfig& c : config_.backends) {
+      if (c.id == b->id) c.weight = weight;
+    }
+    events_.append(now_, name, kEventWeight,
+                   "operator: base weight " + std::to_string(out["previous_weight"].get<int>()) +
+                       " -> " + std::to_string(weight));
+    // Weight changes move within the churn budget: apply at the next interval.
+    lastChurn_ = 0;
+  }
+  return out;
+}
+
+// --- Metrics --------------------------------------------------------------------
+
+std::string ControlPlane::metricsText() {
+  MetricsWriter m;
+  m.gauge("spillway_snapshot_generation", "Generation of the published forwarding snapshot.", {},
+          static_cast<double>(generation_));
+  m.counter("spillway_snapshot_publishes_total", "Snapshots published.", {},
+            static_cast<double>(publishes_));
+  if (!applyLatencies_.empty()) {
+    m.gauge("spillway_publish_latency_seconds",
+            "Time from the latest decision to its use by every worker.", {},
+            static_cast<double>(applyLatencies_.back()) / 1000.0);
+  }
+  for (const VipConfig& v : config_.vips) {
+    auto d = decisions_.find(v.name);
+    if (d == decisions_.end()) continue;
+    m.gauge("spillway_vip_panic", "1 when the VIP is in panic mode.", {{"vip", v.name}},
+            d->second.panic ? 1 : 0);
+    for (const PoolDecision& p : d->second.pools) {
+      m.gauge("spillway_pool_new_flow_share", "Share of the VIP's new flows sent to the pool.",
+              {{"vip", v.name}, {"pool", p.name}}, p.share);
+      m.gauge("spillway_pool_healthy_fraction", "Healthy share of the pool's capacity.",
+              {{"vip", v.name}, {"pool", p.name}}, p.healthyFraction);
+    }
+    const MaglevTable* t = builder_.currentTable(v.name);
+    std::map<std::uint32_t, std::uint32_t> entries;
+    if (t != nullptr) {
+      for (std::uint32_t e : t->entries()) ++entries[e];
+    }
+    for (const BackendConfig& b : config_.backends) {
+      auto w = weights_[v.name].find(b.id);
+      if (w == weights_[v.name].end()) continue;
+      m.gauge("spillway_backend_effective_weight", "Maglev weight of the backend in the VIP.",
+              {{"vip", v.name}, {"backend", b.name}}, w->second);
+      m.gauge("spillway_backend_table_entries", "Maglev table entries owned by the backend.",
+              {{"vip", v.name}, {"backend", b.name}}, entries[builder_.indexOf(b.id)]);
+    }
+  }
+  for (const BackendConfig& b : config_.backends) {
+    const std::string state = stateName(states_.state(b.id).value_or(BackendState::Removed));
+    for (const char* s : {"active", "draining", "disabled", "failed", "removed"}) {
+      m.gauge("spillway_backend_state", "1 for the backend's current state.",
+              {{"backend", b.name}, {"pool", b.pool}, {"state", s}}, state == s ? 1 : 0);
+    }
+    if (auto h = health_.status(b.id); h && h->rttMs) {
+      m.gauge("spillway_backend_rtt_seconds", "Smoothed health-check round trip.",
+              {{"backend", b.name}}, *h->rttMs / 1000.0);
+    }
+    const ScrapedLoad load = scraper_.load(b.id, now_);
+    if (load.gpuUtilization) {
+      m.gauge("spillway_backend_gpu_utilization_ratio", "Smoothed GPU utilisation (0-1).",
+              {{"backend", b.name}}, *load.gpuUtilization / 100.0);
+    }
+    if (load.queueDepth) {
+      m.gauge("spillway_backend_queue_depth", "Smoothed requests waiting.", {{"backend", b.name}},
+              *load.queueDepth);
+    }
+    if (const BackendStatus* st = states_.find(b.id); st && st->liveFlows) {
+      m.gauge("spillway_backend_active_flows", "Tracked flows on the backend (all lcores).",
+              {{"backend", b.name}}, static_cast<double>(*st->liveFlows));
+    }
+  }
+  if (hooks_.stats) {
+    const Json s = hooks_.stats();
+    auto num = [&](const char* key) { return s.contains(key) ? s[key].get<double>() : 0.0; };
+    m.counter("spillway_rx_packets_total", "Frames received by the workers.", {},
+              num("rx_packets"));
+    m.counter("spillway_forwarded_packets_total", "Frames encapsulated to a backend.", {},
+              num("forwarded"));
+    m.counter("spillway_replies_total", "ICMP replies sent by the load balancer.", {},
+              num("replies"));
+    m.counter("spillway_kernel_packets_total", "Frames handed to the kernel.", {},
+              num("to_kernel"));
+    m.counter("spillway_new_flows_total", "Flows started.", {}, num("new_flows"));
+    if (s.contains("drops")) {
+      for (const auto& [reason, n] : s["drops"].items()) {
+        m.counter("spillway_drops_total", "Frames dropped, by reason.", {{"reason", reason}},
+                  n.get<double>());
+      }
+    }
+    if (s.contains("backends")) {
+      for (const Json& b : s["backends"]) {
+        const std::string name = b["name"].get<std::string>();
+        m.counter("spillway_backend_packets_total", "Frames forwarded to the backend.",
+                  {{"backend", name}}, b["packets"].get<double>());
+        m.counter("spillway_backend_new_flows_total", "Flows started on the backend.",
+                  {{"backend", name}}, b["new_flows"].get<double>());
+      }
+    }
+    if (s.contains("workers")) {
+      for (const Json& w : s["workers"]) {
+        const std::string lcore = std::to_string(w["lcore"].get<unsigned>());
+        m.counter("spillway_lcore_rx_packets_total", "Frames received, per worker lcore.",
+                  {{"lcore", lcore}}, w["rx_packets"].get<double>());
+      }
+    }
+  }
+  return m.text();
+}
+
+}  // namespace spillway
