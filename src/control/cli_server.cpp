@@ -26,7 +26,9 @@ constexpr int kMaxAcceptsPerPoll = 64;
 // the largest datagram of an AF_UNIX socket.
 constexpr int kReplySendBuffer = static_cast<int>(kMaxReplyBytes + 64 * 1024);
 
-std::string errnoText(int err) { return std::strerror(err); }
+std::string errnoText(int err) {
+  return std::strerror(err);
+}
 
 bool fillAddress(const std::string& path, sockaddr_un& addr) {
   std::memset(&addr, 0, sizeof addr);
@@ -59,7 +61,8 @@ bool resolveGroup(const std::string& name, gid_t& gid, std::string& error) {
     gid = static_cast<gid_t>(number);
     return true;
   }
-  error = "unknown group '" + name + "' (control socket_group): no such group in the group database";
+  error =
+      "unknown group '" + name + "' (control socket_group): no such group in the group database";
   return false;
 }
 
@@ -95,17 +98,20 @@ std::string describePeer(const PeerCredentials& peer) {
 
 }  // namespace
 
-CliServerOptions CliServerOptions::fromConfig(const ControlConfig& config) {
+CliServerOptions CliServerOptions::fromConfig(const ControlConfig& config, CliLog log) {
   CliServerOptions options;
   options.socketPath = config.socketPath;
   options.socketGroup = config.socketGroup;
+  options.log = std::move(log);
   return options;
 }
 
 CliServer::CliServer(ControlApi& api, CliServerOptions options)
     : api_(api), options_(std::move(options)) {}
 
-CliServer::~CliServer() { close(); }
+CliServer::~CliServer() {
+  close();
+}
 
 std::chrono::steady_clock::time_point CliServer::now() const {
   return options_.clock ? options_.clock() : std::chrono::steady_clock::now();
@@ -130,9 +136,9 @@ bool CliServer::open(std::string& error) {
   };
   sockaddr_un addr{};
   if (!fillAddress(path, addr)) {
-    return fail(path.empty() ? "no path configured"
-                             : "path longer than " + std::to_string(sizeof addr.sun_path - 1) +
-                                   " bytes");
+    return fail(path.empty()
+                    ? "no path configured"
+                    : "path longer than " + std::to_string(sizeof addr.sun_path - 1) + " bytes");
   }
   gid_t gid = getegid();
   if (!options_.socketGroup.empty()) {
@@ -272,9 +278,9 @@ void CliServer::acceptClients() noexcept {
       bool ok = false;
       PeerCredentials peer = readPeer(fd, ok);
       if (ok && clients_.size() >= options_.maxClients) {
-        const std::string busy = makeErrorReply(
-            "busy", "too many CLI clients (" + std::to_string(options_.maxClients) +
-                        " connected); try again");
+        const std::string busy =
+            makeErrorReply("busy", "too many CLI clients (" + std::to_string(options_.maxClients) +
+                                       " connected); try again");
         (void)::send(fd, busy.data(), busy.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
         log("cli: rejected " + describePeer(peer) + ": too many clients");
       } else if (ok) {
@@ -305,8 +311,7 @@ void CliServer::acceptClients() noexcept {
 }
 
 void CliServer::serveOne(std::uint64_t id, Client& client) noexcept {
-  const ssize_t n =
-      recv(client.fd, buffer_.data(), buffer_.size(), MSG_DONTWAIT | MSG_TRUNC);
+  const ssize_t n = recv(client.fd, buffer_.data(), buffer_.size(), MSG_DONTWAIT | MSG_TRUNC);
   if (n < 0) {
     if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return;
     closeClient(id);
@@ -331,8 +336,8 @@ void CliServer::serveOne(std::uint64_t id, Client& client) noexcept {
     RequestOutcome outcome =
         processRequest(std::string_view(buffer_.data(), size), api_, client.peer, policy_);
     if (outcome.write) {
-      log("cli: " + describePeer(client.peer) + " " + outcome.command + " " + outcome.args +
-          ": " + (outcome.ok ? std::string("ok") : outcome.errorCode));
+      log("cli: " + describePeer(client.peer) + " " + outcome.command + " " + outcome.args + ": " +
+          (outcome.ok ? std::string("ok") : outcome.errorCode));
     }
     send(id, client, std::move(outcome.reply));
   } catch (...) {
@@ -350,9 +355,9 @@ void CliServer::send(std::uint64_t id, Client& client, std::string reply) noexce
   }
   if (errno == EMSGSIZE) {
     try {
-      const std::string small = makeErrorReply(
-          "reply_too_large", "the reply of " + std::to_string(reply.size()) +
-                                 " bytes exceeds the socket's message size limit");
+      const std::string small =
+          makeErrorReply("reply_too_large", "the reply of " + std::to_string(reply.size()) +
+                                                " bytes exceeds the socket's message size limit");
       if (::send(client.fd, small.data(), small.size(), MSG_DONTWAIT | MSG_NOSIGNAL) >= 0) return;
     } catch (...) {
     }
@@ -377,7 +382,9 @@ void CliServer::flush(std::uint64_t id, Client& client) noexcept {
   watch(id, client, false);
 }
 
-CliClient::~CliClient() { close(); }
+CliClient::~CliClient() {
+  close();
+}
 
 void CliClient::close() noexcept {
   if (fd_ >= 0) ::close(fd_);
@@ -424,8 +431,7 @@ bool CliClient::call(std::string_view request, std::string& reply,
   return receive(reply, timeout, error);
 }
 
-bool CliClient::receive(std::string& reply, std::chrono::milliseconds timeout,
-                        std::string& error) {
+bool CliClient::receive(std::string& reply, std::chrono::milliseconds timeout, std::string& error) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
     pollfd p{fd_, POLLIN, 0};

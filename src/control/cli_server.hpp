@@ -56,7 +56,7 @@ struct CliServerOptions {
   CliLog log;      // one line per request that changes state, and per rejected client
   CliClock clock;  // default: std::chrono::steady_clock::now
 
-  [[nodiscard]] static CliServerOptions fromConfig(const ControlConfig& config);
+  [[nodiscard]] static CliServerOptions fromConfig(const ControlConfig& config, CliLog log = {});
 };
 
 class CliServer {

@@ -67,6 +67,7 @@ void ControlPlane::applyTargets() {
         if (!serves || !source) continue;
         EncapProbeTarget e;
         e.vip = v.address;
+        e.vipPort = v.port != 0 ? v.port : pool.health.port;
         e.tunnelSource = *source;
         e.kind = encapKindFor(pool.encap, b.address.version);
         e.guePort = pool.guePort;
@@ -85,6 +86,7 @@ void ControlPlane::applyTargets() {
 std::vector<int> ControlPlane::pollFds() const {
   std::vector<int> fds;
   if (health_.pollFd() >= 0) fds.push_back(health_.pollFd());
+  if (scraper_.pollFd() >= 0) fds.push_back(scraper_.pollFd());
   return fds;
 }
 

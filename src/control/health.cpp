@@ -155,6 +155,7 @@ struct HealthChecker::Entry {
   std::uint64_t tag = 0;  // of the in-flight exchange; 0 when none
   HttpExchange exchange;
   std::uint16_t encapPort = 0;  // of the in-flight encap probe; 0 when none
+  std::uint16_t encapVipPort = 0;
   std::uint32_t encapSeq = 0;
 };
 
@@ -224,7 +225,7 @@ void HealthChecker::setTargets(std::vector<HealthTarget> targets) {
       if (prev.target.address == t.address && sameCheck(prev.target.config, t.config) &&
           prev.target.encap == t.encap) {
         entry = std::move(it->second);
-        entry->target.name = std::move(t.name);
+        entry->target.name = t.name;
       } else if (prev.target.address == t.address) {
         abortProbe(prev);
         entry = std::make_unique<Entry>(std::move(t), options_.rttSmoothing);
@@ -316,7 +317,7 @@ void HealthChecker::poll(Millis now) noexcept {
         std::string error;
         if (c.kind == HealthCheckKind::Encap) {
           error = "no SYN-ACK or RST from " +
-                  (e.target.encap ? endpoint(e.target.encap->vip, e.target.encap->vipPort)
+                  (e.target.encap ? endpoint(e.target.encap->vip, e.encapVipPort)
                                   : std::string("the VIP")) +
                   " through the tunnel within " + std::to_string(timeout) + " ms";
         } else if (!e.exchange.connected()) {
@@ -364,7 +365,7 @@ void HealthChecker::startProbe(Entry& e, Millis now) noexcept {
   request.address = e.target.address;
   request.port = c.port;
   request.path = c.httpPath.empty() ? "/" : c.httpPath;
-  request.maxResponseBytes = 16 * 1024;
+  request.maxResponseBytes = std::size_t{16} * 1024;
   e.tag = nextTag_++;
   byTag_[e.tag] = &e;
   e.exchange.start(request, epollFd_, e.tag);
@@ -475,7 +476,8 @@ std::string HealthChecker::startEncapProbe(Entry& e) {
     return "encap probe: " + std::string(kindName(p.kind)) + " needs IPv" +
            (outer == IpVersion::V4 ? "4" : "6") + " tunnel source and backend addresses";
   }
-  if (p.vipPort == 0) return "encap probe: no VIP port";
+  const std::uint16_t vipPort = p.vipPort != 0 ? p.vipPort : e.target.config.port;
+  if (vipPort == 0) return "encap probe: no VIP port (vipPort or the check's port)";
   std::string error;
   if (!ensureRaw(familyOf(outer), error) || !ensureRaw(familyOf(inner.version), error)) {
     return error;
@@ -505,7 +507,7 @@ std::string HealthChecker::startEncapProbe(Entry& e) {
 
   TcpHeader tcp{};
   tcp.srcPort = Be16::fromHost(port);
-  tcp.dstPort = Be16::fromHost(p.vipPort);
+  tcp.dstPort = Be16::fromHost(vipPort);
   tcp.seq = Be32::fromHost(seq);
   tcp.dataOffset = 5 << 4;
   tcp.flags = kTcpSyn;
@@ -559,6 +561,7 @@ std::string HealthChecker::startEncapProbe(Entry& e) {
     return "encap probe: sendto " + formatIpAddress(e.target.address) + ": " + errnoText(errno);
   }
   e.encapPort = port;
+  e.encapVipPort = vipPort;
   e.encapSeq = seq;
   encapByPort_[port] = &e;
   return {};
@@ -630,7 +633,7 @@ void HealthChecker::onTcpReply(int family, const IpBytes& src, const IpBytes& ds
   const EncapProbeTarget& p = *e.target.encap;
   const IpAddress inner = p.innerSource.value_or(p.tunnelSource);
   if (familyOf(p.vip.version) != family || src != p.vip.bytes || dst != inner.bytes ||
-      srcPort != p.vipPort) {
+      srcPort != e.encapVipPort) {
     return;
   }
   const bool synAck = (flags & (kTcpSyn | kTcpAck)) == (kTcpSyn | kTcpAck);

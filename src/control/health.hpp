@@ -52,7 +52,7 @@ namespace spillway {
 // What the encapsulation probe needs besides the backend's address.
 struct EncapProbeTarget {
   IpAddress vip;
-  std::uint16_t vipPort = 0;  // a port the VIP serves
+  std::uint16_t vipPort = 0;  // a port the VIP serves; 0: the check's config.port
   IpAddress tunnelSource;     // our tunnel endpoint (outer source), of the outer family
   // The inner packet's source: defaults to tunnelSource, which must then be
   // of the VIP's family. Answers come back to it.

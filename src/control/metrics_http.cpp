@@ -22,10 +22,16 @@ constexpr int kMaxEventsPerPoll = 64;
 constexpr int kMaxAcceptsPerPoll = 64;
 constexpr std::size_t kMaxDrainBytes = 64 * 1024;
 
-std::string errnoText(int err) { return std::strerror(err); }
+std::string errnoText(int err) {
+  return std::strerror(err);
+}
 
-bool isAlpha(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
-bool isDigit(char c) { return c >= '0' && c <= '9'; }
+bool isAlpha(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+}
+bool isDigit(char c) {
+  return c >= '0' && c <= '9';
+}
 
 // Valid UTF-8 (RFC 3629) unchanged; each invalid byte becomes U+FFFD.
 std::string sanitizeUtf8(std::string_view in) {
@@ -104,8 +110,8 @@ std::string_view reasonPhrase(int status) {
 
 std::string httpResponse(int status, std::string_view contentType, std::string_view body,
                          bool headOnly, std::string_view extraHeaders = {}) {
-  std::string out = "HTTP/1.1 " + std::to_string(status) + " " +
-                    std::string(reasonPhrase(status)) + "\r\n";
+  std::string out =
+      "HTTP/1.1 " + std::to_string(status) + " " + std::string(reasonPhrase(status)) + "\r\n";
   out += "Content-Type: ";
   out += contentType;
   out += "\r\nContent-Length: " + std::to_string(body.size()) + "\r\n";
@@ -117,8 +123,8 @@ std::string httpResponse(int status, std::string_view contentType, std::string_v
 
 std::string textResponse(int status, std::string_view message, bool headOnly,
                          std::string_view extraHeaders = {}) {
-  return httpResponse(status, "text/plain; charset=utf-8", std::string(message) + "\n",
-                      headOnly, extraHeaders);
+  return httpResponse(status, "text/plain; charset=utf-8", std::string(message) + "\n", headOnly,
+                      extraHeaders);
 }
 
 }  // namespace
@@ -164,7 +170,9 @@ MetricsHttpOptions MetricsHttpOptions::fromConfig(const ControlConfig& config) {
 MetricsHttpServer::MetricsHttpServer(ControlApi& api, MetricsHttpOptions options)
     : api_(api), options_(std::move(options)) {}
 
-MetricsHttpServer::~MetricsHttpServer() { close(); }
+MetricsHttpServer::~MetricsHttpServer() {
+  close();
+}
 
 std::chrono::steady_clock::time_point MetricsHttpServer::now() const {
   return options_.clock ? options_.clock() : std::chrono::steady_clock::now();
@@ -197,8 +205,8 @@ bool MetricsHttpServer::open(std::string& error) {
     inet_pton(AF_INET, address->host.c_str(), &sa->sin_addr);
     length = sizeof *sa;
   }
-  listenFd_ = socket(address->ipv6 ? AF_INET6 : AF_INET,
-                     SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  listenFd_ =
+      socket(address->ipv6 ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (listenFd_ < 0) return fail("socket: " + errnoText(errno));
   const int one = 1;
   (void)setsockopt(listenFd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
@@ -582,8 +590,8 @@ void MetricsWriter::histogram(std::string_view name, std::string_view help,
                   formatValue(static_cast<double>(count)) + "\n";
   }
   f->samples += f->name + "_sum" + rendered + " " + formatValue(sum) + "\n";
-  f->samples += f->name + "_count" + rendered + " " + formatValue(static_cast<double>(count)) +
-                "\n";
+  f->samples +=
+      f->name + "_count" + rendered + " " + formatValue(static_cast<double>(count)) + "\n";
   f->series.insert(std::move(rendered));
 }
 

@@ -57,7 +57,7 @@ struct MetricsHttpOptions {
   std::string listen = ControlConfig{}.metricsListen;  // empty: disabled
   std::size_t maxClients = 16;
   std::size_t maxRequestBytes = 8192;
-  std::chrono::milliseconds timeout{std::chrono::seconds(10)};  // per connection
+  std::chrono::milliseconds timeout{std::chrono::seconds(10)};   // per connection
   std::function<std::chrono::steady_clock::time_point()> clock;  // default: steady_clock::now
 
   [[nodiscard]] static MetricsHttpOptions fromConfig(const ControlConfig& config);
@@ -130,8 +130,8 @@ class MetricsWriter {
   void counter(std::string_view name, std::string_view help, Labels labels, double value) {
     counter(name, help, std::span<const MetricLabel>(labels.begin(), labels.size()), value);
   }
-  void counter(std::string_view name, std::string_view help,
-               std::span<const MetricLabel> labels, double value);
+  void counter(std::string_view name, std::string_view help, std::span<const MetricLabel> labels,
+               double value);
   void gauge(std::string_view name, std::string_view help, Labels labels, double value) {
     gauge(name, help, std::span<const MetricLabel>(labels.begin(), labels.size()), value);
   }
@@ -139,9 +139,8 @@ class MetricsWriter {
              double value);
   // `buckets` in increasing order; a +Inf bucket equal to `count` is added
   // when the last one is not +Inf.
-  void histogram(std::string_view name, std::string_view help,
-                 std::span<const MetricLabel> labels, std::span<const HistogramBucket> buckets,
-                 double sum, std::uint64_t count);
+  void histogram(std::string_view name, std::string_view help, std::span<const MetricLabel> labels,
+                 std::span<const HistogramBucket> buckets, double sum, std::uint64_t count);
 
   // The exposition text, families in the order they first appeared.
   [[nodiscard]] std::string text() const;

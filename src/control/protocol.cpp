@@ -58,7 +58,9 @@ struct Rejection {
 
 constexpr auto kReplace = Json::error_handler_t::replace;
 
-std::string dumpCompact(const Json& value) { return value.dump(-1, ' ', false, kReplace); }
+std::string dumpCompact(const Json& value) {
+  return value.dump(-1, ' ', false, kReplace);
+}
 
 // Quotes a client-supplied string for an error message, cut to a sane length.
 std::string quoteText(std::string_view text) {
@@ -232,9 +234,9 @@ std::variant<Validated, Rejection> validate(std::string_view message) {
       if (!known.empty()) known += ", ";
       known += c.name;
     }
-    return Rejection{"unknown_command", "unknown command " +
-                                            quoteText(cmd->get_ref<const std::string&>()) +
-                                            "; known: " + known};
+    return Rejection{
+        "unknown_command",
+        "unknown command " + quoteText(cmd->get_ref<const std::string&>()) + "; known: " + known};
   }
   const auto args = request.find("args");
   if (args != request.end()) {
@@ -271,8 +273,8 @@ std::variant<Validated, Rejection> validate(std::string_view message) {
   if (name == "events" && out.args.contains("limit")) {
     const auto limit = out.args["limit"].get<std::uint64_t>();
     if (limit == 0 || limit > kMaxEventsLimit) {
-      return Rejection{"bad_request", "events: args.limit must be in 1.." +
-                                          std::to_string(kMaxEventsLimit)};
+      return Rejection{"bad_request",
+                       "events: args.limit must be in 1.." + std::to_string(kMaxEventsLimit)};
     }
   }
   return out;
@@ -364,7 +366,9 @@ bool AccessPolicy::mayWrite(const PeerCredentials& peer) const noexcept {
   });
 }
 
-std::span<const CommandSpec> protocolCommands() noexcept { return kCommands; }
+std::span<const CommandSpec> protocolCommands() noexcept {
+  return kCommands;
+}
 
 const CommandSpec* findCommand(std::string_view name) noexcept {
   for (const CommandSpec& c : kCommands) {

@@ -11,9 +11,9 @@
 //
 // Exit codes: 0 ok, 1 an error reply (code and message on stderr) or a
 // failed exchange, 2 usage, 3 cannot connect (which socket, and why).
-#include <CLI/CLI.hpp>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <charconv>
 #include <chrono>
@@ -110,9 +110,23 @@ class TextTable {
 
 // Columns shown first when present, in this order; the rest follow by name.
 constexpr std::string_view kLeadingColumns[] = {
-    "seq",     "time",  "name",   "vip",   "pool",   "backend", "lcore",
-    "address", "port",  "protocol", "site", "priority", "state", "reason",
-    "weight",  "effective_weight",
+    "seq",
+    "time",
+    "time_ms",
+    "name",
+    "vip",
+    "pool",
+    "backend",
+    "lcore",
+    "address",
+    "port",
+    "protocol",
+    "site",
+    "priority",
+    "state",
+    "reason",
+    "weight",
+    "effective_weight",
 };
 
 std::vector<std::string> columnOrder(const Json& rows) {
@@ -141,7 +155,9 @@ std::string header(std::string_view key) {
   return out;
 }
 
-bool isScalar(const Json& v) { return v.is_primitive(); }
+bool isScalar(const Json& v) {
+  return v.is_primitive();
+}
 
 bool isScalarList(const Json& v) {
   return v.is_array() && std::all_of(v.begin(), v.end(), [](const Json& e) { return isScalar(e); });
@@ -285,12 +301,12 @@ void printEvents(const Json& events, std::ostream& out) {
       continue;
     }
     std::string line;
-    for (const char* lead : {"seq", "time"}) {
+    for (const char* lead : {"seq", "time", "time_ms"}) {
       const auto it = event.find(lead);
       if (it != event.end()) line += (line.empty() ? "" : "  ") + cellText(*it);
     }
     for (const auto& [key, value] : event.items()) {
-      if (key == "seq" || key == "time") continue;
+      if (key == "seq" || key == "time" || key == "time_ms") continue;
       line += (line.empty() ? "" : "  ") + key + "=" + cellText(value);
     }
     out << line << '\n';
@@ -394,8 +410,8 @@ int events(const GlobalOptions& options, std::uint64_t after, std::uint32_t limi
       }
       return kExitOk;
     }
-    const Json list = result.is_object() && result.contains("events") ? result["events"]
-                                                                      : Json::array();
+    const Json list =
+        result.is_object() && result.contains("events") ? result["events"] : Json::array();
     std::uint64_t next = after;
     if (result.is_object() && result.contains("next") && result["next"].is_number_unsigned()) {
       next = result["next"].get<std::uint64_t>();
@@ -404,6 +420,11 @@ int events(const GlobalOptions& options, std::uint64_t after, std::uint32_t limi
       if (event.is_object() && event.contains("seq") && event["seq"].is_number_unsigned()) {
         next = std::max(next, event["seq"].get<std::uint64_t>());
       }
+    }
+    if (result.is_object() && result.contains("missed") && result["missed"].is_number_unsigned() &&
+        result["missed"].get<std::uint64_t>() > 0) {
+      std::cerr << "spillwayctl: " << result["missed"].get<std::uint64_t>()
+                << " events were overwritten in the daemon's log before they could be read\n";
     }
     if (options.json) {
       for (const Json& event : list) {
@@ -451,7 +472,8 @@ int run(int argc, char** argv) {
     return parent->add_subcommand(name, help)->callback([&, cmd] { command = cmd; });
   };
 
-  simple(&app, "status", "status", "version, uptime, generation, counts, spillover and panic state");
+  simple(&app, "status", "status",
+         "version, uptime, generation, counts, spillover and panic state");
 
   auto* vip = app.add_subcommand("vip", "virtual IPs")->require_subcommand(1);
   simple(vip, "list", "vip.list", "every VIP");

@@ -371,7 +371,12 @@ int runDaemon(const Config& configIn, const DaemonOptions& options) {
     publisher.publish(std::move(first));
     log("published snapshot generation 1");
 
-    CliServer cli(control, CliServerOptions::fromConfig(config.control));
+    // Peer credentials of every mutating request go to the log.
+    CliServer cli(control, CliServerOptions::fromConfig(
+                               config.control, [&](std::string_view line) {
+                                 std::fprintf(stderr, "spillwayd: cli: %.*s\n",
+                                              static_cast<int>(line.size()), line.data());
+                               }));
     if (!cli.open(error)) {
       std::fprintf(stderr, "spillwayd: CLI socket: %s\n", error.c_str());
       pool.clear();

@@ -11,6 +11,7 @@
 
 #include <fcntl.h>
 #include <grp.h>
+#include <gtest/gtest.h>
 #include <poll.h>
 #include <spawn.h>
 #include <sys/socket.h>
@@ -18,8 +19,6 @@
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -239,7 +238,10 @@ TEST_F(CliServerTest, StaleSocketIsReplacedLiveOneIsNot) {
 TEST_F(CliServerTest, RegularFileIsNotReplaced) {
   const CliServerOptions o = options();
   fs::create_directories(fs::path(o.socketPath).parent_path());
-  { std::FILE* f = std::fopen(o.socketPath.c_str(), "w"); std::fclose(f); }
+  {
+    std::FILE* f = std::fopen(o.socketPath.c_str(), "w");
+    std::fclose(f);
+  }
   CliServer server(api_, o);
   std::string error;
   EXPECT_FALSE(server.open(error));
@@ -256,10 +258,9 @@ TEST_F(CliServerTest, PeerCredentialsAreLoggedWithWrites) {
   ASSERT_TRUE(client.send(makeRequest("backend.list")));
   EXPECT_TRUE(mustParse(awaitReply(server, client)).ok);
   ASSERT_EQ(log_.size(), 1u) << "reads are not logged";
-  const std::string expected = "pid=" + std::to_string(getpid()) +
-                               " uid=" + std::to_string(geteuid()) +
-                               " gid=" + std::to_string(getegid()) +
-                               R"( backend.drain {"name":"gpu-a1"}: ok)";
+  const std::string expected =
+      "pid=" + std::to_string(getpid()) + " uid=" + std::to_string(geteuid()) +
+      " gid=" + std::to_string(getegid()) + R"( backend.drain {"name":"gpu-a1"}: ok)";
   EXPECT_NE(log_[0].find(expected), std::string::npos) << log_[0];
 }
 
@@ -274,8 +275,8 @@ TEST_F(CliServerTest, ConcurrentClientsEachGetTheirOwnReply) {
   }
   for (int round = 0; round < 3; ++round) {
     for (int i = 0; i < kClients; ++i) {
-      ASSERT_TRUE(clients[i]->send(
-          makeRequest("vip.show", Json{{"name", "vip-" + std::to_string(i)}})));
+      ASSERT_TRUE(
+          clients[i]->send(makeRequest("vip.show", Json{{"name", "vip-" + std::to_string(i)}})));
     }
     std::vector<std::optional<std::string>> replies(kClients);
     ASSERT_TRUE(pumpUntil(server, [&] {
@@ -431,16 +432,16 @@ TEST_F(CliServerTest, NonRootPeerMayReadButNotWrite) {
   std::string output;
   int status = 0;
   bool exited = false;
-  ASSERT_TRUE(pumpUntil(
-      server,
-      [&] {
-        char buffer[4096];
-        ssize_t n = 0;
-        while ((n = ::read(pipeFds[0], buffer, sizeof buffer)) > 0) output.append(buffer, n);
-        if (!exited) exited = waitpid(child, &status, WNOHANG) == child;
-        return exited && n == 0;
-      },
-      {pipeFds[0]}));
+  ASSERT_TRUE(pumpUntil(server,
+                        [&] {
+                          char buffer[4096];
+                          ssize_t n = 0;
+                          while ((n = ::read(pipeFds[0], buffer, sizeof buffer)) > 0)
+                            output.append(buffer, n);
+                          if (!exited) exited = waitpid(child, &status, WNOHANG) == child;
+                          return exited && n == 0;
+                        },
+                        {pipeFds[0]}));
   ::close(pipeFds[0]);
   ASSERT_TRUE(WIFEXITED(status));
   ASSERT_EQ(WEXITSTATUS(status), 0);
@@ -453,6 +454,21 @@ TEST_F(CliServerTest, NonRootPeerMayReadButNotWrite) {
   ASSERT_EQ(log_.size(), 1u);
   EXPECT_NE(log_[0].find("uid=65534"), std::string::npos) << log_[0];
   EXPECT_NE(log_[0].find(": forbidden"), std::string::npos) << log_[0];
+}
+
+TEST(CliServerOptions, FromConfig) {
+  ControlConfig config;
+  EXPECT_EQ(CliServerOptions::fromConfig(config).socketPath, "/run/spillway/spillway.sock");
+  config.socketPath = "/tmp/x.sock";
+  config.socketGroup = "spillway";
+  int logged = 0;
+  const CliServerOptions o =
+      CliServerOptions::fromConfig(config, [&](std::string_view) { ++logged; });
+  EXPECT_EQ(o.socketPath, "/tmp/x.sock");
+  EXPECT_EQ(o.socketGroup, "spillway");
+  ASSERT_TRUE(static_cast<bool>(o.log));
+  o.log("x");
+  EXPECT_EQ(logged, 1);
 }
 
 TEST_F(CliServerTest, CliClientReportsWhichSocketCannotBeReached) {
@@ -525,15 +541,14 @@ class SpillwayctlTest : public CliServerTest {
     };
     bool outDone = false;
     bool errDone = false;
-    const bool finished = pumpUntil(
-        *server_,
-        [&] {
-          outDone = outDone || drain(outPipe[0], run.out);
-          errDone = errDone || drain(errPipe[0], run.err);
-          if (!exited) exited = waitpid(pid, &status, WNOHANG) == pid;
-          return exited && outDone && errDone;
-        },
-        {outPipe[0], errPipe[0]});
+    const bool finished = pumpUntil(*server_,
+                                    [&] {
+                                      outDone = outDone || drain(outPipe[0], run.out);
+                                      errDone = errDone || drain(errPipe[0], run.err);
+                                      if (!exited) exited = waitpid(pid, &status, WNOHANG) == pid;
+                                      return exited && outDone && errDone;
+                                    },
+                                    {outPipe[0], errPipe[0]});
     EXPECT_TRUE(finished) << "spillwayctl did not finish";
     if (!finished && pid > 0) {
       kill(pid, SIGKILL);
@@ -637,9 +652,9 @@ TEST_F(SpillwayctlTest, CommandsReachTheirCalls) {
 }
 
 TEST_F(SpillwayctlTest, BackendAddSendsEveryOption) {
-  const CtlRun run = ctl({"backend", "add", "gpu-x", "--address", "2001:db8::9", "--pool",
-                          "cloud", "--weight", "7", "--id", "77", "--mac", "02:00:00:00:00:09",
-                          "--port", "wan1"});
+  const CtlRun run =
+      ctl({"backend", "add", "gpu-x", "--address", "2001:db8::9", "--pool", "cloud", "--weight",
+           "7", "--id", "77", "--mac", "02:00:00:00:00:09", "--port", "wan1"});
   ASSERT_EQ(run.exitCode, 0) << run.err;
   EXPECT_EQ(api_.lastSpec.name, "gpu-x");
   EXPECT_EQ(api_.lastSpec.address, "2001:db8::9");
@@ -653,7 +668,8 @@ TEST_F(SpillwayctlTest, BackendAddSendsEveryOption) {
 TEST_F(SpillwayctlTest, RelativeConfigPathsAreMadeAbsolute) {
   const CtlRun run = ctl({"config", "check", "conf/x.toml"});
   ASSERT_EQ(run.exitCode, 0) << run.err;
-  EXPECT_EQ(api_.calls.back(), "configCheck(" + (fs::current_path() / "conf/x.toml").string() + ")");
+  EXPECT_EQ(api_.calls.back(),
+            "configCheck(" + (fs::current_path() / "conf/x.toml").string() + ")");
 }
 
 TEST_F(SpillwayctlTest, ErrorReplyExitsOneWithTheMessage) {
@@ -665,10 +681,12 @@ TEST_F(SpillwayctlTest, ErrorReplyExitsOneWithTheMessage) {
 }
 
 TEST_F(SpillwayctlTest, UsageErrorsExitTwo) {
-  for (const std::vector<std::string>& args :
-       {std::vector<std::string>{"frobnicate"}, {"backend"}, {"backend", "drain"},
-        {"backend", "weight", "gpu-a1", "heavy"}, {"backend", "add", "x", "--pool", "p"},
-        {"events", "--limit", "0"}}) {
+  for (const std::vector<std::string>& args : {std::vector<std::string>{"frobnicate"},
+                                               {"backend"},
+                                               {"backend", "drain"},
+                                               {"backend", "weight", "gpu-a1", "heavy"},
+                                               {"backend", "add", "x", "--pool", "p"},
+                                               {"events", "--limit", "0"}}) {
     const CtlRun run = ctl(args);
     EXPECT_EQ(run.exitCode, 2) << args[0] << ": " << run.err;
   }

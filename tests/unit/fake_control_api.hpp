@@ -19,43 +19,61 @@ class FakeControlApi : public ControlApi {
   std::vector<std::string> calls;
   std::map<std::string, ApiResult> replies;  // by method name; overrides the canned result
   BackendSpec lastSpec;
-  std::string metrics = "# HELP spillway_up Whether spillwayd runs.\n# TYPE spillway_up gauge\nspillway_up 1\n";
+  std::string metrics =
+      "# HELP spillway_up Whether spillwayd runs.\n# TYPE spillway_up gauge\nspillway_up 1\n";
 
   ApiResult status() override {
     return answer("status", "status()",
-                  Json{{"version", "0.1.0"}, {"uptime_seconds", 42}, {"generation", 7},
-                       {"lcores", 2}, {"vips", 1}, {"pools", 2}, {"backends", 3},
+                  Json{{"version", "0.1.0"},
+                       {"uptime_seconds", 42},
+                       {"generation", 7},
+                       {"lcores", 2},
+                       {"vips", 1},
+                       {"pools", 2},
+                       {"backends", 3},
                        {"panic", false}});
   }
   ApiResult vipList() override {
     return answer("vipList", "vipList()",
-                  Json::array({Json{{"name", "nccl"}, {"address", "192.0.2.10"}, {"port", 0},
-                                    {"protocol", "tcp"}, {"backends", 3}}}));
+                  Json::array({Json{{"name", "nccl"},
+                                    {"address", "192.0.2.10"},
+                                    {"port", 0},
+                                    {"protocol", "tcp"},
+                                    {"backends", 3}}}));
   }
   ApiResult vipShow(const std::string& name) override {
     return answer("vipShow", "vipShow(" + name + ")",
                   Json{{"name", name}, {"address", "192.0.2.10"}, {"table_size", 65537}});
   }
   ApiResult poolList() override {
-    return answer("poolList", "poolList()",
-                  Json::array({Json{{"name", "onprem"}, {"site", "onprem"}, {"priority", 0},
-                                    {"share", 1.0}},
-                               Json{{"name", "cloud"}, {"site", "cloud"}, {"priority", 1},
-                                    {"share", 0.0}}}));
+    return answer(
+        "poolList", "poolList()",
+        Json::array({Json{{"name", "onprem"}, {"site", "onprem"}, {"priority", 0}, {"share", 1.0}},
+                     Json{{"name", "cloud"}, {"site", "cloud"}, {"priority", 1}, {"share", 0.0}}}));
   }
   ApiResult poolShow(const std::string& name) override {
     return answer("poolShow", "poolShow(" + name + ")", Json{{"name", name}, {"priority", 0}});
   }
   ApiResult backendList() override {
     return answer("backendList", "backendList()",
-                  Json::array({Json{{"name", "gpu-a1"}, {"pool", "onprem"},
-                                    {"address", "10.0.0.1"}, {"state", "active"},
-                                    {"weight", 100}, {"effective_weight", 87},
-                                    {"rtt_ms", 0.25}, {"gpu_util", 0.5}, {"flows", 12}},
-                               Json{{"name", "gpu-c1"}, {"pool", "cloud"},
-                                    {"address", "2001:db8::1"}, {"state", "draining"},
-                                    {"weight", 50}, {"effective_weight", 0},
-                                    {"rtt_ms", 61.5}, {"gpu_util", nullptr}, {"flows", 3}}}));
+                  Json::array({Json{{"name", "gpu-a1"},
+                                    {"pool", "onprem"},
+                                    {"address", "10.0.0.1"},
+                                    {"state", "active"},
+                                    {"weight", 100},
+                                    {"effective_weight", 87},
+                                    {"rtt_ms", 0.25},
+                                    {"gpu_util", 0.5},
+                                    {"flows", 12}},
+                               Json{{"name", "gpu-c1"},
+                                    {"pool", "cloud"},
+                                    {"address", "2001:db8::1"},
+                                    {"state", "draining"},
+                                    {"weight", 50},
+                                    {"effective_weight", 0},
+                                    {"rtt_ms", 61.5},
+                                    {"gpu_util", nullptr},
+                                    {"flows", 3}}}));
   }
   ApiResult backendAdd(const BackendSpec& spec) override {
     lastSpec = spec;
@@ -85,15 +103,18 @@ class FakeControlApi : public ControlApi {
     return answer("backendWeight",
                   "backendWeight(" + name + "," + std::to_string(weight) + "," +
                       (dryRun ? "dry" : "apply") + ")",
-                  Json{{"name", name}, {"weight", weight}, {"dry_run", dryRun},
+                  Json{{"name", name},
+                       {"weight", weight},
+                       {"dry_run", dryRun},
                        {"moved", Json{{"nccl", 1234}}}});
   }
   ApiResult tableShow(const std::string& vip) override {
-    return answer("tableShow", "tableShow(" + vip + ")",
-                  Json{{"generation", 7},
-                       {"vips", Json::array({Json{{"vip", "nccl"},
-                                                  {"entries", Json{{"gpu-a1", 40000},
-                                                                   {"gpu-c1", 25537}}}}})}});
+    return answer(
+        "tableShow", "tableShow(" + vip + ")",
+        Json{{"generation", 7},
+             {"vips",
+              Json::array({Json{{"vip", "nccl"},
+                                {"entries", Json{{"gpu-a1", 40000}, {"gpu-c1", 25537}}}}})}});
   }
   ApiResult flows() override {
     return answer("flows", "flows()",
@@ -101,9 +122,9 @@ class FakeControlApi : public ControlApi {
                        {"lcores", Json::array({Json{{"lcore", 1}, {"flows", 12}}})}});
   }
   ApiResult stats() override {
-    return answer("stats", "stats()",
-                  Json{{"rx_packets", 1000}, {"tx_packets", 990},
-                       {"drops", Json{{"not_vip", 10}}}});
+    return answer(
+        "stats", "stats()",
+        Json{{"rx_packets", 1000}, {"tx_packets", 990}, {"drops", Json{{"not_vip", 10}}}});
   }
   ApiResult health() override {
     return answer("health", "health()",
@@ -112,18 +133,17 @@ class FakeControlApi : public ControlApi {
   ApiResult events(std::uint64_t after, std::uint32_t limit) override {
     Json list = Json::array();
     for (std::uint64_t seq = after + 1; seq <= eventCount && list.size() < limit; ++seq) {
-      list.push_back(Json{{"seq", seq}, {"backend", "gpu-a1"}, {"to", "draining"},
-                          {"cause", "operator"}});
+      list.push_back(
+          Json{{"seq", seq}, {"backend", "gpu-a1"}, {"to", "draining"}, {"cause", "operator"}});
     }
     const std::uint64_t next = list.empty() ? after : list.back()["seq"].get<std::uint64_t>();
-    return answer("events",
-                  "events(" + std::to_string(after) + "," + std::to_string(limit) + ")",
+    return answer("events", "events(" + std::to_string(after) + "," + std::to_string(limit) + ")",
                   Json{{"events", list}, {"next", next}});
   }
   ApiResult configCheck(const std::string& path) override {
-    return answer("configCheck", "configCheck(" + path + ")",
-                  Json{{"path", path.empty() ? "/etc/spillway/spillway.toml" : path},
-                       {"valid", true}});
+    return answer(
+        "configCheck", "configCheck(" + path + ")",
+        Json{{"path", path.empty() ? "/etc/spillway/spillway.toml" : path}, {"valid", true}});
   }
   ApiResult configReload(const std::string& path) override {
     return answer("configReload", "configReload(" + path + ")",

@@ -439,8 +439,8 @@ bool haveRawSockets() {
 
 class DecapBackend {
  public:
-  // outerProto: IPPROTO_IPIP / IPPROTO_IPV6 (raw) or IPPROTO_UDP (GUE, on
-  // `udpAddress`: "127.0.0.3" or "::1").
+  // outerProto: IPPROTO_IPIP (a raw socket; only packets to 127.0.0.3) or
+  // IPPROTO_UDP (GUE, on `udpAddress`: "127.0.0.3" or "::1").
   DecapBackend(int outerProto, const char* udpAddress = "127.0.0.3") : outerProto_(outerProto) {
     if (outerProto == IPPROTO_UDP) {
       const bool v6 = std::strchr(udpAddress, ':') != nullptr;
@@ -499,8 +499,12 @@ class DecapBackend {
         }
         pkt = pkt.subspan(sizeof(GueHeader));
       } else {
+        // A raw socket sees every IPIP packet of the host: take only ours.
         const auto outer = loadAt<Ipv4Header>(pkt, 0);
-        if (outer.protocol != outerProto_) continue;
+        if (outer.protocol != outerProto_ ||
+            outer.dst != std::array<std::uint8_t, 4>{127, 0, 0, 3}) {
+          continue;
+        }
         pkt = pkt.subspan(std::size_t{outer.versionIhl & 0xfu} * 4);
       }
       inject(pkt);
@@ -606,18 +610,21 @@ TEST(HealthCheckerEncap, IpipRstFromClosedVipPortCountsAsAnswer) {
   SKIP_WITHOUT_RAW();
   DecapBackend backend(IPPROTO_IPIP);
   HealthChecker checker(unstaggered());
-  checker.setTargets({encapTarget(1, EncapKind::IpInIp4, "127.0.0.3", "127.0.0.2",
-                                  test::refusingPort(), "127.0.0.1")});
+  HealthTarget t = encapTarget(1, EncapKind::IpInIp4, "127.0.0.3", "127.0.0.2",
+                               test::refusingPort(), "127.0.0.1");
+  t.encap->vipPort = 0;  // falls back to the check's port
+  checker.setTargets({t});
   expectHealthyProbes(checker, 1, 2);
 }
 
 TEST(HealthCheckerEncap, NoDecapsulationTimesOut) {
   SKIP_WITHOUT_RAW();
+  // 127.0.0.4: an address no test backend decapsulates for.
   const int vipListener = test::makeListener("127.0.0.2");
   const std::uint16_t port = test::boundPort(vipListener);
   HealthChecker checker(unstaggered());
   checker.setTargets(
-      {encapTarget(1, EncapKind::IpInIp4, "127.0.0.3", "127.0.0.2", port, "127.0.0.1")});
+      {encapTarget(1, EncapKind::IpInIp4, "127.0.0.4", "127.0.0.2", port, "127.0.0.1")});
   Driver d(checker);
   ASSERT_TRUE(d.runUntil([&] { return !d.transitions.empty(); }, 5000));
   EXPECT_EQ(d.transitions[0].cause, "3 consecutive failures: no SYN-ACK or RST from 127.0.0.2:" +
@@ -668,6 +675,16 @@ TEST(HealthCheckerEncap, Ipv6InnerVip) {
   expectHealthyProbes(checker, 1, 3);
   EXPECT_EQ(backend.problem(), "");
   close(fd);
+}
+
+TEST(HealthCheckerEncap, WithoutRawSocketsTheProbeSaysWhy) {
+  if (haveRawSockets()) GTEST_SKIP() << "runs only without CAP_NET_RAW";
+  HealthChecker checker(unstaggered());
+  checker.setTargets(
+      {encapTarget(1, EncapKind::IpInIp4, "127.0.0.3", "127.0.0.2", 80, "127.0.0.1")});
+  checker.poll(0);
+  EXPECT_EQ(checker.status(1)->lastError,
+            "raw socket: Operation not permitted (encap probes need CAP_NET_RAW)");
 }
 
 TEST(HealthCheckerEncap, MisconfiguredProbeSaysWhy) {

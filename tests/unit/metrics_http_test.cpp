@@ -5,13 +5,12 @@
 #include "control/metrics_http.hpp"
 
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <chrono>
 #include <cmath>
@@ -76,8 +75,7 @@ class TcpClient {
   [[nodiscard]] bool connected() const { return connected_; }
   [[nodiscard]] int fd() const { return fd_; }
   bool send(std::string_view data) {
-    return ::send(fd_, data.data(), data.size(), MSG_NOSIGNAL) ==
-           static_cast<ssize_t>(data.size());
+    return ::send(fd_, data.data(), data.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(data.size());
   }
   // Reads what is there; true once the server closed.
   bool readSome() {
@@ -158,10 +156,10 @@ TEST(ListenAddress, Parses) {
   EXPECT_TRUE(v6->ipv6);
   EXPECT_TRUE(parseListenAddress("0.0.0.0:0").has_value());
   EXPECT_TRUE(parseListenAddress("[2001:db8::1]:65535").has_value());
-  for (const char* bad : {"", "localhost:9550", "127.0.0.1", "127.0.0.1:", "127.0.0.1:65536",
-                          "::1:9550", "[::1]9550", "[::1]:", "1.2.3.4:-1", "[127.0.0.1]:80",
-                          "1.2.3:80", "127.0.0.1:95x0", "[::1:80", " 127.0.0.1:80",
-                          "127.0.0.1:000009550"}) {
+  for (const char* bad :
+       {"", "localhost:9550", "127.0.0.1", "127.0.0.1:", "127.0.0.1:65536", "::1:9550", "[::1]9550",
+        "[::1]:", "1.2.3.4:-1", "[127.0.0.1]:80", "1.2.3:80", "127.0.0.1:95x0", "[::1:80",
+        " 127.0.0.1:80", "127.0.0.1:000009550"}) {
     EXPECT_FALSE(parseListenAddress(bad).has_value()) << bad;
   }
 }
@@ -324,8 +322,8 @@ std::string sampleText() {
   w.counter("spillway_lcore_rx_packets", "Packets received per lcore.", {{"lcore", "1"}},
             18446744073709551615.0);
   const HistogramBucket buckets[] = {{0.001, 3}, {0.01, 7}, {0.1, 9}};
-  w.histogram("spillway_publish_latency_seconds", "Decision to dataplane use.", {}, buckets,
-              0.123, 10);
+  w.histogram("spillway_publish_latency_seconds", "Decision to dataplane use.", {}, buckets, 0.123,
+              10);
   w.gauge("spillway_up", "Whether spillwayd runs.", {}, 1);
   return w.text();
 }
@@ -390,9 +388,9 @@ TEST(MetricsWriter, NamesAreMadeValid) {
 TEST(MetricsWriter, ConflictsAndDuplicatesAreDropped) {
   MetricsWriter w;
   w.gauge("spillway_x", "x", {{"a", "1"}}, 1);
-  w.gauge("spillway_x", "x", {{"a", "1"}}, 2);       // same series again
-  w.counter("spillway_x_total", "x", {{"a", "1"}}, 1);  // a different family: fine
-  w.histogram("spillway_x", "x", {}, {}, 0, 0);       // spillway_x is a gauge
+  w.gauge("spillway_x", "x", {{"a", "1"}}, 2);              // same series again
+  w.counter("spillway_x_total", "x", {{"a", "1"}}, 1);      // a different family: fine
+  w.histogram("spillway_x", "x", {}, {}, 0, 0);             // spillway_x is a gauge
   w.gauge("spillway_y", "y", {{"a", "1"}, {"a", "2"}}, 1);  // repeated label name: first kept
   EXPECT_EQ(w.dropped(), 2u);
   const std::string text = w.text();

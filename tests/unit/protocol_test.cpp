@@ -105,12 +105,13 @@ TEST(Protocol, EveryCommandReachesItsCall) {
 TEST(Protocol, CommandListIsTheReference) {
   std::vector<std::string> names;
   for (const CommandSpec& spec : protocolCommands()) names.emplace_back(spec.name);
-  EXPECT_EQ(names, (std::vector<std::string>{
-                       "status", "vip.list", "vip.show", "pool.list", "pool.show",
-                       "backend.list", "backend.add", "backend.remove", "backend.drain",
-                       "backend.undrain", "backend.disable", "backend.enable", "backend.weight",
-                       "table.show", "flows", "stats", "health", "events", "config.check",
-                       "config.reload", "config.dump"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"status",          "vip.list",        "vip.show",
+                                             "pool.list",       "pool.show",       "backend.list",
+                                             "backend.add",     "backend.remove",  "backend.drain",
+                                             "backend.undrain", "backend.disable", "backend.enable",
+                                             "backend.weight",  "table.show",      "flows",
+                                             "stats",           "health",          "events",
+                                             "config.check",    "config.reload",   "config.dump"}));
   EXPECT_EQ(findCommand("backend.drain")->access, Access::Write);
   EXPECT_EQ(findCommand("backend.list")->access, Access::Read);
   EXPECT_EQ(findCommand("nope"), nullptr);
@@ -139,10 +140,12 @@ TEST(Protocol, BackendAddPassesEveryField) {
   EXPECT_EQ(api.lastSpec.port, "wan1");
 
   FakeControlApi defaults;
-  ASSERT_TRUE(mustParse(handleRequest(
-                            R"({"v":1,"cmd":"backend.add","args":{"name":"b","address":"10.0.0.2","pool":"p"}})",
-                            defaults, kRoot, {}))
-                  .ok);
+  ASSERT_TRUE(
+      mustParse(
+          handleRequest(
+              R"({"v":1,"cmd":"backend.add","args":{"name":"b","address":"10.0.0.2","pool":"p"}})",
+              defaults, kRoot, {}))
+          .ok);
   EXPECT_EQ(defaults.lastSpec.weight, BackendSpec{}.weight);
   EXPECT_FALSE(defaults.lastSpec.id.has_value());
   EXPECT_FALSE(defaults.lastSpec.mac.has_value());
@@ -328,8 +331,8 @@ TEST(Protocol, PolicyMatchesUidPrimaryAndSupplementaryGroups) {
 
 TEST(Protocol, OutcomeDescribesTheRequestForTheLog) {
   FakeControlApi api;
-  const RequestOutcome out = processRequest(
-      R"({"v":1,"cmd":"backend.drain","args":{"name":"gpu-a1"}})", api, kRoot, {});
+  const RequestOutcome out =
+      processRequest(R"({"v":1,"cmd":"backend.drain","args":{"name":"gpu-a1"}})", api, kRoot, {});
   EXPECT_TRUE(out.ok);
   EXPECT_TRUE(out.write);
   EXPECT_EQ(out.command, "backend.drain");
