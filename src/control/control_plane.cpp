@@ -575,7 +575,13 @@ ApiResult ControlPlane::configCheck(const std::string& path) {
 ApiResult ControlPlane::configReload(const std::string& path) {
   const std::string file = path.empty() ? configPath_ : path;
   auto result = loadConfig(file);
-  if (!result) return ApiError{"invalid", formatErrors(result.errors())};
+  if (!result) {
+    const std::string errors = formatErrors(result.errors());
+    events_.append(now_, "", kEventConfig,
+                   "rejected " + file + " (running configuration unchanged): " +
+                       errors.substr(0, errors.find('\n')));
+    return ApiError{"invalid", errors};
+  }
   Config next = std::move(result).value();
   // What the data path was started with cannot change under it.
   const auto& a = config_.dataplane;

@@ -1,0 +1,553 @@
+#!/usr/bin/python3
+"""End-to-end tests of Spillway's control plane (meson suite 'e2e').
+
+    control_e2e.py TEST SPILLWAYD SPILLWAY_DECAP SPILLWAYCTL
+    TEST: health | spillover | cli
+
+Each builds a scripts/topology estate through spillwayd_e2e.Estate (imported,
+not copied) and drives the running daemon through spillwayctl --json on its
+--control-socket.
+
+  health     TCP health checks (on-prem defaults: interval 0.2, timeout 0.15,
+             fall 3): kill one backend's identity server under 30 held
+             connections, measure the time until `table show` has no entry
+             for it and `backend list` says "failed" (bound 1.5 s); flows on
+             the other backends survive; `events` shows the transition and
+             its cause; restarted, the backend returns to active.
+  spillover  on-prem (priority 0) and cloud (priority 1) with load feedback
+             from tests/tools/fake_exporter.py (DCGM text) in every backend:
+             low GPU keeps new flows on-prem, GPU 97 % on-prem spills a share
+             of new flows to the cloud while held on-prem flows stay, back to
+             10 % the cloud share returns to 0.
+  cli        every spillwayctl command with --json, parsed and checked
+             against the data path; a malformed request on the socket; the
+             socket's mode; /metrics (and promtool check metrics if present).
+
+Prints one line per check and "e2e-control-<test>: N passed, M failed".
+Exit 0 when all passed, 1 when any failed, 77 (skipped) without root,
+network namespaces or veth. Every wait polls against a deadline.
+"""
+import json
+import os
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import spillwayd_e2e as swe  # noqa: E402
+from spillwayd_e2e import Fail, Skip, log, wait_until, PY, VIP_NCCL, VIP_GRPC  # noqa: E402
+
+FAKE_EXPORTER = os.path.join(swe.ROOT, "tests", "tools", "fake_exporter.py")
+IDENTITY_SERVER = swe.IDENTITY_SERVER
+HEALTH_TCP = ["[pool.health]", 'kind = "tcp"', "port = 8000", ""]
+LOAD = ["[pool.load]", "enabled = true", "port = 9400", "interval = 0.2", "timeout = 0.15",
+        "stale_after = 2", "smoothing = 1.0", ""]
+METRICS = "127.0.0.1:9550"
+
+
+class Ctl:
+    """spillwayctl --json against the estate's daemon."""
+
+    def __init__(self, exe, sock):
+        self.exe, self.sock = exe, sock
+
+    def raw(self, *args, timeout=10):
+        return subprocess.run([self.exe, "--socket", self.sock, "--json"] + [str(a) for a in args],
+                              capture_output=True, text=True, timeout=timeout)
+
+    def __call__(self, *args):
+        r = self.raw(*args)
+        if r.returncode != 0:
+            raise Fail(f"spillwayctl {' '.join(map(str, args))} exited {r.returncode}: "
+                       f"{r.stderr.strip()[-400:]}")
+        try:
+            return json.loads(r.stdout)
+        except ValueError:
+            raise Fail(f"spillwayctl {' '.join(map(str, args))}: not JSON: {r.stdout[:300]!r}") \
+                from None
+
+    # -- views ----------------------------------------------------------------
+    def backends(self):
+        return {b["name"]: b for b in self("backend", "list")}
+
+    def entries(self, vip=None):
+        """{vip: {backend: entries}} from table show."""
+        t = self("table", "show", *([vip] if vip else []))
+        return {v["vip"]: {b["backend"]: b["entries"] for b in v["backends"]} for v in t["tables"]}
+
+    def pool_share(self, vip, pool):
+        return {p["pool"]: p["share"] for p in self("vip", "show", vip).get("pools", [])}.get(pool)
+
+    def events(self):
+        return self("events", "--after", 0)["events"]
+
+
+def established(e, ns, remote=None, local_port=None):
+    f = []
+    if remote:
+        f = [f"dst {remote}"]
+    if local_port:
+        f = [f"sport = :{local_port}"]
+    r = e.run(["ss", "-Htn", "state", "established"] + f, ns=ns, check=False)
+    return len([l for l in r.stdout.splitlines() if l.strip()])
+
+
+def held_fanout(e, vip, count, tag, hold):
+    """count connections that echo for `hold` seconds, in the background;
+    returns (process, output path) once all are established."""
+    p, out = e.fanout(vip, 8000, count, tag, hold=hold, timeout=5.0, background=True)
+
+    def up():
+        if p.poll() is not None:
+            raise Fail(f"fanout_client exited {p.returncode} before all were established")
+        return established(e, e.ns("client"), remote=vip) >= count
+    wait_until(f"{count} held connections established", up, 15)
+    return p, out
+
+
+def soon(pred, timeout=2.0):
+    """pred() within timeout (a control-thread tick or two), as a bool."""
+    try:
+        return bool(wait_until("", pred, timeout, interval=0.02))
+    except Fail:
+        return False
+
+
+def steady(ctl, quiet=1.5, timeout=15):
+    """Waits until status' generation holds still for `quiet` seconds."""
+    seen = [ctl("status")["generation"], time.monotonic()]
+
+    def still():
+        g = ctl("status")["generation"]
+        if g != seen[0]:
+            seen[:] = [g, time.monotonic()]
+        return time.monotonic() - seen[1] >= quiet
+    wait_until("the snapshot generation holding still", still, timeout, interval=0.1)
+
+
+def finish(e, proc_out, timeout=40):
+    p, out = proc_out
+    try:
+        p.wait(timeout)
+    except subprocess.TimeoutExpired:
+        raise Fail("fanout_client did not finish") from None
+    e.procs.remove(p)
+    with open(out) as f:
+        return json.load(f)
+
+
+def exporter_set(e, ns, query):
+    e.run([PY, "-c", "import sys, urllib.request as u\n"
+           "u.urlopen(u.Request(sys.argv[1], method='POST'), timeout=3).read()",
+           f"http://127.0.0.1:9400/set?{query}"], ns=ns)
+
+
+def start_estate(e, ctl_exe, onprem, cloud, only=None, tag="ctl", metrics=None, **config):
+    e.topology_up(onprem=onprem, cloud=cloud)
+    e.start_servers(ports=(8000,))
+    e.write_config(only=only, **config)
+    lb = e.start_lb(tag, metrics_listen=metrics)
+    ctl = Ctl(ctl_exe, os.path.join(e.work, "spillway.sock"))
+    # The stats file lists the configured backends; ready once resolved.
+    e.wait_ready(lb)
+    wait_until("the CLI socket answering", lambda: ctl.raw("status").returncode == 0, 10)
+    return lb, ctl
+
+
+# --- the tests ----------------------------------------------------------------
+
+def test_health(e, ctl_exe):
+    lb, ctl = start_estate(e, ctl_exe, 3, 2, pool_tables={"onprem": HEALTH_TCP,
+                                                          "cloud": HEALTH_TCP})
+    servers = dict(zip([b[0] for b in e.backends], e.procs[:len(e.backends)]))
+    wait_until("every backend active", lambda: all(
+        b.get("state") == "active" for b in ctl.backends().values()), 10)
+    e.check("health: every backend checked by tcp", all(
+        h.get("check") == "tcp" and h.get("up") for h in ctl("health")),
+        str([(h["backend"], h.get("up"), h.get("rtt_ms")) for h in ctl("health")]))
+    held = held_fanout(e, VIP_NCCL, 30, "held", hold=6.0)
+    on = {name: established(e, ns, local_port=8000) for name, ns, _ in e.backends}
+    victim = max((n for n in on if n.startswith("onprem")), key=lambda n: on[n])
+    victim_ns = dict((b[0], b[1]) for b in e.backends)[victim]
+    log(f"held connections per backend {on}; killing {victim}'s server")
+    seq0 = max([ev["seq"] for ev in ctl.events()] or [0])
+
+    t0 = time.monotonic()
+    servers[victim].kill()
+    observed = {}
+
+    def gone():
+        ent = ctl.entries()
+        state = ctl.backends()[victim]["state"]
+        now = time.monotonic() - t0
+        if all(victim not in per for per in ent.values()):
+            observed.setdefault("entries", now)
+        if state == "failed":
+            observed.setdefault("failed", now)
+        return len(observed) == 2
+    wait_until(f"{victim} out of the tables and failed", gone, 10, interval=0.01)
+    took = max(observed.values())
+    e.stop(servers[victim])
+    e.check(f"{victim} out of every table and failed within 1.5 s of its server's death",
+            took < 1.5, f"{took:.3f} s (no entries after {observed['entries']:.3f} s, "
+            f"failed after {observed['failed']:.3f} s)")
+
+    result = finish(e, held)
+    others = [c for c in result["connections"] if c.get("backend") != victim]
+    bad = [c for c in others if not c.get("ok")]
+    mine = [c for c in result["connections"] if c.get("backend") == victim]
+    e.check("held flows on the other backends survived (no reset, no bad echo)",
+            not bad and len(others) + len(mine) == 30,
+            f"{len(others) - len(bad)}/{len(others)} ok; {len(mine)} were on {victim} "
+            f"({sorted(set(str(c.get('error')) for c in mine))}); bad {bad[:3]}")
+    evs = [ev for ev in ctl.events() if ev["seq"] > seq0 and ev.get("backend") == victim]
+    trans = [ev for ev in evs if ev.get("to") == "failed"]
+    e.check("events: the transition to failed with its cause",
+            bool(trans) and all(ev.get("cause") for ev in trans),
+            json.dumps(trans[:2]) if trans else json.dumps(evs[:5]))
+
+    t1 = time.monotonic()
+    e.spawn([PY, IDENTITY_SERVER, victim, "8000"], ns=victim_ns,
+            stderr=os.path.join(e.work, f"{victim}-restarted.log"))
+    wait_until(f"{victim} listening again", lambda: e.run(
+        ["ss", "-Hltn", "sport = :8000"], ns=victim_ns).stdout.strip(), 10)
+    wait_until(f"{victim} active again", lambda: ctl.backends()[victim]["state"] == "active", 10,
+               interval=0.02)
+    back = time.monotonic() - t1
+    h = {x["backend"]: x for x in ctl("health")}[victim]
+    ent = ctl.entries()
+    e.check(f"{victim} active again after rise successes, back in the tables",
+            h.get("up") and h.get("consecutive_ok", 0) >= 2 and all(
+                per.get(victim, 0) > 0 for per in ent.values()),
+            f"{back:.2f} s after restart (incl. server start), health {h}, entries "
+            f"{ {v: per.get(victim) for v, per in ent.items()} }")
+    evs = [ev for ev in ctl.events() if ev["seq"] > seq0 and ev.get("backend") == victim]
+    e.check("events: failed -> active", any(ev.get("from") == "failed" and ev.get("to") == "active"
+                                            for ev in evs), json.dumps(evs[-3:]))
+    e.stop_lb(lb)
+    return f"detection {took:.3f} s"
+
+
+def test_spillover(e, ctl_exe):
+    e.topology_up(onprem=3, cloud=2)
+    e.start_servers(ports=(8000,))
+    for name, ns, _ in e.backends:
+        e.spawn([PY, FAKE_EXPORTER, "--listen", "0.0.0.0", "--port", "9400", "--gpus", "4",
+                 "--gpu-util", "10", "--hostname", name], ns=ns,
+                stderr=os.path.join(e.work, f"exporter-{name}.log"))
+    for name, ns, _ in e.backends:
+        wait_until(f"{name} exporter", lambda: e.run(
+            ["ss", "-Hltn", "sport = :9400"], ns=ns).stdout.strip(), 10)
+    e.write_config(priorities={"onprem": 0, "cloud": 1},
+                   pool_tables={"onprem": LOAD, "cloud": LOAD},
+                   extra=["[policy]", "churn_budget = 1"])
+    lb = e.start_lb("spill")
+    ctl = Ctl(ctl_exe, os.path.join(e.work, "spillway.sock"))
+    e.wait_ready(lb)
+    wait_until("every backend's GPU load scraped", lambda: all(
+        b.get("gpu_utilization") == 10 for b in ctl.backends().values()), 10)
+    shares = []
+    cloud = ctl.pool_share("nccl", "cloud")
+    shares.append(("low GPU", cloud))
+    r = e.fanout(VIP_NCCL, 8000, 200, "low")
+    on_cloud = sum(n for b, n in r["per_backend"].items() if b.startswith("cloud"))
+    e.check("low GPU: cloud share 0, 200 new connections all on-prem",
+            cloud == 0 and r["ok"] == 200 and on_cloud == 0,
+            f"cloud share {cloud}, {r['ok']}/200 ok, {r['per_backend']}")
+
+    held = held_fanout(e, VIP_NCCL, 30, "held", hold=8.0)
+    t0 = time.monotonic()
+    for name, ns, _ in e.backends:
+        if name.startswith("onprem"):
+            exporter_set(e, ns, "gpu=97")
+    cloud = wait_until("the cloud pool's share > 0", lambda: (
+        lambda s: s if s and s > 0 else None)(ctl.pool_share("nccl", "cloud")), 10)
+    took = time.monotonic() - t0
+    wait_until("cloud backends in the nccl table", lambda: any(
+        b.startswith("cloud") for b in ctl.entries("nccl")["nccl"]), 5)
+    shares.append(("on-prem GPU 97 %", cloud))
+    r = e.fanout(VIP_NCCL, 8000, 200, "high")
+    on_cloud = sum(n for b, n in r["per_backend"].items() if b.startswith("cloud"))
+    e.check("on-prem at 97 %: a share of 200 new connections spills to the cloud",
+            r["ok"] == 200 and 0 < on_cloud < 200,
+            f"cloud share {cloud:.3f} after {took:.2f} s; {on_cloud}/200 on cloud, {r['per_backend']}")
+    shares.append(("on-prem GPU 97 %, after the 200", ctl.pool_share("nccl", "cloud")))
+    res = finish(e, held)
+    bad = [c for c in res["connections"] if not c.get("ok")]
+    e.check("held on-prem flows opened before the spillover all survived",
+            not bad and res["ok"] == 30 and all(
+                b.startswith("onprem") for b in res["per_backend"]),
+            f"{res['ok']}/30 ok, {res['per_backend']}, bad {bad[:3]}")
+    spill_ev = [ev for ev in ctl.events() if ev["kind"] == "spillover"]
+    e.check("events: spillover recorded", bool(spill_ev), json.dumps(spill_ev[-2:]))
+
+    t0 = time.monotonic()
+    for name, ns, _ in e.backends:
+        if name.startswith("onprem"):
+            exporter_set(e, ns, "gpu=10")
+    wait_until("the cloud pool's share back to 0", lambda: ctl.pool_share("nccl", "cloud") == 0,
+               10)
+    took = time.monotonic() - t0
+    wait_until("no cloud backend in the nccl table", lambda: not any(
+        b.startswith("cloud") for b in ctl.entries("nccl")["nccl"]), 5)
+    shares.append(("back at 10 %", ctl.pool_share("nccl", "cloud")))
+    r = e.fanout(VIP_NCCL, 8000, 200, "low2")
+    on_cloud = sum(n for b, n in r["per_backend"].items() if b.startswith("cloud"))
+    e.check("GPU back to 10 %: cloud share 0 again, new connections all on-prem",
+            r["ok"] == 200 and on_cloud == 0,
+            f"after {took:.2f} s; {r['per_backend']}")
+    e.stop_lb(lb)
+    return "cloud shares: " + ", ".join(f"{k} {v:.3f}" for k, v in shares)
+
+
+def projection(ctl):
+    return {n: (b.get("state"), b.get("base_weight"), b.get("pool"), b.get("address"),
+                b.get("weight")) for n, b in ctl.backends().items()}
+
+
+def test_cli(e, ctl_exe):
+    policy = ["[policy]", "churn_budget = 0.05", "churn_interval = 1", "drain_timeout = 3", "",
+              "[control]", f'metrics_listen = "{METRICS}"']
+    lb, ctl = start_estate(e, ctl_exe, 3, 2, only={"onprem1", "onprem2", "cloud1", "cloud2"},
+                           metrics=None, extra=policy)
+    sock = ctl.sock
+    # -- reads ------------------------------------------------------------------
+    st = ctl("status")
+    e.check("status", st.get("backends") == 4 and st.get("vips") == 2 and st.get("pools") == 2
+            and st.get("backends_by_state", {}).get("active") == 4 and "generation" in st,
+            json.dumps({k: st.get(k) for k in ("generation", "vips", "pools", "backends",
+                                               "backends_by_state", "config")}))
+    vl = ctl("vip", "list")
+    e.check("vip list", sorted(v["name"] for v in vl) == ["grpc", "nccl"] and
+            {v["name"]: v["port"] for v in vl} == {"nccl": 0, "grpc": 50051}, json.dumps(vl)[:300])
+    vs = ctl("vip", "show", "grpc")
+    e.check("vip show", vs.get("table_size") == 4099 and len(vs.get("backends", [])) == 4 and
+            abs(sum(p["share"] for p in vs.get("pools", [])) - 1) < 1e-6,
+            json.dumps({k: vs.get(k) for k in ("pools", "panic", "summary")})[:400])
+    r = ctl.raw("vip", "show", "nope")
+    e.check("vip show of an unknown VIP: an error", r.returncode != 0 and "nope" in r.stderr,
+            f"exit {r.returncode}: {r.stderr.strip()}")
+    pl = ctl("pool", "list")
+    e.check("pool list", {p["name"]: (p["backends"], p["active"]) for p in pl} ==
+            {"onprem": (2, 2), "cloud": (2, 2)}, json.dumps(pl))
+    ps = ctl("pool", "show", "onprem")
+    e.check("pool show", sorted(b["name"] for b in ps.get("backends", [])) ==
+            ["onprem1", "onprem2"] and ps.get("share_of_new_flows"),
+            json.dumps(ps.get("share_of_new_flows")))
+    bl = ctl.backends()
+    e.check("backend list", sorted(bl) == ["cloud1", "cloud2", "onprem1", "onprem2"] and all(
+        b["state"] == "active" and b["next_hop_resolved"] for b in bl.values()),
+        str({n: (b["state"], b["base_weight"], b["weight"]) for n, b in bl.items()}))
+    ent = ctl.entries()
+    e.check("table show", set(ent) == {"nccl", "grpc"} and sum(ent["grpc"].values()) == 4099 and
+            sum(ent["nccl"].values()) == 65537, str(ent))
+    for cmd in (["flows"], ["stats"], ["health"], ["config", "check"], ["config", "dump"]):
+        try:
+            out = ctl(*cmd)
+            e.check(" ".join(cmd), bool(out), json.dumps(out)[:200])
+        except Fail as f:
+            e.check(" ".join(cmd), False, str(f))
+    evs = ctl.events()
+    e.check("events --after 0", isinstance(evs, list) and all(
+        "seq" in ev and "kind" in ev for ev in evs), f"{len(evs)} events, first {evs[:1]}")
+    # -- the socket ---------------------------------------------------------------
+    mode = stat.S_IMODE(os.stat(sock).st_mode)
+    e.check("socket mode 0660", mode == 0o660, oct(mode))
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.settimeout(5)
+    try:
+        s.connect(sock)
+        s.send(b"{not json")
+        reply = s.recv(1 << 20)
+    except OSError as x:
+        reply = f"{type(x).__name__}: {x}".encode()
+    finally:
+        s.close()
+    try:
+        rj = json.loads(reply)
+    except ValueError:
+        rj = None
+    alive = lb.proc.poll() is None and ctl.raw("status").returncode == 0
+    e.check("malformed request: an error reply, the daemon keeps running",
+            isinstance(rj, dict) and rj.get("ok") is False and rj.get("error") and alive,
+            f"reply {reply[:200]!r}, daemon alive {alive}")
+    # -- metrics --------------------------------------------------------------------
+    r = e.run([PY, "-c", "import sys, urllib.request as u\n"
+               "sys.stdout.write(u.urlopen(sys.argv[1], timeout=3).read().decode())",
+               f"http://{METRICS}/metrics"], ns=e.ns("lb"), check=False)
+    text = r.stdout
+    e.check("GET /metrics from the lb namespace", r.returncode == 0 and
+            "spillway_snapshot_generation" in text, f"{len(text)} bytes" if r.returncode == 0
+            else r.stderr.strip()[-300:])
+    if shutil.which("promtool") and text:
+        p = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True,
+                           text=True)
+        e.check("promtool check metrics (warnings allowed)", p.returncode in (0, 3) and
+                "error" not in (p.stdout + p.stderr).lower(),
+                f"exit {p.returncode}: {(p.stdout + p.stderr).strip()[:300]}")
+    else:
+        log("     promtool not found: skipping promtool check metrics")
+    # -- drain / undrain ------------------------------------------------------------
+    x = "onprem2"
+    x_ns = dict((b[0], b[1]) for b in e.backends)[x]
+    held = held_fanout(e, VIP_NCCL, 20, "drain-held", hold=5.0)
+    on_x = established(e, x_ns, local_port=8000)
+    out = ctl("backend", "drain", x)
+    ok = soon(lambda: all(x not in per for per in ctl.entries().values()))
+    e.check(f"backend drain {x}: draining, out of the tables at once",
+            out.get("state") == "draining" and ok, f"{out}; entries {ctl.entries()}")
+    r = e.fanout(VIP_NCCL, 8000, 100, "drained")
+    e.check(f"new connections avoid draining {x}", r["ok"] == 100 and x not in r["per_backend"],
+            str(r["per_backend"]))
+    fl = {b["backend"]: b["flows"] for b in ctl("flows")["backends"]}
+    live = ctl.backends()[x].get("live_flows")
+    e.check(f"flows shows {x}'s live flows while draining", on_x > 0 and fl.get(x, 0) >= on_x,
+            f"{on_x} held on {x}; flows {fl}; live_flows {live}")
+    res = finish(e, held)
+    mine = [c for c in res["connections"] if c.get("backend") == x]
+    e.check(f"held connections on draining {x} kept working", res["ok"] == 20 and len(mine) > 0,
+            f"{res['ok']}/20 ok, {len(mine)} on {x}, {res['per_backend']}")
+    out = ctl("backend", "undrain", x)
+    e.check(f"backend undrain {x}", out.get("state") == "active" and soon(lambda: all(
+        per.get(x, 0) > 0 for per in ctl.entries().values())), str(out))
+    # -- disable / enable ---------------------------------------------------------------
+    y = "onprem1"
+    out = ctl("backend", "disable", y)
+    ok = soon(lambda: all(y not in p for p in ctl.entries().values()))
+    e.check(f"backend disable {y}", out.get("state") == "disabled" and
+            ctl.backends()[y]["state"] == "disabled" and ok, f"{out}; entries {ctl.entries()}")
+    out = ctl("backend", "enable", y)
+    e.check(f"backend enable {y}", out.get("state") == "active" and soon(lambda: all(
+        per.get(y, 0) > 0 for per in ctl.entries().values())), str(out))
+    # -- weight --------------------------------------------------------------------------
+    steady(ctl)
+    before = ctl.entries()
+    dry = ctl("backend", "weight", y, 50, "--dry-run")
+    pred = {p["vip"]: p for p in dry.get("predicted", [])}
+    after = ctl.entries()
+    e.check(f"backend weight {y} 50 --dry-run: a prediction, nothing applied",
+            dry.get("dry_run") is True and pred and all(
+                (p.get("entries_changed") or 0) > 0 for p in pred.values()) and
+            after == before and ctl.backends()[y]["base_weight"] == 100,
+            json.dumps(dry.get("predicted")))
+    out = ctl("backend", "weight", y, 50)
+    budget = pred.get("grpc", {}).get("churn_budget_entries") or 0
+    seen = [before["grpc"].get(y, 0)]
+    t0 = time.monotonic()
+    last_change = [t0]
+
+    def settled():
+        n = ctl.entries("grpc")["grpc"].get(y, 0)
+        if n != seen[-1]:
+            seen.append(n)
+            last_change[0] = time.monotonic()
+        return len(seen) > 1 and time.monotonic() - last_change[0] > 2.5
+    wait_until(f"{y}'s grpc entries settled after the weight change", settled, 20, interval=0.05)
+    steps = [abs(b - a) for a, b in zip(seen, seen[1:])]
+    e.check(f"backend weight {y} 50: the grpc table moves within the churn budget",
+            ctl.backends()[y]["base_weight"] == 50 and seen[-1] < seen[0] and
+            all(s <= budget for s in steps),
+            f"{y}'s grpc entries {seen} (budget {budget} per interval, predicted "
+            f"{pred.get('grpc', {}).get('entries_changed')} entries to move)")
+    # -- add / remove ----------------------------------------------------------------------
+    z, _, z_addr = [b for b in e.backends if b[0] == "onprem3"][0]
+    out = ctl("backend", "add", z, "--address", z_addr, "--pool", "onprem", "--weight", 100)
+    wait_until(f"{z} resolved and in the tables", lambda: (
+        lambda b: b and b.get("state") == "active" and b.get("next_hop_resolved") and all(
+            per.get(z, 0) > 0 for per in ctl.entries().values()))(ctl.backends().get(z)), 20)
+    r = e.fanout(VIP_NCCL, 8000, 100, "added")
+    e.check(f"backend add {z}: new connections reach it", r["ok"] == 100 and
+            r["per_backend"].get(z, 0) > 0, f"{out}; {r['per_backend']}")
+    out = ctl("backend", "remove", z)
+    ok = soon(lambda: all(z not in per for per in ctl.entries().values()))
+    e.check(f"backend remove {z}: out of the tables at once", ok,
+            f"{out}; entries {ctl.entries()}")
+    wait_until(f"{z} removed", lambda: (lambda b: b is None or b.get("state") == "removed")(
+        ctl.backends().get(z)), 20)
+    r = e.fanout(VIP_NCCL, 8000, 100, "removed")
+    e.check(f"after remove, no new connection reaches {z}", r["ok"] == 100 and
+            z not in r["per_backend"], str(r["per_backend"]))
+    # -- config reload -------------------------------------------------------------------------
+    good = e.write_config(only={"onprem1", "onprem2", "cloud1", "cloud2"}, extra=policy,
+                          weights=dict(swe.WEIGHTS, cloud2=300),
+                          path=os.path.join(e.work, "reload.toml"))
+    chk = ctl("config", "check", good)
+    out = ctl("config", "reload", good)
+    dump = ctl("config", "dump")
+    w = {b["name"]: b["weight"] for b in dump["backends"]}
+    e.check("config reload with a weight change", chk.get("ok") and out.get("applied") and
+            w.get("cloud2") == 300 and dump.get("path") == good, f"{out}; weights {w}")
+    # Let the reload's weight move finish before comparing states.
+    steady(ctl)
+    broken = os.path.join(e.work, "broken.toml")
+    lines = open(good).read().splitlines()
+    bad_line = lines.index("churn_budget = 0.05") + 1
+    lines[bad_line - 1] = "churn_budget = 7"
+    with open(broken, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+    def state():
+        return ctl("status")["generation"], projection(ctl), ctl("config", "dump")
+    s0 = state()
+    rc = ctl.raw("config", "check", broken)
+    rr = ctl.raw("config", "reload", broken)
+    s1 = state()
+    where = f"{broken}:{bad_line}"
+    e.check("config check of a broken file: rejected, naming the line",
+            rc.returncode != 0 and where in rc.stderr, rc.stderr.strip()[:300])
+    e.check("config reload of a broken file: rejected, naming the line",
+            rr.returncode != 0 and where in rr.stderr, rr.stderr.strip()[:300])
+    e.check("the running state unchanged by the rejected reload (generation, backends, config)",
+            s0 == s1 and lb.proc.poll() is None,
+            "" if s0 == s1 else f"generation {s0[0]} -> {s1[0]}")
+    evs = ctl.events()
+    e.check("events: the reloads recorded", any(
+        ev["kind"] == "config" and "reloaded" in ev["cause"] for ev in evs),
+        json.dumps([ev for ev in evs if ev["kind"] == "config"][-3:]))
+    rc, _, final = e.stop_lb(lb)
+    e.check("spillwayd exited cleanly", rc == 0, f"exit {rc}")
+    return None
+
+
+TESTS = {"health": ("e2e-control-health", test_health),
+         "spillover": ("e2e-control-spillover", test_spillover),
+         "cli": ("e2e-control-cli", test_cli)}
+
+
+def main():
+    if len(sys.argv) != 5 or sys.argv[1] not in TESTS:
+        print(f"usage: control_e2e.py {'|'.join(TESTS)} SPILLWAYD SPILLWAY_DECAP SPILLWAYCTL",
+              file=sys.stderr)
+        return 2
+    name, fn = TESTS[sys.argv[1]]
+    spillwayd, decap, ctl_exe = (os.path.abspath(p) for p in sys.argv[2:5])
+    try:
+        swe.preflight()
+    except Skip as s:
+        log(f"{name}: SKIP: {s}")
+        return 77
+    e = swe.Estate("ctl-" + sys.argv[1], spillwayd, decap)
+
+    def on_signal(signum, _):
+        raise KeyboardInterrupt(f"signal {signum}")
+    signal.signal(signal.SIGTERM, on_signal)
+    summary = None
+    try:
+        summary = fn(e, ctl_exe)
+    except Fail as f:
+        e.check("harness", False, str(f))
+    except KeyboardInterrupt:
+        e.check("harness", False, "interrupted")
+    finally:
+        e.cleanup()
+    log(f"{name}: {e.passed} passed, {e.failed} failed" + (f" ({summary})" if summary else ""))
+    return 0 if e.failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
