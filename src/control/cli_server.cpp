@@ -16,6 +16,8 @@
 #include <filesystem>
 #include <utility>
 
+#include "control/epoll_loop.hpp"
+
 namespace spillway {
 namespace {
 
@@ -186,14 +188,7 @@ bool CliServer::open(std::string& error) {
   }
   if (listen(listenFd_, kListenBacklog) != 0) return fail("listen: " + errnoText(errno));
 
-  epollFd_ = epoll_create1(EPOLL_CLOEXEC);
-  if (epollFd_ < 0) return fail("epoll_create1: " + errnoText(errno));
-  epoll_event ev{};
-  ev.events = EPOLLIN;
-  ev.data.u64 = 0;
-  if (epoll_ctl(epollFd_, EPOLL_CTL_ADD, listenFd_, &ev) != 0) {
-    return fail("epoll_ctl: " + errnoText(errno));
-  }
+  if (std::string why = watchListener(listenFd_, epollFd_); !why.empty()) return fail(why);
 
   policy_ = options_.policy;
   policy_.uids.push_back(static_cast<std::uint32_t>(geteuid()));
@@ -227,44 +222,31 @@ void CliServer::watch(std::uint64_t id, const Client& client, bool writable) noe
 }
 
 void CliServer::closeClient(std::uint64_t id) noexcept {
-  const auto it = clients_.find(id);
-  if (it == clients_.end()) return;
-  if (epollFd_ >= 0) epoll_ctl(epollFd_, EPOLL_CTL_DEL, it->second.fd, nullptr);
-  ::close(it->second.fd);
-  clients_.erase(it);
+  spillway::closeClient(epollFd_, clients_, id);
 }
 
 void CliServer::poll() noexcept {
   if (epollFd_ < 0) return;
-  epoll_event events[kMaxEventsPerPoll];
-  const int n = epoll_wait(epollFd_, events, kMaxEventsPerPoll, 0);
-  for (int i = 0; i < n; ++i) {
-    const std::uint64_t id = events[i].data.u64;
-    if (id == 0) {
-      acceptClients();
-      continue;
-    }
-    const auto it = clients_.find(id);
-    if (it == clients_.end()) continue;  // closed earlier in this round
-    Client& client = it->second;
-    if (!client.pendingReply.empty()) {
-      if (events[i].events & (EPOLLERR | EPOLLHUP)) {
-        closeClient(id);
-      } else {
-        flush(id, client);
-      }
-      continue;
-    }
-    serveOne(id, client);
-  }
+  dispatchReady<kMaxEventsPerPoll>(
+      epollFd_, clients_, [this] { acceptClients(); },
+      [this](std::uint64_t id, Client& client, std::uint32_t events) {
+        if (!client.pendingReply.empty()) {
+          if (events & (EPOLLERR | EPOLLHUP)) {
+            closeClient(id);
+          } else {
+            flush(id, client);
+          }
+          return;
+        }
+        serveOne(id, client);
+      });
   // Idle clients go, so a stuck one cannot hold a slot for ever.
   try {
     const auto t = now();
-    std::vector<std::uint64_t> idle;
-    for (const auto& [id, client] : clients_) {
-      if (t - client.lastActive >= options_.idleTimeout) idle.push_back(id);
-    }
-    for (std::uint64_t id : idle) closeClient(id);
+    closeExpired(
+        clients_,
+        [&](const Client& client) { return t - client.lastActive >= options_.idleTimeout; },
+        [this](std::uint64_t id) { closeClient(id); });
   } catch (...) {
   }
 }
@@ -293,15 +275,7 @@ void CliServer::acceptClients() noexcept {
         client.fd = fd;
         client.peer = std::move(peer);
         client.lastActive = now();
-        const auto it = clients_.emplace(id, std::move(client)).first;
-        epoll_event ev{};
-        ev.events = EPOLLIN;
-        ev.data.u64 = id;
-        if (epoll_ctl(epollFd_, EPOLL_CTL_ADD, fd, &ev) == 0) {
-          adopted = true;
-        } else {
-          clients_.erase(it);
-        }
+        adopted = adoptClient(epollFd_, clients_, id, std::move(client));
       }
     } catch (...) {
       // Out of memory: drop this connection, keep the server.

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <system_error>
 
+#include "control/epoll_loop.hpp"
 #include "control/http_client.hpp"
 #include "spillway/checksum.hpp"
 #include "spillway/packet.hpp"
@@ -285,22 +286,16 @@ std::optional<HealthStatus> HealthChecker::status(std::uint64_t id) const {
 void HealthChecker::poll(Millis now) noexcept {
   try {
     if (epollFd_ >= 0) {
-      std::array<epoll_event, 64> events{};
-      for (int round = 0; round < 16; ++round) {
-        const int n = ::epoll_wait(epollFd_, events.data(), static_cast<int>(events.size()), 0);
-        if (n <= 0) break;
-        for (int i = 0; i < n; ++i) {
-          const std::uint64_t tag = events[static_cast<std::size_t>(i)].data.u64;
-          if (tag == kTagRaw4) {
-            drainRaw(AF_INET, now);
-          } else if (tag == kTagRaw6) {
-            drainRaw(AF_INET6, now);
-          } else if (const auto it = byTag_.find(tag); it != byTag_.end()) {
-            onExchangeEvent(*it->second, events[static_cast<std::size_t>(i)].events, now);
-          }
+      drainReady(epollFd_, [&](const epoll_event& ev) {
+        const std::uint64_t tag = ev.data.u64;
+        if (tag == kTagRaw4) {
+          drainRaw(AF_INET, now);
+        } else if (tag == kTagRaw6) {
+          drainRaw(AF_INET6, now);
+        } else if (const auto it = byTag_.find(tag); it != byTag_.end()) {
+          onExchangeEvent(*it->second, ev.events, now);
         }
-        if (n < static_cast<int>(events.size())) break;
-      }
+      });
     }
 
     for (auto& ep : entries_) {

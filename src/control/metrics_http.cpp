@@ -14,6 +14,8 @@
 #include <cstring>
 #include <utility>
 
+#include "control/epoll_loop.hpp"
+
 namespace spillway {
 namespace {
 
@@ -220,14 +222,7 @@ bool MetricsHttpServer::open(std::string& error) {
     port_ = ntohs(address->ipv6 ? reinterpret_cast<const sockaddr_in6*>(&bound)->sin6_port
                                 : reinterpret_cast<const sockaddr_in*>(&bound)->sin_port);
   }
-  epollFd_ = epoll_create1(EPOLL_CLOEXEC);
-  if (epollFd_ < 0) return fail("epoll_create1: " + errnoText(errno));
-  epoll_event ev{};
-  ev.events = EPOLLIN;
-  ev.data.u64 = 0;
-  if (epoll_ctl(epollFd_, EPOLL_CTL_ADD, listenFd_, &ev) != 0) {
-    return fail("epoll_ctl: " + errnoText(errno));
-  }
+  if (std::string why = watchListener(listenFd_, epollFd_); !why.empty()) return fail(why);
   return true;
 }
 
@@ -240,45 +235,31 @@ void MetricsHttpServer::close() noexcept {
 }
 
 void MetricsHttpServer::closeClient(std::uint64_t id) noexcept {
-  const auto it = clients_.find(id);
-  if (it == clients_.end()) return;
-  if (epollFd_ >= 0) epoll_ctl(epollFd_, EPOLL_CTL_DEL, it->second.fd, nullptr);
-  ::close(it->second.fd);
-  clients_.erase(it);
+  spillway::closeClient(epollFd_, clients_, id);
 }
 
 void MetricsHttpServer::poll() noexcept {
   if (epollFd_ < 0) return;
-  epoll_event events[kMaxEventsPerPoll];
-  const int n = epoll_wait(epollFd_, events, kMaxEventsPerPoll, 0);
-  for (int i = 0; i < n; ++i) {
-    const std::uint64_t id = events[i].data.u64;
-    if (id == 0) {
-      acceptClients();
-      continue;
-    }
-    const auto it = clients_.find(id);
-    if (it == clients_.end()) continue;
-    Client& client = it->second;
-    switch (client.phase) {
-      case Phase::Reading:
-        readRequest(id, client);
-        break;
-      case Phase::Writing:
-        writeResponse(id, client);
-        break;
-      case Phase::Draining:
-        drain(id, client);
-        break;
-    }
-  }
+  dispatchReady<kMaxEventsPerPoll>(
+      epollFd_, clients_, [this] { acceptClients(); },
+      [this](std::uint64_t id, Client& client, std::uint32_t) {
+        switch (client.phase) {
+          case Phase::Reading:
+            readRequest(id, client);
+            break;
+          case Phase::Writing:
+            writeResponse(id, client);
+            break;
+          case Phase::Draining:
+            drain(id, client);
+            break;
+        }
+      });
   try {
     const auto t = now();
-    std::vector<std::uint64_t> expired;
-    for (const auto& [id, client] : clients_) {
-      if (t >= client.deadline) expired.push_back(id);
-    }
-    for (std::uint64_t id : expired) closeClient(id);
+    closeExpired(
+        clients_, [&](const Client& client) { return t >= client.deadline; },
+        [this](std::uint64_t id) { closeClient(id); });
   } catch (...) {
   }
 }
@@ -294,15 +275,7 @@ void MetricsHttpServer::acceptClients() noexcept {
         Client client;
         client.fd = fd;
         client.deadline = now() + options_.timeout;
-        const auto it = clients_.emplace(id, std::move(client)).first;
-        epoll_event ev{};
-        ev.events = EPOLLIN;
-        ev.data.u64 = id;
-        if (epoll_ctl(epollFd_, EPOLL_CTL_ADD, fd, &ev) == 0) {
-          adopted = true;
-        } else {
-          clients_.erase(it);
-        }
+        adopted = adoptClient(epollFd_, clients_, id, std::move(client));
       } catch (...) {
       }
     }

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <system_error>
 
+#include "control/epoll_loop.hpp"
 #include "control/http_client.hpp"
 
 namespace spillway {
@@ -161,20 +162,13 @@ std::optional<LoadStatus> LoadScraper::status(std::uint64_t id) const {
 void LoadScraper::poll(Millis now) noexcept {
   try {
     if (epollFd_ >= 0) {
-      std::array<epoll_event, 64> events{};
-      for (int round = 0; round < 16; ++round) {
-        const int n = ::epoll_wait(epollFd_, events.data(), static_cast<int>(events.size()), 0);
-        if (n <= 0) break;
-        for (int i = 0; i < n; ++i) {
-          const epoll_event& ev = events[static_cast<std::size_t>(i)];
-          const auto it = byTag_.find(ev.data.u64);
-          if (it == byTag_.end()) continue;
-          Entry& e = *it->second;
-          e.exchange.onEvent(ev.events);
-          if (e.exchange.finished()) onExchangeFinished(e, now);
-        }
-        if (n < static_cast<int>(events.size())) break;
-      }
+      drainReady(epollFd_, [&](const epoll_event& ev) {
+        const auto it = byTag_.find(ev.data.u64);
+        if (it == byTag_.end()) return;
+        Entry& e = *it->second;
+        e.exchange.onEvent(ev.events);
+        if (e.exchange.finished()) onExchangeFinished(e, now);
+      });
     }
     for (auto& ep : entries_) {
       Entry& e = *ep;

@@ -23,17 +23,18 @@ not assigned in the client namespace, so its kernel never interferes. Every
 wait polls against a deadline; the only fixed wait is the window in which the
 VIP packets must stay unanswered.
 """
-import argparse
 import json
 import os
 import random
 import re
-import select
 import socket
 import subprocess
 import sys
-import threading
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import scapy_traffic  # noqa: E402
+from scapy_traffic import Wire, serve_echo, summarize  # noqa: E402
 
 HOST_PORT = 2222
 ANSWER_DEADLINE_S = 5.0
@@ -43,73 +44,7 @@ SILENCE_WINDOW_S = 1.5
 
 
 def serve(args):
-    def handle(conn):
-        conn.settimeout(10)
-        try:
-            data = conn.recv(4096)
-            if data:
-                conn.sendall(b"echo:" + data)
-        except OSError:
-            pass
-        finally:
-            conn.close()
-
-    def listen(family, address):
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if family == socket.AF_INET6:
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-        sock.bind((address, HOST_PORT))
-        sock.listen(16)
-        return sock
-
-    listeners = [listen(socket.AF_INET, args.host4), listen(socket.AF_INET6, args.host6)]
-
-    def accept_loop(sock):
-        while True:
-            conn, _ = sock.accept()
-            threading.Thread(target=handle, args=(conn,), daemon=True).start()
-
-    threads = [threading.Thread(target=accept_loop, args=(s,), daemon=True) for s in listeners]
-    for t in threads:
-        t.start()
-    with open(args.ready, "w") as ready:
-        ready.write(str(os.getpid()))
-    for t in threads:
-        t.join()
-
-
-class Wire:
-    """One L2 listen socket opened before anything is sent, so no answer is
-    missed; received frames are kept until a matcher claims them."""
-
-    def __init__(self, iface):
-        from scapy.all import conf
-        self.sock = conf.L2listen(iface=iface)
-        self.seen = []
-
-    def _drain(self, timeout):
-        ready, _, _ = select.select([self.sock], [], [], max(timeout, 0))
-        if ready:
-            pkt = self.sock.recv()
-            if pkt is not None:
-                self.seen.append(pkt)
-
-    def wait_for(self, match, deadline_s):
-        end = time.monotonic() + deadline_s
-        while True:
-            for i, pkt in enumerate(self.seen):
-                if match(pkt):
-                    return self.seen.pop(i)
-            remaining = end - time.monotonic()
-            if remaining <= 0:
-                return None
-            self._drain(min(remaining, 0.1))
-
-    def collect(self, window_s):
-        end = time.monotonic() + window_s
-        while time.monotonic() < end:
-            self._drain(end - time.monotonic())
+    serve_echo(HOST_PORT, args.host4, args.host6, 16, args.ready)
 
 
 def read_counters(cmd):
@@ -119,15 +54,8 @@ def read_counters(cmd):
 
 def wait_counter(cmd, before, name, expected, exact):
     """Polls until counter `name` rose by `expected` (exactly, or at least)."""
-    end = time.monotonic() + COUNTER_DEADLINE_S
-    while True:
-        now = read_counters(cmd)
-        delta = now[name] - before[name]
-        if delta == expected or (not exact and delta >= expected):
-            return True, delta, now
-        if (exact and delta > expected) or time.monotonic() > end:
-            return False, delta, now
-        time.sleep(0.02)
+    return scapy_traffic.wait_counter(lambda: read_counters(cmd), before, name, expected, exact,
+                                      COUNTER_DEADLINE_S)
 
 
 def testpmd_rx(log_path):
@@ -365,31 +293,19 @@ def run(args):
 
     end = read_counters(args.counters_cmd)
     print("af_xdp: counters: " + json.dumps(end), flush=True)
-    passed = sum(1 for _, ok in results if ok)
-    failed = len(results) - passed
-    print(f"af_xdp: {passed} passed, {failed} failed", flush=True)
-    return 0 if failed == 0 else 1
+    return summarize("af_xdp", results)
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="role", required=True)
-    s = sub.add_parser("serve")
-    s.add_argument("--host4", required=True)
-    s.add_argument("--host6", required=True)
-    s.add_argument("--ready", required=True)
-    r = sub.add_parser("run")
-    for name in ("iface", "client-mac", "gateway-mac", "host4", "host6", "peer4", "peer6",
-                 "client4", "client6", "vip4-exact", "vip4-udp", "vip4-marker", "vip6-marker",
-                 "vip6-exact", "counters-cmd"):
-        r.add_argument("--" + name, required=True)
-    r.add_argument("--testpmd-log", default="")
-    r.add_argument("--cases", default="")
-    args = parser.parse_args()
-    if args.role == "serve":
-        serve(args)
-        return 0
-    return run(args)
+    def extras(r):
+        r.add_argument("--testpmd-log", default="")
+        r.add_argument("--cases", default="")
+
+    return scapy_traffic.main(
+        __doc__, serve, run, ("host4", "host6", "ready"),
+        ("iface", "client-mac", "gateway-mac", "host4", "host6", "peer4", "peer6",
+         "client4", "client6", "vip4-exact", "vip4-udp", "vip4-marker", "vip6-marker",
+         "vip6-exact", "counters-cmd"), extras)
 
 
 if __name__ == "__main__":

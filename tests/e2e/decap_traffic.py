@@ -16,16 +16,15 @@ Two roles:
 Every wait polls against a deadline; the only fixed wait is the short window in
 which a negative case must stay unanswered.
 """
-import argparse
 import json
 import os
 import random
-import select
-import socket
 import subprocess
 import sys
-import threading
-import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import scapy_traffic  # noqa: E402
+from scapy_traffic import Wire, serve_echo, summarize  # noqa: E402
 
 PORT = 8080
 ANSWER_DEADLINE_S = 5.0
@@ -34,74 +33,7 @@ SILENCE_WINDOW_S = 1.0
 
 
 def serve(args):
-    def handle(conn):
-        conn.settimeout(10)
-        try:
-            data = conn.recv(4096)
-            if data:
-                conn.sendall(b"echo:" + data)
-        except OSError:
-            pass
-        finally:
-            conn.close()
-
-    def listen(family, address):
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if family == socket.AF_INET6:
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-        sock.bind((address, PORT))
-        sock.listen(64)
-        return sock
-
-    listeners = [listen(socket.AF_INET, args.vip4), listen(socket.AF_INET6, args.vip6)]
-
-    def accept_loop(sock):
-        while True:
-            conn, _ = sock.accept()
-            threading.Thread(target=handle, args=(conn,), daemon=True).start()
-
-    threads = [threading.Thread(target=accept_loop, args=(s,), daemon=True) for s in listeners]
-    for t in threads:
-        t.start()
-    with open(args.ready, "w") as ready:
-        ready.write(str(os.getpid()))
-    for t in threads:
-        t.join()
-
-
-class Wire:
-    """One L2 listen socket opened before anything is sent, so no answer is
-    missed; received frames are kept until a matcher claims them."""
-
-    def __init__(self, iface):
-        from scapy.all import conf
-        self.iface = iface
-        self.sock = conf.L2listen(iface=iface)
-        self.seen = []
-
-    def _drain(self, timeout):
-        ready, _, _ = select.select([self.sock], [], [], max(timeout, 0))
-        if ready:
-            pkt = self.sock.recv()
-            if pkt is not None:
-                self.seen.append(pkt)
-
-    def wait_for(self, match, deadline_s):
-        end = time.monotonic() + deadline_s
-        while True:
-            for i, pkt in enumerate(self.seen):
-                if match(pkt):
-                    return self.seen.pop(i)
-            remaining = end - time.monotonic()
-            if remaining <= 0:
-                return None
-            self._drain(min(remaining, 0.1))
-
-    def collect(self, window_s):
-        end = time.monotonic() + window_s
-        while time.monotonic() < end:
-            self._drain(end - time.monotonic())
+    serve_echo(PORT, args.vip4, args.vip6, 64, args.ready)
 
 
 def read_counters(stats_cmd):
@@ -112,14 +44,9 @@ def read_counters(stats_cmd):
 
 def wait_counter(stats_cmd, before, name, expected_delta, exact):
     """Polls until counter `name` rose by expected_delta (exactly, or at least)."""
-    end = time.monotonic() + COUNTER_DEADLINE_S
-    while True:
-        delta = read_counters(stats_cmd)[name] - before[name]
-        if delta == expected_delta or (not exact and delta >= expected_delta):
-            return True, delta
-        if (exact and delta > expected_delta) or time.monotonic() > end:
-            return False, delta
-        time.sleep(0.02)
+    counted, delta, _ = scapy_traffic.wait_counter(lambda: read_counters(stats_cmd), before, name,
+                                                   expected_delta, exact, COUNTER_DEADLINE_S)
+    return counted, delta
 
 
 def run(args):
@@ -283,29 +210,15 @@ def run(args):
         else:
             record(name, True, f"passed untouched, {counter} +{delta}, no answer")
 
-    passed = sum(1 for _, ok in results if ok)
-    failed = len(results) - passed
-    print(f"decap: {passed} passed, {failed} failed", flush=True)
-    return 0 if failed == 0 else 1
+    return summarize("decap", results)
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="role", required=True)
-    s = sub.add_parser("serve")
-    s.add_argument("--vip4", required=True)
-    s.add_argument("--vip6", required=True)
-    s.add_argument("--ready", required=True)
-    r = sub.add_parser("run")
-    for name in ("iface", "client-mac", "backend-mac", "lb4", "lb6", "backend4", "backend6",
-                 "client4", "client6", "vip4", "vip6", "other4", "other6", "stats-cmd"):
-        r.add_argument("--" + name, required=True)
-    r.add_argument("--gue-port", type=int, default=6080)
-    args = parser.parse_args()
-    if args.role == "serve":
-        serve(args)
-        return 0
-    return run(args)
+    return scapy_traffic.main(
+        __doc__, serve, run, ("vip4", "vip6", "ready"),
+        ("iface", "client-mac", "backend-mac", "lb4", "lb6", "backend4", "backend6",
+         "client4", "client6", "vip4", "vip6", "other4", "other6", "stats-cmd"),
+        lambda r: r.add_argument("--gue-port", type=int, default=6080))
 
 
 if __name__ == "__main__":
