@@ -404,7 +404,12 @@ def test_cli(e, ctl_exe):
     r = e.fanout(VIP_NCCL, 8000, 100, "drained")
     e.check(f"new connections avoid draining {x}", r["ok"] == 100 and x not in r["per_backend"],
             str(r["per_backend"]))
-    fl = {b["backend"]: b["flows"] for b in ctl("flows")["backends"]}
+    # The workers count live flows about once a second: wait for a count that
+    # was taken after the held connections opened.
+    def flows_now():
+        return {b["backend"]: b["flows"] for b in ctl("flows")["backends"]}
+    soon(lambda: flows_now().get(x, 0) >= on_x > 0, timeout=5.0)
+    fl = flows_now()
     live = ctl.backends()[x].get("live_flows")
     e.check(f"flows shows {x}'s live flows while draining", on_x > 0 and fl.get(x, 0) >= on_x,
             f"{on_x} held on {x}; flows {fl}; live_flows {live}")
