@@ -367,6 +367,9 @@ class Section {
   // within [minMs, maxMs].
   std::optional<Millis> seconds(std::string_view key, Millis minMs = 1,
                                 Millis maxMs = FlowTable::kMaxTimeout / 1000 * 1000);
+  // An optional duration: stores it in `out` when valid; false only when the
+  // key is written but invalid (already reported), so dependent checks skip.
+  bool secondsInto(std::string_view key, Millis minMs, Millis maxMs, Millis& out);
   // An integer or a float within the bounds; an open bound excludes itself.
   std::optional<double> number(std::string_view key, double min, double max, bool minOpen = false,
                                bool maxOpen = false);
@@ -558,6 +561,14 @@ std::optional<MacAddress> Section::mac(std::string_view key) {
     return std::nullopt;
   }
   return m;
+}
+
+bool Section::secondsInto(std::string_view key, Millis minMs, Millis maxMs, Millis& out) {
+  if (auto v = seconds(key, minMs, maxMs)) {
+    out = *v;
+    return true;
+  }
+  return table_.get(key) == nullptr;
 }
 
 std::optional<Millis> Section::seconds(std::string_view key, Millis minMs, Millis maxMs) {
@@ -1205,17 +1216,8 @@ void Loader::loadHealth(Section& pool, PoolConfig& p) {
   }
   const bool intervalSet = t->get("interval") != nullptr;
   const bool timeoutSet = t->get("timeout") != nullptr;
-  bool timesOk = true;
-  if (auto v = s.seconds("interval", 10, 3'600'000)) {
-    h.interval = *v;
-  } else if (intervalSet) {
-    timesOk = false;
-  }
-  if (auto v = s.seconds("timeout", 1, 3'600'000)) {
-    h.timeout = *v;
-  } else if (timeoutSet) {
-    timesOk = false;
-  }
+  bool timesOk = s.secondsInto("interval", 10, 3'600'000, h.interval);
+  timesOk = s.secondsInto("timeout", 1, 3'600'000, h.timeout) && timesOk;
   if (timesOk && h.kind != HealthCheckKind::None && h.timeout >= h.interval) {
     const std::string site(toString(p.site));
     if (timeoutSet) {
@@ -1274,22 +1276,9 @@ void Loader::loadLoadSource(Section& pool, PoolConfig& p) {
   const bool intervalSet = t->get("interval") != nullptr;
   const bool timeoutSet = t->get("timeout") != nullptr;
   const bool staleSet = t->get("stale_after") != nullptr;
-  bool timesOk = true;
-  if (auto v = s.seconds("interval", 100, 3'600'000)) {
-    l.interval = *v;
-  } else if (intervalSet) {
-    timesOk = false;
-  }
-  if (auto v = s.seconds("timeout", 1, 3'600'000)) {
-    l.timeout = *v;
-  } else if (timeoutSet) {
-    timesOk = false;
-  }
-  if (auto v = s.seconds("stale_after", 1, 86'400'000)) {
-    l.staleAfter = *v;
-  } else if (staleSet) {
-    timesOk = false;
-  }
+  bool timesOk = s.secondsInto("interval", 100, 3'600'000, l.interval);
+  timesOk = s.secondsInto("timeout", 1, 3'600'000, l.timeout) && timesOk;
+  timesOk = s.secondsInto("stale_after", 1, 86'400'000, l.staleAfter) && timesOk;
   if (timesOk && l.timeout >= l.interval) {
     if (timeoutSet) {
       s.fail("timeout", "must be shorter than interval (" + secondsText(l.interval) + " s" +
