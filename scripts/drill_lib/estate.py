@@ -1,0 +1,361 @@
+"""The drill's estate: a scripts/topology estate with the cloud behind the WAN
+delay line, spillwayd on the gateway, and every backend's servers.
+
+Each backend runs:
+  * spillway-flowcheck serve on the data port (9000) and the health port
+    (8000): the flow checker's flows and spillwayd's TCP health checks;
+  * grpc_stream.py serve on 50051 (the bidirectional gRPC streams);
+  * one `iperf3 -s` per elephant port (5201, 5202, ...);
+  * fake_exporter.py on 9400 (DCGM GPU utilisation and vLLM's queue gauge)
+    for pools with load feedback, driven through a control file.
+
+Everything runs under `ip netns exec`, so a process's pid is the command's
+own, and everything is torn down by cleanup(), also after a signal.
+"""
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+PY = "/usr/bin/python3"
+TOPOLOGY = os.path.join(ROOT, "scripts", "topology")
+GRPC_STREAM = os.path.join(ROOT, "tests", "tools", "grpc_stream.py")
+FAKE_EXPORTER = os.path.join(ROOT, "tests", "tools", "fake_exporter.py")
+
+VIP_FLOWS = "192.0.2.10"   # VIP "nccl": every TCP port (flow checker, iperf3)
+VIP_GRPC = "192.0.2.11"    # VIP "grpc": port 50051
+CLIENT = "10.99.0.100"
+BULK = "10.99.0.101"
+LB_ADDR = "10.99.0.2"
+DATA_PORT = 9000
+HEALTH_PORT = 8000
+GRPC_PORT = 50051
+EXPORTER_PORT = 9400
+IPERF_BASE_PORT = 5201
+# The bulk client's one source port for iperf3's control connections (its
+# namespace's ip_local_port_range), so the drill can place each elephant's
+# control and data connections on one backend (see traffic.Elephants).
+IPERF_CONTROL_PORT = 42000
+SEED = "0x0d7111d7111d7111"
+
+
+class DrillError(Exception):
+    """The drill could not run (set-up failed): not an invariant verdict."""
+
+
+def log(msg):
+    print(msg, flush=True)
+
+
+def wait_until(what, predicate, timeout, interval=0.05):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise DrillError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+class Tools:
+    """The built binaries the drill runs."""
+
+    def __init__(self, build):
+        self.spillwayd = os.path.join(build, "src", "dataplane", "spillwayd")
+        self.decap = os.path.join(build, "src", "dataplane", "spillway-decap")
+        self.spillwayctl = os.path.join(build, "src", "control", "spillwayctl")
+        self.delayline = os.path.join(build, "tests", "tools", "spillway-delayline")
+        self.flowcheck = os.path.join(build, "tests", "tools", "spillway-flowcheck")
+        missing = [p for p in (self.spillwayd, self.decap, self.spillwayctl, self.delayline,
+                               self.flowcheck) if not os.access(p, os.X_OK)]
+        if missing:
+            raise DrillError("not built: " + ", ".join(missing))
+
+
+class Ctl:
+    """The CLI socket spoken directly (src/control/protocol.hpp), for the
+    monitor's frequent reads; operator actions go through spillwayctl."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def call(self, cmd, **args):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+            s.settimeout(2.0)
+            s.connect(self.path)
+            s.send(json.dumps({"v": 1, "cmd": cmd, "args": args}).encode())
+            reply = json.loads(s.recv(1 << 22))
+        if not reply.get("ok"):
+            raise DrillError(f"{cmd}: {reply.get('error')}")
+        return reply["result"]
+
+
+class Estate:
+    def __init__(self, tools, scenario, work):
+        self.tools = tools
+        self.sc = scenario
+        self.work = work
+        self.prefix = f"swd{os.getpid() % 100000}"
+        self.procs = []
+        self.up = False
+        self.backends = {}  # name -> {"ns", "address", "pool", "servers": [Popen]}
+        self.lb = None
+        self.lb_starts = 0
+        self.delayline = None
+        self.sock = os.path.join(work, "spillway.sock")
+        self.wan_sock = os.path.join(work, "wan.sock")
+        self.ctl = Ctl(self.sock)
+        self.config = os.path.join(work, "spillway.toml")
+
+    # -- processes -------------------------------------------------------------
+    def ns(self, host):
+        return f"{self.prefix}-{host}"
+
+    def run(self, args, ns=None, check=True, timeout=60, env=None):
+        if ns is not None:
+            args = ["ip", "netns", "exec", ns] + args
+        r = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env)
+        if check and r.returncode != 0:
+            raise DrillError(f"{' '.join(args)} exited {r.returncode}: {r.stderr.strip()[-500:]}")
+        return r
+
+    def spawn(self, args, ns=None, log_name=None, stdin=None, stdout=None):
+        if ns is not None:
+            args = ["ip", "netns", "exec", ns] + args
+        err = open(os.path.join(self.work, log_name), "w") if log_name else subprocess.DEVNULL
+        out = open(stdout, "w") if stdout else err
+        p = subprocess.Popen(args, stdout=out, stderr=err,
+                             stdin=stdin if stdin is not None else subprocess.DEVNULL,
+                             text=stdin is not None)
+        self.procs.append(p)
+        return p
+
+    def stop(self, p, timeout=10, sig=signal.SIGTERM):
+        if p.poll() is None:
+            p.send_signal(sig)
+            try:
+                p.wait(timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        if p in self.procs:
+            self.procs.remove(p)
+        return p.returncode
+
+    def cleanup(self):
+        for p in reversed(list(self.procs)):
+            try:
+                self.stop(p, timeout=5)
+            except Exception:  # noqa: BLE001 - best effort on the way out
+                pass
+        if self.up:
+            subprocess.run([TOPOLOGY, "down", "--prefix", self.prefix], capture_output=True)
+        shutil.rmtree(f"/var/run/dpdk/{self.prefix}", ignore_errors=True)
+
+    # -- topology ----------------------------------------------------------------
+    def topology_up(self):
+        est = self.sc["estate"]
+        opts = ["--prefix", self.prefix, "--onprem", str(est["onprem"]), "--cloud",
+                str(est["cloud"]), "--bulk-client"]
+        if est.get("wan"):
+            opts.append("--wan")
+        self.up = True
+        self.run([TOPOLOGY, "up"] + opts, env=dict(os.environ, SW_DECAP=self.tools.decap))
+        text = self.run([TOPOLOGY, "env"] + opts).stdout
+        for line in text.splitlines():
+            if line.startswith("backend "):
+                _, name, ns, addr = line.split()
+                self.backends[name] = {"ns": ns, "address": addr,
+                                       "pool": name.rstrip("0123456789"), "servers": []}
+        self.run(["sysctl", "-qw", "net.ipv4.ip_local_port_range="
+                  f"{IPERF_CONTROL_PORT} {IPERF_CONTROL_PORT}"], ns=self.ns("bulk"))
+        if est.get("wan"):
+            wan = est["wan"]
+            ready = os.path.join(self.work, "wan.ready")
+            self.delayline = self.spawn(
+                [self.tools.delayline, "run", "--a", "wan0b", "--b", "wan1b",
+                 "--delay-ms", str(wan.get("delay_ms", 0)), "--jitter-ms",
+                 str(wan.get("jitter_ms", 0)), "--loss", str(wan.get("loss", 0)),
+                 "--control", self.wan_sock, "--ready", ready],
+                ns=self.ns("fabric"), log_name="delayline.log",
+                stdout=os.path.join(self.work, "delayline.json"))
+            wait_until("the WAN delay line", lambda: os.path.exists(ready) or
+                       self.delayline.poll() is not None, 10)
+            if self.delayline.poll() is not None:
+                raise DrillError(f"spillway-delayline exited {self.delayline.returncode}")
+
+    def wan_set(self, **settings):
+        args = [self.tools.delayline, "set", "--control", self.wan_sock]
+        for key, value in settings.items():
+            args += [f"--{key.replace('_', '-')}", str(value)]
+        return self.run(args, ns=self.ns("fabric"))
+
+    def wan_show(self):
+        return json.loads(self.run([self.tools.delayline, "show", "--control", self.wan_sock],
+                                   ns=self.ns("fabric")).stdout)
+
+    # -- backends' servers ------------------------------------------------------------
+    def loaded_pools(self):
+        return [p for p, conf in self.sc["pools"].items() if conf.get("load")]
+
+    def exporter_file(self, name):
+        return os.path.join(self.work, f"exporter-{name}.ctl")
+
+    def start_servers(self, name):
+        b = self.backends[name]
+        ns = b["ns"]
+        servers = [
+            self.spawn([self.tools.flowcheck, "serve", "--name", name, "--port", str(DATA_PORT),
+                        "--port", str(HEALTH_PORT)], ns=ns, log_name=f"flowcheck-{name}.log"),
+            self.spawn([PY, GRPC_STREAM, "serve", "--name", name, "--port", str(GRPC_PORT)],
+                       ns=ns, log_name=f"grpc-{name}.log"),
+        ]
+        for k in range(len(self.sc["traffic"].get("elephants", []))):
+            servers.append(self.spawn(["iperf3", "-s", "-p", str(IPERF_BASE_PORT + k)], ns=ns,
+                                      log_name=f"iperf3-{name}-{k}.log"))
+        if b["pool"] in self.loaded_pools():
+            ctl = self.exporter_file(name)
+            if not os.path.exists(ctl):
+                load = self.sc["pools"][b["pool"]]["load"]
+                self.write_exporter(name, load.get("gpu", 10), load.get("queue", 0))
+            servers.append(self.spawn(
+                [PY, FAKE_EXPORTER, "--listen", "0.0.0.0", "--port", str(EXPORTER_PORT),
+                 "--gpus", "4", "--control-file", ctl], ns=ns, log_name=f"exporter-{name}.log"))
+        b["servers"] = servers
+        ports = [DATA_PORT, HEALTH_PORT, GRPC_PORT]
+        ports += [IPERF_BASE_PORT + k for k in range(len(self.sc["traffic"].get("elephants", [])))]
+        for port in ports:
+            wait_until(f"{name} listening on :{port}", lambda port=port: self.run(
+                ["ss", "-Hltn", f"sport = :{port}"], ns=ns).stdout.strip() or any(
+                    p.poll() is not None for p in servers), 20)
+        dead = [p.args for p in servers if p.poll() is not None]
+        if dead:
+            raise DrillError(f"{name}: a server exited at start: {dead}")
+
+    def kill_servers(self, name):
+        """Every server process of the backend dies (SIGKILL): the kernel
+        resets the connections they held, as when a host's workload dies."""
+        for p in self.backends[name]["servers"]:
+            self.stop(p, timeout=2, sig=signal.SIGKILL)
+        self.backends[name]["servers"] = []
+
+    def write_exporter(self, name, gpu, queue):
+        tmp = self.exporter_file(name) + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(f"gpu={gpu}\nqueue={queue}\n")
+        os.replace(tmp, self.exporter_file(name))
+
+    # -- the gateway -----------------------------------------------------------------
+    def write_config(self, only=None):
+        sc = self.sc
+        lines = ["# Generated by scripts/drill for scenario " + sc["name"] + ".",
+                 "[dataplane]", "lcores = [1]", f'hash_seed = "{SEED}"',
+                 "flow_capacity = 65536", "",
+                 # Closed flows leave the tables 2 s after their FIN (default
+                 # 10), so a drain completes soon after its last flow ends.
+                 "[dataplane.timeouts]", "closing = 2", "",
+                 "[[port]]", 'name = "fabric"', 'devargs = "net_af_packet0,iface=eth0"',
+                 f'address = "{LB_ADDR}"', "mtu = 1600", 'kernel_interface = "eth0"', ""]
+        for pool, conf in sc["pools"].items():
+            lines += ["[[pool]]", f'name = "{pool}"', f'site = "{pool}"',
+                      f"priority = {conf.get('priority', 0)}",
+                      f'encap = "{"ipip" if pool == "onprem" else "gue"}"', ""]
+            health = conf.get("health")
+            if health:
+                lines += ["[pool.health]"] + [f"{k} = {toml_value(v)}" for k, v in health.items()]
+                lines.append("")
+            load = conf.get("load")
+            if load:
+                lines += ["[pool.load]", "enabled = true", f"port = {EXPORTER_PORT}",
+                          'queue_metric = "vllm:num_requests_waiting"']
+                lines += [f"{k} = {toml_value(v)}" for k, v in load.items()
+                          if k not in ("gpu", "queue")]
+                lines.append("")
+        lines += ["[[vip]]", 'name = "nccl"', f'address = "{VIP_FLOWS}"', 'protocol = "tcp"',
+                  "port = 0", f'pools = {toml_value(list(sc["pools"]))}', "",
+                  "[[vip]]", 'name = "grpc"', f'address = "{VIP_GRPC}"', 'protocol = "tcp"',
+                  f"port = {GRPC_PORT}", "table_size = 4099",
+                  f'pools = {toml_value(list(sc["pools"]))}', ""]
+        if sc.get("policy"):
+            lines += ["[policy]"] + [f"{k} = {toml_value(v)}" for k, v in sc["policy"].items()]
+            lines.append("")
+        for name, b in self.backends.items():
+            if only is not None and name not in only:
+                continue
+            lines += ["[[backend]]", f'name = "{name}"', f'address = "{b["address"]}"',
+                      f'pool = "{b["pool"]}"', f"weight = {sc['weights'].get(name, 100)}", ""]
+        with open(self.config, "w") as f:
+            f.write("\n".join(lines))
+        self.run([self.tools.spillwayd, "--check-config", self.config])
+
+    def start_lb(self):
+        self.lb_starts += 1
+        tag = self.lb_starts
+        self.lb_stats = os.path.join(self.work, f"stats-{tag}.json")
+        self.lb = self.spawn(
+            [self.tools.spillwayd, "--no-huge", "-m", "512", "--file-prefix", self.prefix, "--",
+             "--config", self.config, "--stats-file", self.lb_stats, "--stats-interval-ms", "100",
+             "--control-socket", self.sock, "--metrics-listen", "", "--quiet"],
+            ns=self.ns("lb"), log_name=f"spillwayd-{tag}.log",
+            stdout=os.path.join(self.work, f"spillwayd-{tag}.json"))
+
+    def wait_ready(self, timeout=30):
+        def ready():
+            if self.lb.poll() is not None:
+                raise DrillError(f"spillwayd exited {self.lb.returncode}: " + tail(
+                    os.path.join(self.work, f"spillwayd-{self.lb_starts}.log")))
+            try:
+                with open(self.lb_stats) as f:
+                    s = json.load(f)
+            except (OSError, ValueError):
+                return None
+            return all(b["next_hop_resolved"] for b in s["backends"]) and all(
+                w["snapshot_generation"] == s["generation"] for w in s["workers"])
+        wait_until("spillwayd ready (next hops resolved)", ready, timeout)
+        wait_until("the control socket", lambda: self._ctl_ok(), 10)
+
+    def _ctl_ok(self):
+        try:
+            self.ctl.call("status")
+            return True
+        except (OSError, DrillError, ValueError):
+            return False
+
+    def stop_lb(self):
+        rc = self.stop(self.lb, timeout=10)
+        return rc
+
+    def spillwayctl(self, *args):
+        return self.run([self.tools.spillwayctl, "--socket", self.sock] + [str(a) for a in args],
+                        check=False)
+
+
+def toml_value(v):
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    return str(v)
+
+
+def tail(path, lines=15):
+    try:
+        with open(path) as f:
+            return "".join(f.readlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def make_work(keep_dir=None):
+    if keep_dir:
+        os.makedirs(keep_dir, exist_ok=True)
+        return keep_dir
+    return tempfile.mkdtemp(prefix="spillway-drill-")

@@ -1,0 +1,110 @@
+"""Samples spillwayd's control plane while a drill runs: each backend's
+state, live flows and Maglev entries, each VIP's pool shares and the
+snapshot generation, every `period` seconds, straight from the CLI socket
+(src/control/protocol.hpp). Detection times, table removals, drain
+completion and table churn are read from these samples.
+
+A sample that cannot be taken (spillwayd restarting in the lb-restart drill)
+is recorded as {"t": ..., "down": true}.
+"""
+import json
+import threading
+import time
+
+from estate import DrillError
+
+
+class Monitor:
+    def __init__(self, ctl, vips, period=0.1):
+        self.ctl = ctl
+        self.vips = vips
+        self.period = period
+        self.samples = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self):
+        self._thread.start()
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join(5)
+
+    def _take(self):
+        t = time.time()
+        try:
+            backends = self.ctl.call("backend.list")
+            tables = self.ctl.call("table.show")
+            shares = {}
+            for vip in self.vips:
+                shown = self.ctl.call("vip.show", name=vip)
+                shares[vip] = {p["pool"]: p["share"] for p in shown.get("pools", [])}
+        except (OSError, ValueError, DrillError):
+            return {"t": t, "down": True}
+        entries = {}
+        for table in tables["tables"]:
+            for b in table["backends"]:
+                entries.setdefault(b["backend"], {})[table["vip"]] = b["entries"]
+        return {
+            "t": t,
+            "generation": tables["generation"],
+            "backends": {b["name"]: {"state": b.get("state"), "health": b.get("health"),
+                                     "live_flows": b.get("live_flows"),
+                                     "gpu": b.get("gpu_utilization"),
+                                     "queue": b.get("queue_depth"),
+                                     "saturated": b.get("saturated")} for b in backends},
+            "entries": entries,
+            "table_size": {t_["vip"]: t_["table_size"] for t_ in tables["tables"]},
+            "shares": shares,
+        }
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.samples.append(self._take())
+            self._stop.wait(self.period)
+
+    def write(self, path):
+        with open(path, "w") as f:
+            for s in self.samples:
+                f.write(json.dumps(s) + "\n")
+
+    # -- queries over the samples ------------------------------------------------
+    def first(self, after, predicate):
+        """The time of the first sample at or after `after` for which
+        predicate(sample) holds (samples while down are skipped)."""
+        for s in self.samples:
+            if s["t"] >= after and not s.get("down") and predicate(s):
+                return s["t"]
+        return None
+
+    def state_changes(self, name, since=0.0):
+        """[(t, from, to)] of a backend's effective state over the samples."""
+        out, last = [], None
+        for s in self.samples:
+            if s.get("down") or s["t"] < since:
+                continue
+            state = s["backends"].get(name, {}).get("state")
+            if last is not None and state != last:
+                out.append((s["t"], last, state))
+            last = state
+        return out
+
+    def churn(self, vip, interval, since=0.0, until=None):
+        """The most table entries of a VIP that changed owner within any
+        window shorter than the churn interval (0.9 of it, so that one window
+        never holds two of the control plane's steps), bounded from below by the entry counts: half the sum
+        of |change| per backend between the first and last sample of each
+        window (a reassignment that keeps every count is invisible here;
+        Maglev moves for weight changes always change counts)."""
+        points = [s for s in self.samples if not s.get("down") and s["t"] >= since and
+                  (until is None or s["t"] <= until)]
+        worst = 0
+        for i, a in enumerate(points):
+            for b in points[i + 1:]:
+                if b["t"] - a["t"] >= 0.9 * interval:
+                    break
+                names = set(a["entries"]) | set(b["entries"])
+                moved = sum(abs(b["entries"].get(n, {}).get(vip, 0) -
+                                a["entries"].get(n, {}).get(vip, 0)) for n in names) // 2
+                worst = max(worst, moved)
+        return worst

@@ -1,0 +1,168 @@
+"""The drill's report: report.json (schema in README.md, "Failover drills"),
+summary.txt (the text printed at the end) and flows.png (matplotlib, Agg:
+active flows per backend and per pool over time, the share of new flows per
+pool, the drill's actions marked).
+"""
+import json
+import os
+
+SCHEMA = 1
+
+
+def build(d, measurements, verdicts):
+    sc = d.sc
+    ok = all(v["ok"] for v in verdicts)
+    return {
+        "schema": SCHEMA,
+        "scenario": sc["name"],
+        "description": sc.get("description", "").strip(),
+        "short": sc.get("_short", False),
+        "started": d.t0,
+        "duration_s": sc["duration"],
+        "stall_ms": sc["stall_ms"],
+        "estate": {"onprem": sc["estate"]["onprem"], "cloud": sc["estate"]["cloud"],
+                   "wan": sc["estate"].get("wan"), "wan_counters": d.wan_counters},
+        "actions": d.actions,
+        "victims": measurements["victims"],
+        "flows": {k: v for k, v in measurements["flows"].items()},
+        "grpc": measurements["grpc"],
+        "elephants": measurements["elephants"],
+        "broken": {"theirs": measurements["broken_theirs"],
+                   "others": measurements["broken_others"]},
+        "reactions": measurements["reactions"],
+        "shares": measurements["shares"],
+        "restarts": measurements["restarts"],
+        "new_flows": new_flow_shares(d),
+        "invariants": verdicts,
+        "passed": ok,
+        "files": {"report": "report.json", "summary": "summary.txt", "plot": "flows.png",
+                  "timeline": "flows-timeline.jsonl", "control": "control-samples.jsonl",
+                  "flows": "flows.json"},
+    }
+
+
+def new_flow_shares(d):
+    """Share of new flows (probes) per pool over the whole drill."""
+    pool_of = {n: b["pool"] for n, b in d.e.backends.items()}
+    counts, n = {}, 0
+    for p in d.flow_report["probes"]:
+        if p["ok"]:
+            n += 1
+            pool = pool_of.get(p["backend"], "?")
+            counts[pool] = counts.get(pool, 0) + 1
+    failed = sum(1 for p in d.flow_report["probes"] if not p["ok"])
+    return {"probes": n, "failed": failed,
+            "by_pool": {p: round(c / n, 3) for p, c in sorted(counts.items())} if n else {}}
+
+
+def summary(rep, out_dir):
+    lines = [f"drill {rep['scenario']}{' (short)' if rep['short'] else ''}: "
+             f"{'PASSED' if rep['passed'] else 'FAILED'}"]
+    f = rep["flows"]
+    g = rep["grpc"]
+    lines.append(f"  flows: {f['total']} long-lived TCP"
+                 + (f", {g['total']} gRPC streams" if g else "")
+                 + (f", {len(rep['elephants'])} iperf3 elephants" if rep["elephants"] else ""))
+    lines.append(f"  broken: {rep['broken']['theirs']} theirs (on "
+                 f"{', '.join(rep['victims']) or 'no victim'}), {rep['broken']['others']} others'"
+                 f" (stall threshold {rep['stall_ms']} ms)")
+    for r in rep["reactions"]:
+        parts = []
+        if "detection_s" in r:
+            parts.append(f"detected in {r['detection_s']} s")
+        if "table_removal_s" in r:
+            parts.append(f"out of the tables in {r['table_removal_s']} s")
+        if "new_flows_after_removal" in r:
+            parts.append(f"{r['new_flows_after_removal']} new flows after")
+        if "complete_s" in r:
+            parts.append(f"drain complete {r['complete_s']} s after its flows closed")
+        lines.append(f"  {r['do']} {r['target']} at {r['at']} s: " + ", ".join(parts))
+    for r in rep["restarts"]:
+        lines.append(f"  restart at {r['at']} s: spillwayd back and ready in {r['outage_s']} s")
+    for s in rep["shares"]:
+        lines.append(f"  share of new flows {s['from']:.1f}-{s['to']:.1f} s ({s['probes']} "
+                     f"flows): measured {s['measured']}, formula {s['expected']}, "
+                     f"control plane {s['reported']}")
+    nf = rep["new_flows"]
+    lines.append(f"  new flows over the drill: {nf['probes']} ({nf['failed']} failed), by pool "
+                 f"{nf['by_pool']}")
+    for e in rep["elephants"]:
+        lines.append(f"  iperf3 elephant {e['id']} on {e['backend']}: {e['mbps']} Mbit/s, "
+                     f"longest silence {e['longest_silence_ms']} ms, "
+                     f"{'BROKEN' if e['broken'] else 'unbroken'}")
+    for v in rep["invariants"]:
+        lines.append(f"  {'ok  ' if v['ok'] else 'FAIL'} {v['name']}: {v['detail']}")
+    lines.append(f"  report: {os.path.join(out_dir, 'report.json')}")
+    lines.append(f"  plot:   {os.path.join(out_dir, 'flows.png')}")
+    return "\n".join(lines)
+
+
+def plot(d, rep, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib missing (Debian package python3-matplotlib)"
+    t0 = d.t0
+    tl = d.timeline
+    pool_of = {n: b["pool"] for n, b in d.e.backends.items()}
+    fig, (ax1, ax2, ax3) = plt.subplots(3, 1, figsize=(11, 9), sharex=True)
+    times = [x["t"] - t0 for x in tl]
+    for name in sorted(pool_of):
+        ax1.plot(times, [x["active"].get(name, 0) for x in tl], label=name,
+                 linestyle="-" if pool_of[name] == "onprem" else "--")
+    ax1.set_ylabel("active flows")
+    ax1.set_title(f"drill {rep['scenario']}: active flows per backend (client's view)")
+    ax1.legend(loc="upper right", fontsize=8, ncol=2)
+    for pool in sorted(set(pool_of.values())):
+        ax2.plot(times, [sum(v for n, v in x["active"].items() if pool_of.get(n) == pool)
+                         for x in tl], label=pool, linewidth=2)
+    ax2.set_ylabel("active flows")
+    ax2.set_title("per pool")
+    ax2.legend(loc="upper right", fontsize=8)
+    # Share of new flows per pool, over a sliding second.
+    probes = sorted((p["t"] - t0, pool_of.get(p["backend"], "?")) for p in
+                    d.flow_report["probes"] if p["ok"])
+    for pool in sorted(set(pool_of.values())):
+        xs, ys = [], []
+        for i, (t, _) in enumerate(probes):
+            window = [q for s, q in probes if t - 1.0 < s <= t]
+            xs.append(t)
+            ys.append(sum(1 for q in window if q == pool) / len(window))
+        ax3.plot(xs, ys, label=f"{pool} (measured, 1 s window)")
+    samples = [s for s in d.monitor.samples if not s.get("down")]
+    for pool in sorted(set(pool_of.values())):
+        ax3.plot([s["t"] - t0 for s in samples],
+                 [s["shares"].get("nccl", {}).get(pool, 0) for s in samples],
+                 linestyle=":", label=f"{pool} (control plane)")
+    for s in rep["shares"]:
+        for pool, v in s["expected"].items():
+            ax3.hlines(v, s["from"], s["to"], colors="black", linewidth=2)
+    ax3.set_ylabel("share of new flows")
+    ax3.set_xlabel("drill time (s)")
+    ax3.set_ylim(-0.05, 1.05)
+    ax3.legend(loc="upper right", fontsize=7)
+    for ax in (ax1, ax2, ax3):
+        for a in d.actions:
+            ax.axvline(a["at"], color="red", alpha=0.4)
+    for a in d.actions:
+        ax1.annotate(f"{a['do']} {a.get('target', '')}", (a["at"], ax1.get_ylim()[1]),
+                     rotation=90, fontsize=7, va="top", ha="right", color="red")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return None
+
+
+def write(d, measurements, verdicts, out_dir):
+    rep = build(d, measurements, verdicts)
+    with open(os.path.join(out_dir, "report.json"), "w") as f:
+        json.dump(rep, f, indent=1)
+    err = plot(d, rep, os.path.join(out_dir, "flows.png"))
+    text = summary(rep, out_dir)
+    if err:
+        text += f"\n  (no plot: {err})"
+    with open(os.path.join(out_dir, "summary.txt"), "w") as f:
+        f.write(text + "\n")
+    return rep, text

@@ -1,0 +1,135 @@
+"""Drill scenario files (conf/drills/*.toml): loading, validation and the
+short version. The schema is in README.md, "Failover drills".
+
+A scenario is data: an estate, pools, traffic, timed actions and the
+invariants that must hold. --short applies the file's [short] table: its
+`time_scale` multiplies every time (duration, action times, flap lengths,
+invariant windows and stable_until) and its other keys replace the
+top-level ones (tables merged key by key).
+"""
+import copy
+import os
+import tomllib
+
+ACTIONS = {
+    # name: (needs target, breaks the target's flows)
+    "kill": (True, True),            # every server process of the backend SIGKILLed
+    "link-down": (True, True),       # the backend's link cut
+    "link-up": (True, False),
+    "start-servers": (True, False),  # servers of a killed backend started again
+    "drain": (True, False),          # spillwayctl backend drain
+    "undrain": (True, False),
+    "remove": (True, False),         # spillwayctl backend remove (drains first)
+    "disable": (True, False),
+    "enable": (True, False),
+    "add": (True, False),            # spillwayctl backend add (a backend the config left out)
+    "close-flows": (True, False),    # the flow checker closes its flows on the backend
+    "open-flows": (False, False),    # n more long-lived flows
+    "set-load": (False, False),      # exporters of `targets` (or `pool`) report gpu / queue
+    "wan": (False, False),           # delay line: delay_ms, jitter_ms, loss
+    "restart-lb": (False, False),    # SIGTERM spillwayd, start it again with the same config
+    "flap": (True, False),           # health port blocked / open every period_ms for `for` s
+    "probe-rate": (False, False),
+}
+
+INVARIANTS = {"others_broken_max", "victims_broken_min", "victims", "detection_max_s",
+              "table_removal_max_s", "new_flows_avoid", "drain_complete_max_s",
+              "receives_new_flows", "state_changes_max", "stable_until", "share",
+              "share_tolerance", "churn_within_budget", "all_flows_keep_backend",
+              "restart_outage_max_s"}
+
+TIME_KEYS_ACTION = ("at", "for")
+
+
+class ScenarioError(Exception):
+    pass
+
+
+def find(name_or_path, root):
+    if os.path.exists(name_or_path):
+        return name_or_path
+    path = os.path.join(root, "conf", "drills", name_or_path + ".toml")
+    if os.path.exists(path):
+        return path
+    raise ScenarioError(f"no scenario {name_or_path!r} (not a file, not conf/drills/"
+                        f"{name_or_path}.toml)")
+
+
+def merge(base, over):
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def load(path, short=False):
+    try:
+        with open(path, "rb") as f:
+            sc = tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise ScenarioError(f"{path}: {e}") from None
+    short_table = sc.pop("short", {})
+    if short:
+        scale = float(short_table.get("time_scale", 1.0))
+        sc = merge(sc, {k: v for k, v in short_table.items() if k != "time_scale"})
+        if "duration" not in short_table:
+            sc["duration"] = round(sc.get("duration", 30) * scale, 3)
+        for a in sc.get("action", []) if "action" not in short_table else []:
+            for k in TIME_KEYS_ACTION:
+                if k in a:
+                    a[k] = round(a[k] * scale, 3)
+        inv = sc.get("invariants", {})
+        if "invariants" not in short_table or "stable_until" not in short_table["invariants"]:
+            if "stable_until" in inv:
+                inv["stable_until"] = round(inv["stable_until"] * scale, 3)
+        if "invariants" not in short_table or "share" not in short_table["invariants"]:
+            for w in inv.get("share", []):
+                w["from"] = round(w["from"] * scale, 3)
+                w["to"] = round(w["to"] * scale, 3)
+    sc.setdefault("name", os.path.splitext(os.path.basename(path))[0])
+    validate(sc, path)
+    return sc
+
+
+def validate(sc, path):
+    def bad(msg):
+        raise ScenarioError(f"{path}: {msg}")
+    est = sc.setdefault("estate", {})
+    est.setdefault("onprem", 3)
+    est.setdefault("cloud", 2)
+    for k in ("onprem", "cloud"):
+        if not isinstance(est[k], int) or not 0 <= est[k] <= 8:
+            bad(f"estate.{k} must be an integer 0..8, not {est[k]!r}")
+    pools = sc.setdefault("pools", {"onprem": {"priority": 0}, "cloud": {"priority": 1}})
+    for p in pools:
+        if p not in ("onprem", "cloud"):
+            bad(f"pools.{p}: the estate has pools 'onprem' and 'cloud' only")
+    sc.setdefault("weights", {})
+    sc.setdefault("traffic", {})
+    if not isinstance(sc.get("duration", 30), (int, float)) or sc.get("duration", 30) <= 0:
+        bad("duration must be a positive number of seconds")
+    sc.setdefault("duration", 30)
+    sc.setdefault("stall_ms", 2000)
+    names = {f"onprem{i}" for i in range(1, est["onprem"] + 1)} | \
+        {f"cloud{i}" for i in range(1, est["cloud"] + 1)}
+    for i, a in enumerate(sc.setdefault("action", [])):
+        where = f"action {i + 1}"
+        if a.get("do") not in ACTIONS:
+            bad(f"{where}: do = {a.get('do')!r} is not one of {', '.join(sorted(ACTIONS))}")
+        if not isinstance(a.get("at"), (int, float)) or not 0 <= a["at"] < sc["duration"]:
+            bad(f"{where}: at = {a.get('at')!r} must be a time within the drill's duration "
+                f"({sc['duration']} s)")
+        needs_target, _ = ACTIONS[a["do"]]
+        if needs_target and a.get("target") not in names:
+            bad(f"{where}: target = {a.get('target')!r} is not a backend of the estate "
+                f"({', '.join(sorted(names))})")
+        for t in a.get("targets", []):
+            if t not in names:
+                bad(f"{where}: targets has {t!r}, not a backend of the estate")
+    for k in sc.setdefault("invariants", {}):
+        if k not in INVARIANTS:
+            bad(f"invariants.{k} is not a known invariant ({', '.join(sorted(INVARIANTS))})")
+    sc["backend_names"] = sorted(names)
