@@ -5,7 +5,7 @@ Each backend runs:
   * spillway-flowcheck serve on the data port (9000) and the health port
     (8000): the flow checker's flows and spillwayd's TCP health checks;
   * grpc_stream.py serve on 50051 (the bidirectional gRPC streams);
-  * one `iperf3 -s` per elephant port (5201, 5202, ...);
+  * one `iperf3 -s` per elephant, on the port traffic.Elephants planned;
   * fake_exporter.py on 9400 (DCGM GPU utilisation and vLLM's queue gauge)
     for pools with load feedback, driven through a control file.
 
@@ -36,7 +36,7 @@ DATA_PORT = 9000
 HEALTH_PORT = 8000
 GRPC_PORT = 50051
 EXPORTER_PORT = 9400
-IPERF_BASE_PORT = 5201
+IPERF_BASE_PORT = 5201  # elephants' server ports are chosen from here up
 # The bulk client's one source port for iperf3's control connections (its
 # namespace's ip_local_port_range), so the drill can place each elephant's
 # control and data connections on one backend (see traffic.Elephants).
@@ -112,6 +112,7 @@ class Estate:
         self.wan_sock = os.path.join(work, "wan.sock")
         self.ctl = Ctl(self.sock)
         self.config = os.path.join(work, "spillway.toml")
+        self.iperf_ports = []  # the elephants' server ports (traffic.Elephants plans them)
 
     # -- processes -------------------------------------------------------------
     def ns(self, host):
@@ -216,9 +217,9 @@ class Estate:
             self.spawn([PY, GRPC_STREAM, "serve", "--name", name, "--port", str(GRPC_PORT)],
                        ns=ns, log_name=f"grpc-{name}.log"),
         ]
-        for k in range(len(self.sc["traffic"].get("elephants", []))):
-            servers.append(self.spawn(["iperf3", "-s", "-p", str(IPERF_BASE_PORT + k)], ns=ns,
-                                      log_name=f"iperf3-{name}-{k}.log"))
+        for port in self.iperf_ports:
+            servers.append(self.spawn(["iperf3", "-s", "-p", str(port)], ns=ns,
+                                      log_name=f"iperf3-{name}-{port}.log"))
         if b["pool"] in self.loaded_pools():
             ctl = self.exporter_file(name)
             if not os.path.exists(ctl):
@@ -228,8 +229,7 @@ class Estate:
                 [PY, FAKE_EXPORTER, "--listen", "0.0.0.0", "--port", str(EXPORTER_PORT),
                  "--gpus", "4", "--control-file", ctl], ns=ns, log_name=f"exporter-{name}.log"))
         b["servers"] = servers
-        ports = [DATA_PORT, HEALTH_PORT, GRPC_PORT]
-        ports += [IPERF_BASE_PORT + k for k in range(len(self.sc["traffic"].get("elephants", [])))]
+        ports = [DATA_PORT, HEALTH_PORT, GRPC_PORT] + list(self.iperf_ports)
         for port in ports:
             wait_until(f"{name} listening on :{port}", lambda port=port: self.run(
                 ["ss", "-Hltn", f"sport = :{port}"], ns=ns).stdout.strip() or any(

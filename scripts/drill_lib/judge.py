@@ -10,6 +10,13 @@ compares both the control plane's own figure and the measured share of new
 flows with it.
 """
 import math
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "tests", "e2e"))
+import maglev_model  # noqa: E402
+from estate import CLIENT, DATA_PORT, VIP_FLOWS  # noqa: E402
 
 BROKEN_STATES = {"reset", "corrupt", "connect_failed"}
 TAKEDOWN = {"kill", "link-down"}
@@ -170,6 +177,24 @@ def judge(d):
                             "measured": {p: round(v, 3) for p, v in measured.items()},
                             "expected": {p: round(v, 3) for p, v in expect.items()},
                             "reported": {p: round(v, 3) for p, v in reported.items()}})
+
+    # Placement: until the first action, every new flow (long-lived or probe)
+    # must land where the independent Maglev model puts it from the starting
+    # configuration (the tables are a pure function of configuration + seed).
+    first = min([a["t"] for a in d.actions] + [float("inf")])
+    model = maglev_model.Model(d.e.config)
+    placed = [(f["local_port"], f["backend"]) for f in d.flow_report["flows"]
+              if f.get("backend") and f.get("local_port") and f["opened"] < first]
+    placed += [(p["local_port"], p["backend"]) for p in d.flow_report["probes"]
+               if p["ok"] and p.get("local_port") and p["t"] < first]
+    wrong = [(port, got, model.backend(CLIENT, port, VIP_FLOWS, DATA_PORT))
+             for port, got in placed
+             if model.backend(CLIENT, port, VIP_FLOWS, DATA_PORT) != got]
+    m["placement"] = {"checked": len(placed), "wrong": len(wrong)}
+    check("placement", placed and not wrong,
+          f"{len(placed) - len(wrong)} of {len(placed)} new flows before the first action on "
+          f"the backend the Maglev model predicts" +
+          (f"; first mismatches (port, got, model): {wrong[:5]}" if wrong else ""))
 
     # -- the invariants the scenario names ------------------------------------------------
     if "others_broken_max" in inv:

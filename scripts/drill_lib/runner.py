@@ -62,18 +62,20 @@ class Drill:
         log(f"== drill {sc['name']}: {sc.get('description', '').strip()}")
         e.topology_up()
         added_later = {a["target"] for a in sc["action"] if a["do"] == "add"}
+        e.write_config(only=[n for n in e.backends if n not in added_later])
+        traffic = sc["traffic"]
+        self.elephants = Elephants(e, traffic.get("elephants", []))
+        e.iperf_ports = self.elephants.ports()
         for name in e.backends:
             e.start_servers(name)
-        e.write_config(only=[n for n in e.backends if n not in added_later])
         e.start_lb()
         e.wait_ready()
         self.monitor = Monitor(e.ctl, ["nccl", "grpc"], period=0.1)
         self.monitor.start()
-        traffic = sc["traffic"]
         self.t0 = time.time()
         self.flows = FlowCheck(e, traffic, sc["stall_ms"])
         self.grpc = GrpcStreams(e, traffic.get("grpc_streams", 0), sc["stall_ms"])
-        self.elephants = Elephants(e, traffic.get("elephants", []), sc["duration"])
+        self.elephants.start(sc["duration"] - (time.time() - self.t0) - 1)
         log(f"   estate up: {len(e.backends)} backends, traffic running "
             f"({traffic.get('flows', 60)} flows, {traffic.get('grpc_streams', 0)} gRPC streams, "
             f"{len(traffic.get('elephants', []))} iperf3 elephants, "

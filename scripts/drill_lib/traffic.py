@@ -14,7 +14,8 @@ bulk client's namespace has one ephemeral port (IPERF_CONTROL_PORT) for the
 control connections, and for each elephant the drill searches a data port
 (iperf3 --cport) whose flow the Maglev model (tests/e2e/maglev_model.py, an
 independent SipHash + Maglev implementation) puts on the same backend as the
-control connection, a backend the scenario chooses.
+control connection. The server port is chosen the same way, so that the
+control connection lands on the backend the scenario names.
 """
 import json
 import os
@@ -97,31 +98,49 @@ class GrpcStreams:
 
 
 class Elephants:
-    def __init__(self, estate, specs, duration_s):
+    """plan() picks each elephant's server port and data port from the
+    configuration (before the backends' servers start: they listen on the
+    planned ports); start() runs the clients."""
+
+    def __init__(self, estate, specs):
         self.e = estate
+        self.plans = []
         self.runs = []
         if not specs:
             return
         model = maglev_model.Model(estate.config)
+        used_ports, used_cports = set(), set()
         for k, spec in enumerate(specs):
-            port = IPERF_BASE_PORT + k
             want = spec["backend"]
-            ctrl = model.backend(BULK, IPERF_CONTROL_PORT, VIP_FLOWS, port)
-            if ctrl != want:
-                # The control connection's backend is fixed by its tuple; an
-                # elephant can only be placed where it goes.
-                want = ctrl
-            cport = next((p for p in range(43000, 60000) if
-                          model.backend(BULK, p, VIP_FLOWS, port) == want), None)
-            if cport is None:
-                raise DrillError(f"no data port puts elephant {k} on {want}")
-            out = os.path.join(estate.work, f"iperf3-{k}.json")
-            p = estate.spawn(["iperf3", "-c", VIP_FLOWS, "-p", str(port), "--cport", str(cport),
-                              "-t", str(max(2, int(duration_s))), "-b", f"{spec.get('mbps', 20)}M",
-                              "-i", "0.5", "-J", "--connect-timeout", "3000"],
-                             ns=estate.ns("bulk"), log_name=f"iperf3-client-{k}.log", stdout=out)
-            self.runs.append({"id": k, "backend": want, "asked": spec["backend"], "port": port,
-                              "cport": cport, "proc": p, "out": out})
+            # The server port whose control connection (from the fixed
+            # source port) lands on the backend asked for ...
+            port = next((p for p in range(IPERF_BASE_PORT, IPERF_BASE_PORT + 400)
+                         if p not in used_ports and
+                         model.backend(BULK, IPERF_CONTROL_PORT, VIP_FLOWS, p) == want), None)
+            # ... and a data port that lands there too.
+            cport = port and next((c for c in range(43000, 60000) if c not in used_cports and
+                                   model.backend(BULK, c, VIP_FLOWS, port) == want), None)
+            if not port or not cport:
+                raise DrillError(f"no port pair puts elephant {k} on {want} (is it in the "
+                                 f"starting configuration?)")
+            used_ports.add(port)
+            used_cports.add(cport)
+            self.plans.append({"id": k, "backend": want, "port": port, "cport": cport,
+                               "mbps": spec.get("mbps", 20)})
+
+    def ports(self):
+        return [p["port"] for p in self.plans]
+
+    def start(self, duration_s):
+        for plan in self.plans:
+            out = os.path.join(self.e.work, f"iperf3-{plan['id']}.json")
+            p = self.e.spawn(["iperf3", "-c", VIP_FLOWS, "-p", str(plan["port"]), "--cport",
+                              str(plan["cport"]), "-t", str(max(2, int(duration_s))),
+                              "-b", f"{plan['mbps']}M", "-i", "0.5", "-J",
+                              "--connect-timeout", "3000"],
+                             ns=self.e.ns("bulk"), log_name=f"iperf3-client-{plan['id']}.log",
+                             stdout=out)
+            self.runs.append(dict(plan, proc=p, out=out))
 
     def finish(self, stall_ms, timeout=30):
         results = []
@@ -131,7 +150,8 @@ class Elephants:
             except Exception:  # noqa: BLE001 - a hung client is a broken one
                 self.e.stop(r["proc"], timeout=5)
             rc = r["proc"].returncode
-            self.e.procs.remove(r["proc"]) if r["proc"] in self.e.procs else None
+            if r["proc"] in self.e.procs:
+                self.e.procs.remove(r["proc"])
             try:
                 with open(r["out"]) as f:
                     doc = json.load(f)
@@ -146,8 +166,9 @@ class Elephants:
             sent = doc.get("end", {}).get("sum_sent", {})
             error = doc.get("error")
             broken = rc != 0 or bool(error) or longest * 1000 > stall_ms
-            results.append({"id": r["id"], "backend": r["backend"], "asked": r["asked"],
-                            "exit": rc, "error": error, "bytes": sent.get("bytes", 0),
+            results.append({"id": r["id"], "backend": r["backend"], "port": r["port"],
+                            "cport": r["cport"], "exit": rc, "error": error,
+                            "bytes": sent.get("bytes", 0),
                             "mbps": round(sent.get("bits_per_second", 0) / 1e6, 1),
                             "longest_silence_ms": round(longest * 1000), "broken": broken})
         return results
