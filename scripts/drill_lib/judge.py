@@ -259,6 +259,19 @@ def judge(d):
             check(f"share[{s['from']}-{s['to']} s, {pool}]", ok,
                   f"new flows {got:.3f} of {s['probes']}, control plane {rep}, formula "
                   f"{want:.3f} (tolerance {tol} + 3 sigma {3 * sigma:.3f}; control plane 0.02)")
+    for a in d.actions:
+        if a["do"] == "flap" and a["what"] == "health":
+            # The flap must really have failed health checks, or the drill
+            # proves nothing about damping.
+            h = d.health_end.get(a["target"], {})
+            check(f"flap_effective[{a['target']}]", (h.get("failures") or 0) > 0,
+                  f"{h.get('failures')} failed health checks of {a['target']} "
+                  f"out of {h.get('probes')}")
+        if a["do"] == "flap" and a["what"] == "load":
+            sat = [s for s in mon.samples if not s.get("down") and
+                   s["backends"].get(a["target"], {}).get("saturated")]
+            check(f"flap_effective[{a['target']}]", len(sat) > 0,
+                  f"{a['target']} seen saturated in {len(sat)} control samples")
     if inv.get("churn_within_budget"):
         pol = sc.get("policy", {})
         budget, interval = pol.get("churn_budget", 0.05), pol.get("churn_interval", 1.0)

@@ -66,6 +66,11 @@ def summary(rep, out_dir):
     lines.append(f"  broken: {rep['broken']['theirs']} theirs (on "
                  f"{', '.join(rep['victims']) or 'no victim'}), {rep['broken']['others']} others'"
                  f" (stall threshold {rep['stall_ms']} ms)")
+    skip = {"at", "t", "do", "target", "result"}
+    lines.append("  actions: " + "; ".join(
+        f"{a['at']} s {a['do']}" + (f" {a['target']}" if a.get("target") else "") +
+        "".join(f" {k}={v}" for k, v in a.items() if k not in skip)
+        for a in rep["actions"]))
     for r in rep["reactions"]:
         parts = []
         if "detection_s" in r:

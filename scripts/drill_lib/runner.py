@@ -16,33 +16,41 @@ NFT_TABLE = "spillway_drill"
 
 
 class Flapper(threading.Thread):
-    """Blocks and opens a backend's health port (an nftables drop rule in its
-    namespace) every period_ms, for `seconds`: health flaps, data flows on
-    other ports are untouched."""
+    """Flaps a backend every period_ms, for `seconds`:
+      what = "health": blocks and opens its health port (an nftables drop
+        rule in its namespace); data flows on other ports are untouched;
+      what = "load": its exporter reports gpu_high and gpu_low in turn."""
 
-    def __init__(self, estate, target, period_ms, seconds):
+    def __init__(self, estate, target, what, period_ms, seconds, gpu_high=98, gpu_low=20):
         super().__init__(daemon=True)
-        self.e, self.ns = estate, estate.backends[target]["ns"]
-        self.period, self.seconds = period_ms / 1000.0, seconds
+        self.e, self.target, self.ns = estate, target, estate.backends[target]["ns"]
+        self.what, self.period, self.seconds = what, period_ms / 1000.0, seconds
+        self.gpu_high, self.gpu_low = gpu_high, gpu_low
         self.toggles = 0
-        self.e.run(["nft", "add", "table", "inet", NFT_TABLE], ns=self.ns)
-        self.e.run(["nft", "add", "chain", "inet", NFT_TABLE, "input",
-                    "{ type filter hook input priority 0 ; }"], ns=self.ns)
+        if what == "health":
+            self.e.run(["nft", "add", "table", "inet", NFT_TABLE], ns=self.ns)
+            self.e.run(["nft", "add", "chain", "inet", NFT_TABLE, "input",
+                        "{ type filter hook input priority 0 ; }"], ns=self.ns)
+
+    def set(self, bad):
+        if self.what == "load":
+            self.e.write_exporter(self.target, self.gpu_high if bad else self.gpu_low, 0)
+        elif bad:
+            self.e.run(["nft", "add", "rule", "inet", NFT_TABLE, "input", "tcp", "dport",
+                        str(HEALTH_PORT), "drop"], ns=self.ns, check=False)
+        else:
+            self.e.run(["nft", "flush", "chain", "inet", NFT_TABLE, "input"], ns=self.ns,
+                       check=False)
 
     def run(self):
         end = time.monotonic() + self.seconds
-        blocked = False
+        bad = True
         while time.monotonic() < end:
-            if blocked:
-                self.e.run(["nft", "flush", "chain", "inet", NFT_TABLE, "input"], ns=self.ns,
-                           check=False)
-            else:
-                self.e.run(["nft", "add", "rule", "inet", NFT_TABLE, "input", "tcp", "dport",
-                            str(HEALTH_PORT), "drop"], ns=self.ns, check=False)
-            blocked = not blocked
+            self.set(bad)
+            bad = not bad
             self.toggles += 1
             time.sleep(self.period)
-        self.e.run(["nft", "flush", "chain", "inet", NFT_TABLE, "input"], ns=self.ns, check=False)
+        self.set(False)
 
 
 class Drill:
@@ -132,10 +140,13 @@ class Drill:
             self.restarts.append({"at": rec["at"], "outage_s": round(outage, 3)})
             rec["outage_s"] = round(outage, 3)
         elif do == "flap":
-            f = Flapper(e, target, a.get("period_ms", 300), a.get("for", 5))
+            what = a.get("what", "health")
+            f = Flapper(e, target, what, a.get("period_ms", 300), a.get("for", 5),
+                        a.get("gpu_high", 98), a.get("gpu_low", 20))
             f.start()
             self.flappers.append(f)
-            rec["period_ms"], rec["for"] = a.get("period_ms", 300), a.get("for", 5)
+            rec.update({"what": what, "period_ms": a.get("period_ms", 300),
+                        "for": a.get("for", 5)})
         rec["result"] = result
         log(f"   t={rec['at']:6.2f}s {do} {target or ''} {'' if result == 'ok' else result}")
         self.actions.append(rec)
@@ -153,6 +164,10 @@ class Drill:
             f.join(10)
 
     def finish(self):
+        try:
+            self.health_end = {h["backend"]: h for h in self.e.ctl.call("health")}
+        except (OSError, ValueError, DrillError):
+            self.health_end = {}
         self.flow_report = self.flows.finish()
         self.grpc_report = self.grpc.finish()
         self.elephant_results = self.elephants.finish(self.sc["stall_ms"])
