@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import sys
 import time
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
@@ -43,24 +44,10 @@ IPERF_BASE_PORT = 5201  # elephants' server ports are chosen from here up
 IPERF_CONTROL_PORT = 42000
 SEED = "0x0d7111d7111d7111"
 
-
-class DrillError(Exception):
-    """The drill could not run (set-up failed): not an invariant verdict."""
-
-
-def log(msg):
-    print(msg, flush=True)
-
-
-def wait_until(what, predicate, timeout, interval=0.05):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise DrillError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
+# The e2e tests' helpers: log, polling against a deadline, and their failure
+# type, which here means "the drill could not run" (not an invariant verdict).
+sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
+from spillwayd_e2e import Fail as DrillError, log, wait_until  # noqa: E402,F401
 
 
 class Tools:
