@@ -32,6 +32,10 @@ struct WorkerConfig {
   std::size_t qsbrReader = 0;    // this worker's slot in the QSBR domain
   std::uint16_t burst = 32;
   std::uint32_t txDrainUs = 100;
+  // Send buffered frames at once in a round that found every RX queue empty
+  // (low added latency below line rate); false: only full bursts and the drain
+  // deadline send (tests that hold frames buffered).
+  bool flushWhenIdle = true;
   FlowTableConfig flowTable{};
   std::uint64_t hashSeed = 0;
 };
@@ -90,7 +94,9 @@ class Worker {
 
  private:
   struct PortIo;
-  void pollPort(PortIo& io, const ForwardingSnapshot& snapshot, std::uint64_t nowMs) noexcept;
+  // Returns how many frames the RX burst brought.
+  std::uint16_t pollPort(PortIo& io, const ForwardingSnapshot& snapshot,
+                         std::uint64_t nowMs) noexcept;
   void pollTap(PortIo& io) noexcept;
   void send(PortIo& to, rte_mbuf* m) noexcept;
   void sendToTap(PortIo& io, rte_mbuf* m) noexcept;

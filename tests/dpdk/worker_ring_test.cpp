@@ -842,6 +842,7 @@ TEST(WorkerRing, StopFlushesTheTxBuffer) {
   constexpr std::uint32_t kFrames = 10;  // fewer than a burst: they stay buffered
   WorkerConfig config = WorkerRig::defaultConfig();
   config.txDrainUs = 3'600'000'000u;  // the drain deadline never comes
+  config.flushWhenIdle = false;       // nor an idle round's flush
   WorkerRig rig("stop", config);
   ASSERT_TRUE(rig.build());
   MaglevBuilder builder;
