@@ -126,6 +126,7 @@ class Drill:
             for n in names:
                 e.write_exporter(n, a.get("gpu", 10), a.get("queue", 0))
             rec["targets"] = names
+            rec["pool"] = a.get("pool", "")
             rec["gpu"], rec["queue"] = a.get("gpu", 10), a.get("queue", 0)
         elif do == "wan":
             settings = {k: a[k] for k in ("delay_ms", "jitter_ms", "loss") if k in a}
@@ -148,7 +149,10 @@ class Drill:
             rec.update({"what": what, "period_ms": a.get("period_ms", 300),
                         "for": a.get("for", 5)})
         rec["result"] = result
-        log(f"   t={rec['at']:6.2f}s {do} {target or ''} {'' if result == 'ok' else result}")
+        detail = " ".join(f"{k}={v}" for k, v in rec.items()
+                          if k not in ("at", "t", "do", "target", "result", "targets"))
+        log(f"   t={rec['at']:6.2f}s {do} {target or rec.get('pool', '')} {detail} "
+            f"{'' if result == 'ok' else result}")
         self.actions.append(rec)
 
     def run(self):
