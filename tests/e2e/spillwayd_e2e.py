@@ -40,8 +40,8 @@ names the backend in its first line).
                 spillwayd, and bulk flows through every encapsulation finish.
   restart-late-neighbour
                 a restart while one backend answers ARP only a second late:
-                its held flows must survive. Not registered with meson: it
-                fails today (the new instance pins them to other backends).
+                its held flows must survive (the tables do not depend on
+                next-hop resolution, so the new instance keeps them there).
 
 SWE_KEEP_WORK=1 keeps the work directory (configs, logs, statistics).
 
