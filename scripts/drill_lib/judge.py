@@ -34,12 +34,15 @@ def flow_broken(f, stall_ms):
 
 def classify(flows, victims, stall_ms, backend_key="backend"):
     out = {"total": len(flows), "broken_theirs": 0, "broken_others": 0, "by_backend": {},
-           "broken_list": []}
+           "broken_list": [], "longest_stall_ms": 0}
     for f in flows:
         b = f.get(backend_key) or "(none)"
         row = out["by_backend"].setdefault(b, {"flows": 0, "broken": 0})
         row["flows"] += 1
-        if flow_broken(f, stall_ms):
+        if not flow_broken(f, stall_ms):
+            # How long a surviving flow went silent (a restart's pause).
+            out["longest_stall_ms"] = max(out["longest_stall_ms"], f.get("max_stall_ms") or 0)
+        else:
             row["broken"] += 1
             theirs = b in victims
             out["broken_theirs" if theirs else "broken_others"] += 1

@@ -65,7 +65,8 @@ def summary(rep, out_dir):
                  + (f", {len(rep['elephants'])} iperf3 elephants" if rep["elephants"] else ""))
     lines.append(f"  broken: {rep['broken']['theirs']} theirs (on "
                  f"{', '.join(rep['victims']) or 'no victim'}), {rep['broken']['others']} others'"
-                 f" (stall threshold {rep['stall_ms']} ms)")
+                 f" (stall threshold {rep['stall_ms']} ms); longest pause of a surviving flow "
+                 f"{round(f['longest_stall_ms'])} ms")
     skip = {"at", "t", "do", "target", "result"}
     lines.append("  actions: " + "; ".join(
         f"{a['at']} s {a['do']}" + (f" {a['target']}" if a.get("target") else "") +
