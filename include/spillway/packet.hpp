@@ -63,7 +63,15 @@ struct PacketView {
   }
 };
 
-[[nodiscard]] PacketView parsePacket(std::span<const std::byte> frame) noexcept;
+// The same parse, written into `view`: a caller that keeps views in an array
+// saves copying each out of a temporary.
+void parsePacket(std::span<const std::byte> frame, PacketView& view) noexcept;
+
+[[nodiscard]] inline PacketView parsePacket(std::span<const std::byte> frame) noexcept {
+  PacketView view;
+  parsePacket(frame, view);
+  return view;
+}
 
 // True for ICMP / ICMPv6 error types that quote an offending packet
 // (destination unreachable incl. fragmentation needed / packet too big, time

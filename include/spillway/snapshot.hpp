@@ -27,6 +27,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <memory>
 #include <string>
@@ -74,7 +75,10 @@ struct SnapshotVip {
 
 // Open-addressing index from (address, proto, port) to a VIP, with linear
 // probing over a power-of-two array at most half full. Built once per
-// snapshot; lookups never allocate.
+// snapshot; lookups never allocate. A slot holds its key as three words (the
+// address's two halves, then version, proto and port) so a probe compares
+// and hashes words, not bytes. Addresses are canonical IpBytes (an IPv4
+// address's last 12 bytes zero), as the parser and the config produce them.
 class VipIndex {
  public:
   static constexpr std::uint32_t kNone = UINT32_MAX;
@@ -85,18 +89,60 @@ class VipIndex {
   // The VIP serving this destination: the exact port first, then the VIP
   // for all ports of the address; kNone when neither exists.
   [[nodiscard]] std::uint32_t find(const IpBytes& dst, IpVersion version, std::uint8_t proto,
-                                   std::uint16_t port) const noexcept;
+                                   std::uint16_t port) const noexcept {
+    if (proto == 0) return kNone;  // proto 0 keys are address markers
+    std::uint32_t v = probe(packKey(dst, version, proto, port));
+    if (v == kNone && port != 0) v = probe(packKey(dst, version, proto, 0));
+    return v == kAddressOnly ? kNone : v;
+  }
   // True when any VIP has this address (for ICMP to the VIP, and to drop
   // rather than hand to the kernel traffic for a VIP's unserved port).
-  [[nodiscard]] bool isVipAddress(const IpBytes& dst, IpVersion version) const noexcept;
+  // find() != kNone implies it.
+  [[nodiscard]] bool isVipAddress(const IpBytes& dst, IpVersion version) const noexcept {
+    return probe(packKey(dst, version, 0, 0)) != kNone;
+  }
 
  private:
+  struct PackedKey {
+    std::uint64_t low = 0;
+    std::uint64_t high = 0;
+    std::uint32_t rest = 0;  // version << 24 | proto << 16 | port
+
+    friend bool operator==(const PackedKey&, const PackedKey&) = default;
+  };
   struct Slot {
-    VipKey key{};
+    PackedKey key{};
     std::uint32_t vip = kNone;  // kNone = empty; kAddressOnly = address marker
   };
   static constexpr std::uint32_t kAddressOnly = UINT32_MAX - 1;
-  [[nodiscard]] std::uint32_t probe(const VipKey& key) const noexcept;
+
+  [[nodiscard]] static PackedKey packKey(const IpBytes& address, IpVersion version,
+                                         std::uint8_t proto, std::uint16_t port) noexcept {
+    PackedKey k;
+    std::memcpy(&k.low, address.data(), sizeof k.low);
+    std::memcpy(&k.high, address.data() + sizeof k.low, sizeof k.high);
+    k.rest = (std::uint32_t{static_cast<std::uint8_t>(version)} << 24) |
+             (std::uint32_t{proto} << 16) | port;
+    return k;
+  }
+  // Control-plane keys: no flooding concern; one multiply per word and a
+  // multiply-xorshift finish spread them well enough for a half-empty table.
+  [[nodiscard]] static std::uint32_t slotHash(const PackedKey& k) noexcept {
+    std::uint64_t h = (k.low * 0x9e3779b97f4a7c15ULL) ^ (k.high * 0xc2b2ae3d27d4eb4fULL) ^ k.rest;
+    h ^= h >> 32;
+    h *= 0xbf58476d1ce4e5b9ULL;
+    return static_cast<std::uint32_t>(h ^ (h >> 29));
+  }
+  [[nodiscard]] std::uint32_t probe(const PackedKey& key) const noexcept {
+    if (slots_.empty()) return kNone;
+    std::uint32_t i = slotHash(key) & mask_;
+    while (slots_[i].vip != kNone) {
+      if (slots_[i].key == key) return slots_[i].vip;
+      i = (i + 1) & mask_;
+    }
+    return kNone;
+  }
+
   std::vector<Slot> slots_;
   std::uint32_t mask_ = 0;
 };

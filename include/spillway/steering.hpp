@@ -96,7 +96,12 @@ class Steering {
   [[nodiscard]] const FlowHasher& hasher() const noexcept { return hasher_; }
 
  private:
-  struct Pending;  // per-frame state between the stages
+  // Per-frame state between the stages.
+  struct Pending {
+    PacketView view;
+    std::uint64_t hash = 0;
+    std::uint32_t vip = 0;
+  };
   void finishVipFrame(const FrameRef& frame, Pending& p, SteerResult& r,
                       const ForwardingSnapshot& snapshot, Millis now) noexcept;
   void encapsulateTo(const FrameRef& frame, const PacketView& view, std::uint64_t hash,
@@ -107,6 +112,13 @@ class Steering {
   FlowHasher hasher_;
   FlowTable flows_;
   SteeringCounters counters_;
+  // The burst's working state lives here, not on the stack, so no burst pays
+  // for value-initialising it; steerBurst() writes every element it reads.
+  std::array<Pending, kMaxBurst> pending_;
+  std::array<std::uint64_t, kMaxBurst> batchHashes_;
+  std::array<FlowEvent, kMaxBurst> batchEvents_;
+  std::array<std::uint32_t, kMaxBurst> batchHits_;
+  std::array<std::uint8_t, kMaxBurst> batchFrames_;  // batch entry -> frame
 };
 
 }  // namespace spillway

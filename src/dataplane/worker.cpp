@@ -80,8 +80,8 @@ std::uint16_t Worker::pollPort(PortIo& io, const ForwardingSnapshot& snapshot,
   const std::uint16_t want = config_.burst < kMaxBurst ? config_.burst : kMaxBurst;
   const std::uint16_t n = rte_eth_rx_burst(io.portId, config_.queue, mbufs.data(), want);
   if (n == 0) return 0;
-  std::array<FrameRef, kMaxBurst> frames;
-  std::array<SteerResult, kMaxBurst> results;
+  std::array<FrameRef, kMaxBurst>& frames = burstFrames_;
+  std::array<SteerResult, kMaxBurst>& results = burstResults_;
   std::array<rte_mbuf*, kMaxBurst> kept;
   std::uint16_t k = 0;
   for (std::uint16_t i = 0; i < n; ++i) {

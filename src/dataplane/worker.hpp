@@ -14,6 +14,7 @@
 
 #include <rte_ethdev.h>
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -107,6 +108,10 @@ class Worker {
   QsbrDomain& qsbr_;
   const SnapshotPublisher& publisher_;
   Steering steering_;
+  // pollPort()'s burst of frames and verdicts: members, so a burst does not
+  // value-initialise 4 KiB of stack; every element passed on is written first.
+  std::array<FrameRef, kMaxBurst> burstFrames_;
+  std::array<SteerResult, kMaxBurst> burstResults_;
   std::vector<std::unique_ptr<PortIo>> ports_;
   WorkerCounters counters_;
 

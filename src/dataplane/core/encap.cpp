@@ -20,22 +20,26 @@ std::array<std::uint8_t, N> addressPrefix(const IpBytes& address) noexcept {
 }
 
 // Decrements the inner TTL / hop limit in place and returns the inner traffic
-// class (DSCP + ECN) to copy outward.
+// class (DSCP + ECN) to copy outward. Only the changed fields are written: a
+// whole header stored back and then reloaded wider stalls store forwarding.
 template <IpVersion Inner>
 std::uint8_t forwardInner(std::span<std::byte> buffer, std::size_t l3) noexcept {
   if constexpr (Inner == IpVersion::V4) {
-    auto ip = loadAt<Ipv4Header>(buffer, l3);
-    const auto oldWord = static_cast<std::uint16_t>((ip.ttl << 8) | ip.protocol);
-    ip.ttl = static_cast<std::uint8_t>(ip.ttl - 1);
-    const auto newWord = static_cast<std::uint16_t>((ip.ttl << 8) | ip.protocol);
-    ip.checksum = Be16::fromHost(checksumUpdate16(ip.checksum.host(), oldWord, newWord));
-    storeAt(buffer, l3, ip);
-    return ip.tos;
+    const auto ttl = loadAt<std::uint8_t>(buffer, l3 + offsetof(Ipv4Header, ttl));
+    const auto proto = loadAt<std::uint8_t>(buffer, l3 + offsetof(Ipv4Header, protocol));
+    const auto checksum = loadAt<Be16>(buffer, l3 + offsetof(Ipv4Header, checksum));
+    const auto newTtl = static_cast<std::uint8_t>(ttl - 1);
+    const auto oldWord = static_cast<std::uint16_t>((ttl << 8) | proto);
+    const auto newWord = static_cast<std::uint16_t>((newTtl << 8) | proto);
+    storeAt(buffer, l3 + offsetof(Ipv4Header, ttl), newTtl);
+    storeAt(buffer, l3 + offsetof(Ipv4Header, checksum),
+            Be16::fromHost(checksumUpdate16(checksum.host(), oldWord, newWord)));
+    return loadAt<std::uint8_t>(buffer, l3 + offsetof(Ipv4Header, tos));
   } else {
-    auto ip = loadAt<Ipv6Header>(buffer, l3);
-    ip.hopLimit = static_cast<std::uint8_t>(ip.hopLimit - 1);
-    storeAt(buffer, l3, ip);
-    return static_cast<std::uint8_t>(ip.versionClassLabel.host() >> 20);
+    const auto hopLimit = loadAt<std::uint8_t>(buffer, l3 + offsetof(Ipv6Header, hopLimit));
+    storeAt(buffer, l3 + offsetof(Ipv6Header, hopLimit), static_cast<std::uint8_t>(hopLimit - 1));
+    const auto vcl = loadAt<Be32>(buffer, l3 + offsetof(Ipv6Header, versionClassLabel));
+    return static_cast<std::uint8_t>(vcl.host() >> 20);
   }
 }
 
@@ -139,7 +143,7 @@ EncapResult encapsulate(std::span<std::byte> buffer, std::size_t dataOffset,
     ip.protocol = outerProto;
     ip.src = addressPrefix<4>(target.source);
     ip.dst = addressPrefix<4>(target.backend);
-    ip.checksum = Be16::fromHost(internetChecksum(std::as_bytes(std::span(&ip, 1))));
+    ip.checksum = Be16::fromHost(ipv4HeaderChecksum(ip));
     storeAt(buffer, at, ip);
     at += sizeof ip;
     if constexpr (kGue) {

@@ -7,13 +7,6 @@
 
 namespace spillway {
 
-struct Steering::Pending {
-  PacketView view;
-  std::uint64_t hash = 0;
-  std::uint32_t vip = VipIndex::kNone;
-  bool vipFlow = false;  // waits for the batched flow lookup
-};
-
 namespace {
 
 FlowState firstState(const PacketView& v) noexcept {
@@ -166,23 +159,18 @@ void Steering::finishVipFrame(const FrameRef& frame, Pending& p, SteerResult& r,
 
 void Steering::steerBurst(std::span<const FrameRef> frames, std::span<SteerResult> results,
                           const ForwardingSnapshot& snapshot, Millis now) noexcept {
-  std::array<Pending, kMaxBurst> pending;
-  std::array<std::uint64_t, kMaxBurst> hashes;
-  std::array<FlowEvent, kMaxBurst> events;
-  std::array<std::uint32_t, kMaxBurst> hits;
-  std::array<std::uint8_t, kMaxBurst> batchFrame;
   std::size_t batch = 0;
   const std::size_t n = frames.size() < kMaxBurst ? frames.size() : kMaxBurst;
 
   // Stage 1: parse, classify, hash.
   for (std::size_t i = 0; i < n; ++i) {
     const FrameRef& f = frames[i];
-    Pending& p = pending[i];
+    Pending& p = pending_[i];
     SteerResult& r = results[i];
     r = SteerResult{};
     counters_.rxPackets.add();
     counters_.rxBytes.add(f.length);
-    p.view = parsePacket(f.buffer.subspan(f.dataOffset, f.length));
+    parsePacket(f.buffer.subspan(f.dataOffset, f.length), p.view);
     const PacketView& v = p.view;
     if (v.kind == PacketKind::NonIp) {
       if (v.ok()) {
@@ -197,8 +185,13 @@ void Steering::steerBurst(std::span<const FrameRef> frames, std::span<SteerResul
       drop(r, v.drop);
       continue;
     }
-    const bool toVipAddress = snapshot.vipIndex.isVipAddress(v.key.dst, v.key.version);
-    if (!toVipAddress) {
+    // Ordinary VIP traffic takes one lookup, its (address, proto, port) VIP;
+    // only a miss asks whether the address is a VIP's at all.
+    std::uint32_t vip = VipIndex::kNone;
+    if (v.ok() && !v.isIcmp()) {
+      vip = snapshot.vipIndex.find(v.key.dst, v.key.version, v.key.proto, v.key.dstPort.host());
+    }
+    if (vip == VipIndex::kNone && !snapshot.vipIndex.isVipAddress(v.key.dst, v.key.version)) {
       r.verdict = Verdict::ToKernel;
       counters_.toKernel.add();
       continue;
@@ -256,28 +249,28 @@ void Steering::steerBurst(std::span<const FrameRef> frames, std::span<SteerResul
       drop(r, DropReason::IcmpUnsupported);
       continue;
     }
-    p.vip = snapshot.vipIndex.find(v.key.dst, v.key.version, v.key.proto, v.key.dstPort.host());
-    if (p.vip == VipIndex::kNone) {
+    if (vip == VipIndex::kNone) {
       drop(r, DropReason::VipPortNotServed);
       continue;
     }
+    p.vip = vip;
     p.hash = hasher_.hash(v.key);
-    p.vipFlow = true;
-    hashes[batch] = p.hash;
-    events[batch] = FlowEvent{v.tcpFlags};
-    batchFrame[batch] = static_cast<std::uint8_t>(i);
+    batchHashes_[batch] = p.hash;
+    batchEvents_[batch] = FlowEvent{v.tcpFlags};
+    batchFrames_[batch] = static_cast<std::uint8_t>(i);
     ++batch;
   }
 
   // Stage 2: one batched, prefetched flow-table pass.
-  flows_.lookupAndTouchBatch(std::span(hashes.data(), batch), std::span(events.data(), batch),
-                             std::span(hits.data(), batch), now);
+  flows_.lookupAndTouchBatch(std::span(batchHashes_.data(), batch),
+                             std::span(batchEvents_.data(), batch),
+                             std::span(batchHits_.data(), batch), now);
 
   // Stage 3: select, track, encapsulate.
   for (std::size_t j = 0; j < batch; ++j) {
-    const std::size_t i = batchFrame[j];
-    results[i].backend = hits[j];
-    finishVipFrame(frames[i], pending[i], results[i], snapshot, now);
+    const std::size_t i = batchFrames_[j];
+    results[i].backend = batchHits_[j];
+    finishVipFrame(frames[i], pending_[i], results[i], snapshot, now);
   }
 }
 
