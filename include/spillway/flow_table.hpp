@@ -110,6 +110,7 @@ struct FlowTableCounters {
   RelaxedU64 embryonicRejected = 0;  // FullEmbryonic results
   RelaxedU64 evictions = 0;          // Embryonic/Closing entries pushed out
   RelaxedU64 relocations = 0;        // entries moved to their other bucket
+  RelaxedU64 relocationsSkipped = 0;  // embryonic inserts in SYN-flood mode (no cuckoo step)
   RelaxedU64 expiredReclaimed = 0;   // by sweep, lookup or insert
   RelaxedU64 erased = 0;
   RelaxedU64 occupancy = 0;  // slots in use: live plus expired not yet reclaimed
@@ -229,6 +230,10 @@ class FlowTable {
 
   std::unique_ptr<Bucket[], FreeBuckets> buckets_;
   std::size_t mask_ = 0;
+  // SYN-flood mode: consecutive embryonic inserts whose relocation step found
+  // no room, and inserts since the mode last tried one (flow_table.cpp).
+  std::uint32_t embryonicRoomMisses_ = 0;
+  std::uint32_t floodInserts_ = 0;
   std::size_t capacity_ = 0;
   std::size_t sweepCursor_ = 0;
   std::array<std::uint32_t, 8> timeoutByState_{};  // indexed by FlowState; 0 otherwise

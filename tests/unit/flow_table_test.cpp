@@ -501,6 +501,48 @@ TEST(FlowTable, SynFloodNeverDisplacesEstablishedFlows) {
   for (const auto& [h, backend] : established) ASSERT_EQ(table.lookup(h, now), backend);
 }
 
+TEST(FlowTable, SynFloodModeSkipsTheRelocationStepUntilRoomAppears) {
+  FlowTable table(FlowTableConfig{.capacity = 1'024});
+  std::mt19937_64 rng(11);
+  const Millis now = 1'000'000;
+  std::vector<std::uint64_t> tracked;
+  auto syn = [&](Millis at) {
+    const std::uint64_t h = rng();
+    const InsertResult r = table.insert(h, 1, FlowState::Embryonic, at);
+    if (r == InsertResult::Inserted) tracked.push_back(h);
+    return r;
+  };
+  // A table full of handshakes: embryonic inserts until they keep failing.
+  while (table.counters().embryonicRejected < 64) (void)syn(now);
+  EXPECT_EQ(table.counters().relocationsSkipped, 0u);  // not before the streak
+
+  // Flood mode: most rejected SYNs skip the cuckoo step. They are still
+  // rejected and counted, and every tracked handshake stays where it is.
+  const std::uint64_t skippedBefore = table.counters().relocationsSkipped;
+  const std::uint64_t rejectedBefore = table.counters().embryonicRejected;
+  for (int i = 0; i < 3'200; ++i) {
+    const InsertResult r = syn(now);
+    ASSERT_TRUE(r == InsertResult::Inserted || r == InsertResult::FullEmbryonic);
+  }
+  const std::uint64_t rejected = table.counters().embryonicRejected - rejectedBefore;
+  const std::uint64_t skipped = table.counters().relocationsSkipped - skippedBefore;
+  EXPECT_GT(rejected, 3'000u);
+  EXPECT_GT(skipped, rejected * 8 / 10);
+  EXPECT_LE(skipped, rejected);
+  for (const std::uint64_t h : tracked) ASSERT_EQ(table.lookup(h, now), 1u);
+
+  // Established flows always get the full search (and may evict embryonic).
+  const std::uint64_t skippedNow = table.counters().relocationsSkipped;
+  for (int i = 0; i < 100; ++i) {
+    EXPECT_EQ(table.insert(rng(), 2, FlowState::Established, now), InsertResult::Inserted);
+  }
+  EXPECT_EQ(table.counters().relocationsSkipped, skippedNow);
+
+  // Once the handshakes expire there is room again: new SYNs are tracked.
+  const Millis later = now + table.timeouts().embryonic + 1;
+  for (int i = 0; i < 200; ++i) EXPECT_EQ(syn(later), InsertResult::Inserted);
+}
+
 TEST(FlowTable, NewEstablishedFlowEvictsTheOldestEmbryonicOrClosingEntry) {
   FlowTable table = smallTable();
   const Millis t0 = 10'000;

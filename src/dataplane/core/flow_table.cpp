@@ -24,6 +24,13 @@ constexpr std::size_t kHugePage = std::size_t{2} << 20;
 // inserts failure-free to ~90% load; one move bounds what a SYN flood costs.
 constexpr int kRelocateDepth = 2;
 constexpr int kRelocateDepthEvictable = 1;
+// SYN-flood mode: after this many embryonic inserts in a row found no room
+// by relocation (a table full of handshakes, where a relocation step costs
+// up to eight random bucket reads and cannot succeed), embryonic inserts skip
+// it; one in kFloodProbeEvery still tries, so the mode ends by itself when
+// room appears. Established flows always get the full search.
+constexpr std::uint32_t kFloodAfterMisses = 16;
+constexpr std::uint32_t kFloodProbeEvery = 32;
 
 constexpr std::uint64_t fingerprintOf(std::uint64_t hash) noexcept {
   return hash | static_cast<std::uint64_t>(hash == 0);
@@ -353,14 +360,25 @@ InsertResult FlowTable::insert(std::uint64_t hash, std::uint32_t backend, FlowSt
   if (const unsigned slot = takeFreeSlot(second, now32); slot != kNoSlot) {
     return place(second, slot);
   }
-  const int depth = isEvictable(state) ? kRelocateDepthEvictable : kRelocateDepth;
-  if (const unsigned slot = makeRoom(firstIndex, depth, now32); slot != kNoSlot) {
-    return place(first, slot);
+  const bool evictable = isEvictable(state);
+  bool relocate = true;
+  if (evictable && embryonicRoomMisses_ >= kFloodAfterMisses) {
+    relocate = ++floodInserts_ % kFloodProbeEvery == 0;
+    if (!relocate) ++counters_.relocationsSkipped;
   }
-  if (secondIndex != firstIndex) {
-    if (const unsigned slot = makeRoom(secondIndex, depth, now32); slot != kNoSlot) {
-      return place(second, slot);
+  if (relocate) {
+    const int depth = evictable ? kRelocateDepthEvictable : kRelocateDepth;
+    unsigned slot = makeRoom(firstIndex, depth, now32);
+    Bucket* into = &first;
+    if (slot == kNoSlot && secondIndex != firstIndex) {
+      slot = makeRoom(secondIndex, depth, now32);
+      into = &second;
     }
+    if (evictable) {
+      embryonicRoomMisses_ =
+          slot == kNoSlot ? std::min(embryonicRoomMisses_ + 1, kFloodAfterMisses) : 0;
+    }
+    if (slot != kNoSlot) return place(*into, slot);
   }
 
   if (!isEvictable(state)) {
@@ -469,6 +487,8 @@ void FlowTable::clear() noexcept {
   std::memset(static_cast<void*>(buckets_.get()), 0, bucketCount() * sizeof(Bucket));
   counters_.occupancy = 0;
   sweepCursor_ = 0;
+  embryonicRoomMisses_ = 0;
+  floodInserts_ = 0;
 }
 
 }  // namespace spillway
