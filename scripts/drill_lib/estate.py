@@ -15,12 +15,10 @@ own, and everything is torn down by cleanup(), also after a signal.
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
 import sys
-import time
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 PY = "/usr/bin/python3"
@@ -47,6 +45,7 @@ SEED = "0x0d7111d7111d7111"
 # The e2e tests' helpers: log, polling against a deadline, and their failure
 # type, which here means "the drill could not run" (not an invariant verdict).
 sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
+import spillwayd_e2e as swe  # noqa: E402
 from spillwayd_e2e import Fail as DrillError, log, wait_until  # noqa: E402,F401
 
 
@@ -105,13 +104,10 @@ class Estate:
     def ns(self, host):
         return f"{self.prefix}-{host}"
 
-    def run(self, args, ns=None, check=True, timeout=60, env=None):
-        if ns is not None:
-            args = ["ip", "netns", "exec", ns] + args
-        r = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env)
-        if check and r.returncode != 0:
-            raise DrillError(f"{' '.join(args)} exited {r.returncode}: {r.stderr.strip()[-500:]}")
-        return r
+    # Commands in a namespace (DrillError on failure) and SIGTERM-then-kill
+    # stops: the e2e tests' own, which keep self.procs the same way.
+    run = swe.Estate.run
+    stop = swe.Estate.stop
 
     def spawn(self, args, ns=None, log_name=None, stdin=None, stdout=None):
         if ns is not None:
@@ -123,18 +119,6 @@ class Estate:
                              text=stdin is not None)
         self.procs.append(p)
         return p
-
-    def stop(self, p, timeout=10, sig=signal.SIGTERM):
-        if p.poll() is None:
-            p.send_signal(sig)
-            try:
-                p.wait(timeout)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        if p in self.procs:
-            self.procs.remove(p)
-        return p.returncode
 
     def cleanup(self):
         for p in reversed(list(self.procs)):
@@ -229,7 +213,8 @@ class Estate:
         """Every server process of the backend dies (SIGKILL): the kernel
         resets the connections they held, as when a host's workload dies."""
         for p in self.backends[name]["servers"]:
-            self.stop(p, timeout=2, sig=signal.SIGKILL)
+            p.kill()
+            self.stop(p, timeout=2)
         self.backends[name]["servers"] = []
 
     def write_exporter(self, name, gpu, queue):
