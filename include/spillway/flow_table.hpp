@@ -110,7 +110,7 @@ struct FlowTableCounters {
   RelaxedU64 embryonicRejected = 0;  // FullEmbryonic results
   RelaxedU64 evictions = 0;          // Embryonic/Closing entries pushed out
   RelaxedU64 relocations = 0;        // entries moved to their other bucket
-  RelaxedU64 relocationsSkipped = 0;  // embryonic inserts in SYN-flood mode (no cuckoo step)
+  RelaxedU64 relocationsSkipped = 0;  // embryonic/closing inserts in SYN-flood mode (no cuckoo step)
   RelaxedU64 expiredReclaimed = 0;   // by sweep, lookup or insert
   RelaxedU64 erased = 0;
   RelaxedU64 occupancy = 0;  // slots in use: live plus expired not yet reclaimed
@@ -230,8 +230,9 @@ class FlowTable {
 
   std::unique_ptr<Bucket[], FreeBuckets> buckets_;
   std::size_t mask_ = 0;
-  // SYN-flood mode: consecutive embryonic inserts whose relocation step found
-  // no room, and inserts since the mode last tried one (flow_table.cpp).
+  // SYN-flood mode (flow_table.cpp): consecutive embryonic/closing inserts
+  // that found no room even by relocation, and a running count of inserts in
+  // the mode (every kFloodProbeEvery-th still tries a relocation).
   std::uint32_t embryonicRoomMisses_ = 0;
   std::uint32_t floodInserts_ = 0;
   std::size_t capacity_ = 0;

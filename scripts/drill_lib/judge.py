@@ -4,10 +4,13 @@ scenario names. Returns the measurements and a list of verdicts
 {"name", "ok", "detail"}.
 
 The share formula is implemented here from its documentation
-(conf/spillway.example.toml, [policy]), not from the C++: the drill computes
-the pools' expected shares from what the exporters were told to report and
-compares both the control plane's own figure and the measured share of new
-flows with it.
+(conf/spillway.example.toml, [policy]: saturation with hysteresis, load
+factors, priority levels with overprovisioning, panic), not from the C++: the
+drill computes the pools' expected shares from what the exporters were told
+to report and compares both the control plane's own figure and the measured
+share of new flows with it. Load smoothing is not modelled: scenarios that
+judge shares scrape unsmoothed (smoothing = 1) and open their windows after
+the load has settled.
 """
 import math
 import os
@@ -51,44 +54,73 @@ def classify(flows, victims, stall_ms, backend_key="backend"):
     return out
 
 
-def expected_shares(sc, backends_pool, exporter, states, vip_pools):
-    """Pool shares of new flows per the documented policy formula.
-    exporter: name -> (gpu, queue) as the drill set them; states: name ->
-    effective state (active / draining / failed / disabled / removed)."""
-    pol = {"gpu_high": 90.0, "gpu_low": 75.0, "queue_high": 16.0, "queue_low": 4.0,
-           "overprovisioning": 1.4, "min_load_factor": 0.1, "panic_threshold": 0.5}
-    pol.update(sc.get("policy", {}))
-    weights = sc["weights"]
+POLICY_DEFAULTS = {"gpu_high": 90.0, "gpu_low": 75.0, "queue_high": 16.0, "queue_low": 4.0,
+                   "overprovisioning": 1.4, "min_load_factor": 0.1, "panic_threshold": 0.5}
 
-    def lf(name):
-        gpu, queue = exporter.get(name, (0.0, 0.0))
-        saturated = gpu >= pol["gpu_high"] or queue >= pol["queue_high"]
+
+def load_factors(sc, pool_of, history, until):
+    """Each backend's load factor at time `until`, replaying the exporters'
+    values in order (the start values, then every set-load up to `until`)
+    through the saturation hysteresis: saturated on reaching gpu_high or
+    queue_high, released only at gpu_low and queue_low or below. Backends of
+    pools without load feedback have no load signal: factor 1."""
+    pol = dict(POLICY_DEFAULTS, **sc.get("policy", {}))
+    out = {}
+    for name, pool in pool_of.items():
+        load = sc["pools"].get(pool, {}).get("load")
+        if not load:
+            out[name] = 1.0
+            continue
+        values = [(load.get("gpu", 10), load.get("queue", 0))]
+        values += [(a["gpu"], a["queue"]) for a in history
+                   if a["do"] == "set-load" and a["t"] <= until and name in a["targets"]]
+        saturated = False
+        for gpu, queue in values:
+            if gpu >= pol["gpu_high"] or queue >= pol["queue_high"]:
+                saturated = True
+            elif gpu <= pol["gpu_low"] and queue <= pol["queue_low"]:
+                saturated = False
+        gpu, queue = values[-1]
         if not saturated:
-            return 1.0
+            out[name] = 1.0
+            continue
         pg = min(max((gpu - pol["gpu_low"]) / (100 - pol["gpu_low"]), 0), 1)
         pq = min(max((queue - pol["queue_low"]) / (2 * pol["queue_high"] - pol["queue_low"]),
                      0), 1)
-        return max(pol["min_load_factor"], 1 - max(pg, pq))
+        out[name] = max(pol["min_load_factor"], 1 - max(pg, pq))
+    return out
 
+
+def expected_shares(sc, pool_of, lf, states, vip_pools):
+    """Pool shares of new flows per the documented policy formula. lf: name
+    -> load factor (load_factors); states: name -> effective state (active /
+    draining / failed / disabled / removed)."""
+    pol = dict(POLICY_DEFAULTS, **sc.get("policy", {}))
+    weights = sc["weights"]
+    counted = [n for n, p in pool_of.items() if p in vip_pools and
+               states.get(n) not in ("disabled", "removed", None)]
+    active = [n for n in counted if states.get(n) == "active"]
+    total_w = sum(weights.get(n, 100) for n in counted)
+    healthy = sum(weights.get(n, 100) for n in active) / total_w if total_w else 0.0
+    if healthy < pol["panic_threshold"]:
+        # Panic: priorities and load ignored, active backends by base weight.
+        act_w = sum(weights.get(n, 100) for n in active)
+        return {p: (sum(weights.get(n, 100) for n in active if pool_of[n] == p) / act_w
+                    if act_w else 0.0) for p in vip_pools}
     levels = sorted({sc["pools"][p].get("priority", 0) for p in vip_pools})
     shares, used = {}, 0.0
     for k in levels:
         pools = [p for p in vip_pools if sc["pools"][p].get("priority", 0) == k]
-        members = [n for n, p in backends_pool.items() if p in pools and
-                   states.get(n) not in ("disabled", "removed", None)]
+        members = [n for n in counted if pool_of[n] in pools]
         total = sum(weights.get(n, 100) for n in members)
-        if total == 0:
-            a = 0.0
-        else:
-            a = sum(weights.get(n, 100) * lf(n) for n in members
-                    if states.get(n) == "active") / total
+        a = sum(weights.get(n, 100) * lf[n] for n in members
+                if states.get(n) == "active") / total if total else 0.0
         s = min(1 - used, a * pol["overprovisioning"])
+        level_cap = sum(weights.get(n, 100) * lf[n] for n in members if states.get(n) == "active")
         for p in pools:
             # Pools of one level share its s_k by their active capacity.
-            cap = sum(weights.get(n, 100) * lf(n) for n in members
-                      if backends_pool[n] == p and states.get(n) == "active")
-            level_cap = sum(weights.get(n, 100) * lf(n) for n in members
-                            if states.get(n) == "active")
+            cap = sum(weights.get(n, 100) * lf[n] for n in members
+                      if pool_of[n] == p and states.get(n) == "active")
             shares[p] = s * (cap / level_cap if level_cap else 0.0)
         used += s
     total = sum(shares.values())
@@ -163,18 +195,10 @@ def judge(d):
             measured[pool] = measured.get(pool, 0) + 1
         n = len(probes)
         measured = {p: c / n for p, c in measured.items()} if n else {}
-        loads = {}
-        for a in d.actions:
-            if a["do"] == "set-load" and a["t"] <= lo:
-                for name in a["targets"]:
-                    loads[name] = (a["gpu"], a["queue"])
-        for name, b in d.e.backends.items():
-            if name not in loads and b["pool"] in sc["pools"]:
-                base = sc["pools"][b["pool"]].get("load") or {}
-                loads[name] = (base.get("gpu", 10), base.get("queue", 0))
+        lf = load_factors(sc, pool_of, d.actions, lo)
         mid = [s for s in mon.samples if lo <= s["t"] <= hi and not s.get("down")]
         states = {n: v["state"] for n, v in mid[-1]["backends"].items()} if mid else {}
-        expect = expected_shares(sc, pool_of, loads, states, list(sc["pools"]))
+        expect = expected_shares(sc, pool_of, lf, states, list(sc["pools"]))
         reported = mid[-1]["shares"].get("nccl", {}) if mid else {}
         m["shares"].append({"from": w["from"], "to": w["to"], "probes": n,
                             "measured": {p: round(v, 3) for p, v in measured.items()},
@@ -278,7 +302,12 @@ def judge(d):
     if inv.get("churn_within_budget"):
         pol = sc.get("policy", {})
         budget, interval = pol.get("churn_budget", 0.05), pol.get("churn_interval", 1.0)
-        for vip, size in (mon.samples[0].get("table_size") or {}).items():
+        up = [x for x in mon.samples if not x.get("down")]
+        if not up or interval <= 3 * mon.period:
+            check("churn", False, "no control-plane sample to judge churn by" if not up else
+                  f"churn_interval {interval} s is too short for the monitor's "
+                  f"{mon.period} s samples")
+        for vip, size in (up[0]["table_size"] if up else {}).items():
             limit = max(1, math.floor(budget * size))
             worst = mon.churn(vip, interval)
             check(f"churn[{vip}]", worst <= limit,

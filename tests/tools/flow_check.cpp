@@ -345,6 +345,7 @@ void EchoServer::acceptAll(int listener) {
         const int victim = accept(listener, nullptr, nullptr);
         if (victim >= 0) close(victim);
         reserveFd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        if (victim < 0) return;  // nothing freed: wait for the next wake-up
         continue;
       }
       return;  // EAGAIN, or a connection that died in the backlog
@@ -442,10 +443,12 @@ struct ClientOptions {
 };
 
 enum class Phase { Connecting, AwaitHello, Live, Closing, Ended };
-enum class EndState { OpenAtEnd, Closed, Reset, Corrupt, ConnectFailed };
+// NotOpened: the client stopped while the flow was still connecting (an
+// `open N` late in a run); not a broken flow.
+enum class EndState { OpenAtEnd, Closed, Reset, Corrupt, ConnectFailed, NotOpened };
 
-constexpr std::array<const char*, 5> kEndStateNames = {"open_at_end", "closed", "reset", "corrupt",
-                                                       "connect_failed"};
+constexpr std::array<const char*, 6> kEndStateNames = {"open_at_end", "closed",         "reset",
+                                                       "corrupt",     "connect_failed", "not_opened"};
 
 const char* endStateName(EndState state) {
   return kEndStateNames[static_cast<std::size_t>(state)];
@@ -521,6 +524,8 @@ class FlowClient {
   void sendFlow(Flow& flow, std::int64_t now);
   void beginClose(Flow& flow, EndState as, std::int64_t now);
   void endFlow(Flow& flow, EndState state, std::int64_t now, std::string error = {});
+  // Our close got no FIN within the wait: unechoed data makes it corrupt.
+  void endCloseTimedOut(Flow& flow, std::int64_t now);
   void setFlowInterest(Flow& flow, bool wantOut);
   void updateWaiting(Flow& flow, std::int64_t now);
   void noteReceived(Flow& flow, std::int64_t now);
@@ -690,6 +695,16 @@ void FlowClient::closeStallEpisode(Flow& flow, std::int64_t now) {
 void FlowClient::noteReceived(Flow& flow, std::int64_t now) {
   closeStallEpisode(flow, now);
   flow.waitSinceNs = now;
+}
+
+void FlowClient::endCloseTimedOut(Flow& flow, std::int64_t now) {
+  if (flow.echoed != flow.sent) {
+    endFlow(flow, EndState::Corrupt, now,
+            "no FIN within 3 s of our close, " + std::to_string(flow.sent - flow.echoed) +
+                " bytes never echoed");
+  } else {
+    endFlow(flow, flow.closeAs, now, "no FIN from the server within 3 s of our close");
+  }
 }
 
 void FlowClient::endFlow(Flow& flow, EndState state, std::int64_t now, std::string error) {
@@ -1055,7 +1070,7 @@ void FlowClient::beginStop(std::int64_t now, const char* why) {
     if (flow.phase == Phase::Live) {
       beginClose(flow, EndState::OpenAtEnd, now);
     } else if (flow.phase == Phase::Connecting || flow.phase == Phase::AwaitHello) {
-      endFlow(flow, EndState::ConnectFailed, now, "stopped before its hello");
+      endFlow(flow, EndState::NotOpened, now, "stopped before its hello");
     }
   }
   for (std::size_t index = 0; index < probes_.size(); ++index) {
@@ -1128,9 +1143,7 @@ void FlowClient::tick(std::int64_t now) {
         }
         break;
       case Phase::Closing:
-        if (now > flow.closeDeadlineNs) {
-          endFlow(flow, flow.closeAs, now, "no FIN from the server within 3 s of our close");
-        }
+        if (now > flow.closeDeadlineNs) endCloseTimedOut(flow, now);
         break;
       case Phase::Ended:
         break;
@@ -1346,10 +1359,7 @@ int FlowClient::run() {
   }
 
   const std::int64_t end = monoNs();
-  for (const std::size_t index : active_) {
-    Flow& flow = *flows_[index];
-    endFlow(flow, flow.closeAs, end, "no FIN from the server within 3 s of our close");
-  }
+  for (const std::size_t index : active_) endCloseTimedOut(*flows_[index], end);
   active_.clear();
   if (timeline_ != nullptr) {
     writeTimeline(end);

@@ -512,9 +512,12 @@ TEST(FlowTable, SynFloodModeSkipsTheRelocationStepUntilRoomAppears) {
     if (r == InsertResult::Inserted) tracked.push_back(h);
     return r;
   };
-  // A table full of handshakes: embryonic inserts until they keep failing.
-  while (table.counters().embryonicRejected < 64) (void)syn(now);
+  // A table full of handshakes: embryonic inserts until 16 in a row fail
+  // (the first time the mode can start), then until 200 in a row fail.
+  int streak = 0;
+  while (streak < 16) streak = syn(now) == InsertResult::FullEmbryonic ? streak + 1 : 0;
   EXPECT_EQ(table.counters().relocationsSkipped, 0u);  // not before the streak
+  while (streak < 200) streak = syn(now) == InsertResult::FullEmbryonic ? streak + 1 : 0;
 
   // Flood mode: most rejected SYNs skip the cuckoo step. They are still
   // rejected and counted, and every tracked handshake stays where it is.
@@ -538,9 +541,15 @@ TEST(FlowTable, SynFloodModeSkipsTheRelocationStepUntilRoomAppears) {
   }
   EXPECT_EQ(table.counters().relocationsSkipped, skippedNow);
 
-  // Once the handshakes expire there is room again: new SYNs are tracked.
+  // Once the handshakes expire there is room again: new SYNs are tracked,
+  // and the mode is over: the next rejections try the relocation step again
+  // (a mode that never ended would skip them).
   const Millis later = now + table.timeouts().embryonic + 1;
   for (int i = 0; i < 200; ++i) EXPECT_EQ(syn(later), InsertResult::Inserted);
+  const std::uint64_t skippedAfterRoom = table.counters().relocationsSkipped;
+  const std::uint64_t rejectedAfterRoom = table.counters().embryonicRejected;
+  while (table.counters().embryonicRejected < rejectedAfterRoom + 8) (void)syn(later);
+  EXPECT_EQ(table.counters().relocationsSkipped, skippedAfterRoom);
 }
 
 TEST(FlowTable, NewEstablishedFlowEvictsTheOldestEmbryonicOrClosingEntry) {

@@ -24,11 +24,12 @@ constexpr std::size_t kHugePage = std::size_t{2} << 20;
 // inserts failure-free to ~90% load; one move bounds what a SYN flood costs.
 constexpr int kRelocateDepth = 2;
 constexpr int kRelocateDepthEvictable = 1;
-// SYN-flood mode: after this many embryonic inserts in a row found no room
-// by relocation (a table full of handshakes, where a relocation step costs
-// up to eight random bucket reads and cannot succeed), embryonic inserts skip
-// it; one in kFloodProbeEvery still tries, so the mode ends by itself when
-// room appears. Established flows always get the full search.
+// SYN-flood mode: after this many embryonic (or closing) inserts in a row
+// found no room even by relocation (a table full of handshakes, where a
+// relocation step costs up to eight random bucket reads and cannot succeed),
+// such inserts skip it; one in kFloodProbeEvery still tries. The mode ends at
+// the first such insert that finds room (a free or expired slot, or a
+// successful relocation). Established flows always get the full search.
 constexpr std::uint32_t kFloodAfterMisses = 16;
 constexpr std::uint32_t kFloodProbeEvery = 32;
 
@@ -350,17 +351,18 @@ InsertResult FlowTable::insert(std::uint64_t hash, std::uint32_t backend, FlowSt
     return InsertResult::Inserted;
   }
 
+  const bool evictable = isEvictable(state);
   const auto place = [&](Bucket& bucket, unsigned slot) noexcept {
     store(bucket, slot);
     ++counters_.occupancy;
     ++counters_.inserts;
+    if (evictable) embryonicRoomMisses_ = 0;  // there is room: no flood
     return InsertResult::Inserted;
   };
   if (const unsigned slot = takeFreeSlot(first, now32); slot != kNoSlot) return place(first, slot);
   if (const unsigned slot = takeFreeSlot(second, now32); slot != kNoSlot) {
     return place(second, slot);
   }
-  const bool evictable = isEvictable(state);
   bool relocate = true;
   if (evictable && embryonicRoomMisses_ >= kFloodAfterMisses) {
     relocate = ++floodInserts_ % kFloodProbeEvery == 0;
@@ -374,11 +376,8 @@ InsertResult FlowTable::insert(std::uint64_t hash, std::uint32_t backend, FlowSt
       slot = makeRoom(secondIndex, depth, now32);
       into = &second;
     }
-    if (evictable) {
-      embryonicRoomMisses_ =
-          slot == kNoSlot ? std::min(embryonicRoomMisses_ + 1, kFloodAfterMisses) : 0;
-    }
     if (slot != kNoSlot) return place(*into, slot);
+    if (evictable) embryonicRoomMisses_ = std::min(embryonicRoomMisses_ + 1, kFloodAfterMisses);
   }
 
   if (!isEvictable(state)) {
