@@ -95,9 +95,11 @@ def main():
         f.write(CONFIG.format(sock=sock, ctl=os.path.join(tmp, "ctl.sock")))
         f.write("".join(BACKEND.format(i=i) for i in range(1, 6)))
     tag = "swmemiftest%d" % os.getpid()
+    stats = os.path.join(tmp, "stats.json")
     eal = ["-l", "0,1", "--no-huge", "-m", "512"]
     d = subprocess.Popen([spillwayd] + eal + ["--main-lcore", "0", "--file-prefix", tag + "d",
-                                              "--", "--config", config, "--quiet"],
+                                              "--", "--config", config, "--quiet",
+                                              "--stats-file", stats, "--stats-interval-ms", "50"],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          start_new_session=True)
     try:
@@ -119,7 +121,18 @@ def main():
                               "--latency-duration", "0.2", "--sample-every", "4",
                               "--verify", "maglev", "--json"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
-        time.sleep(0.3)  # let spillwayd finish what is in its rings
+        # spillwayd has handled everything once its rx count reaches what the
+        # generator sent (polled from its stats file, with a deadline).
+        sent = (last_json(g.stdout) or {}).get("tx")
+        deadline = time.time() + 10
+        while sent is not None and time.time() < deadline:
+            try:
+                with open(stats) as f:
+                    if json.load(f).get("rx_packets", -1) >= sent:
+                        break
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.05)
         os.killpg(d.pid, signal.SIGINT)
         dout = d.communicate(timeout=30)[0]
         if g.returncode != 0:
