@@ -273,7 +273,8 @@ class Estate:
         self.lb = self.spawn(
             [self.tools.spillwayd, "--no-huge", "-m", "512", "--file-prefix", self.prefix, "--",
              "--config", self.config, "--stats-file", self.lb_stats, "--stats-interval-ms", "100",
-             "--control-socket", self.sock, "--metrics-listen", "", "--quiet"],
+             "--control-socket", self.sock, "--metrics-listen", "", "--quiet",
+             "--state-dir", os.path.join(self.work, "state")],
             ns=self.ns("lb"), log_name=f"spillwayd-{tag}.log",
             stdout=os.path.join(self.work, f"spillwayd-{tag}.json"))
 

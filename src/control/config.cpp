@@ -1380,6 +1380,13 @@ void Loader::loadControl(const toml::table& root, std::set<std::string>& used) {
   if (auto v = s.integer("event_log_size", 16, 1'048'576)) {
     c.eventLogSize = static_cast<std::size_t>(*v);
   }
+  if (auto v = s.string("state_dir")) {
+    if (!v->empty() && (*v)[0] != '/') {
+      s.fail("state_dir", "must be an absolute path, or \"\" to keep no state across restarts");
+    } else {
+      c.stateDir = *v;
+    }
+  }
   s.finish();
 }
 

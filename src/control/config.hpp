@@ -183,6 +183,10 @@ struct ControlConfig {
   std::string socketGroup;  // empty: the daemon's group; mode is 0660
   std::string metricsListen = "127.0.0.1:9550";  // empty: no metrics endpoint
   std::size_t eventLogSize = 4096;
+  // Where spillwayd keeps what must outlive the process: the operator-intent
+  // journal, the flow-exception checkpoint and the last published weights.
+  // Absolute; "" keeps nothing (every start is a fresh start).
+  std::string stateDir = "/var/lib/spillway";
 };
 
 struct VipConfig {

@@ -170,6 +170,7 @@ int runDaemon(const Config& configIn, const DaemonOptions& options) {
   Config config = configIn;
   if (options.controlSocket) config.control.socketPath = *options.controlSocket;
   if (options.metricsListen) config.control.metricsListen = *options.metricsListen;
+  if (options.stateDir) config.control.stateDir = *options.stateDir;
   const auto log = [&](const std::string& line) {
     if (!options.quiet) std::fprintf(stderr, "spillwayd: %s\n", line.c_str());
   };

@@ -40,6 +40,8 @@ struct DaemonOptions {
   // Override [control] socket / metrics_listen (tests run several daemons).
   std::optional<std::string> controlSocket;
   std::optional<std::string> metricsListen;
+  // Override [control] state_dir ("" keeps no state).
+  std::optional<std::string> stateDir;
 };
 
 // Set from the signal handler; polled by the control loop.

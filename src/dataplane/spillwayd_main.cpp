@@ -54,11 +54,14 @@ int main(int argc, char** argv) {
                  "stop once no packet arrived for this long after the first (tests, replays)");
   cli.add_option("--run-for-ms", options.runForMs, "stop after this long");
   cli.add_flag("--quiet,-q", options.quiet, "no progress messages on stderr");
-  std::string controlSocket, metricsListen;
+  std::string controlSocket, metricsListen, stateDir;
   auto* socketOpt = cli.add_option("--control-socket", controlSocket,
                                    "CLI socket path (overrides [control] socket)");
   auto* metricsOpt = cli.add_option("--metrics-listen", metricsListen,
                                     "metrics address, \"\" for none (overrides [control])");
+  auto* stateOpt = cli.add_option("--state-dir", stateDir,
+                                  "journal and checkpoint directory, \"\" for none (overrides "
+                                  "[control] state_dir)");
   std::vector<std::string> reversed(app.rbegin(), app.rend());
   try {
     cli.parse(reversed);
@@ -90,6 +93,13 @@ int main(int argc, char** argv) {
   options.ealArgs = eal;
   if (socketOpt->count() > 0) options.controlSocket = controlSocket;
   if (metricsOpt->count() > 0) options.metricsListen = metricsListen;
+  if (stateOpt->count() > 0) {
+    if (!stateDir.empty() && stateDir[0] != '/') {
+      std::fprintf(stderr, "spillwayd: --state-dir must be an absolute path, or \"\"\n");
+      return 2;
+    }
+    options.stateDir = stateDir;
+  }
   std::signal(SIGINT, onSignal);
   std::signal(SIGTERM, onSignal);
   return spillway::runDaemon(result.value(), options);

@@ -99,6 +99,7 @@ def main():
     eal = ["-l", "0,1", "--no-huge", "-m", "512"]
     d = subprocess.Popen([spillwayd] + eal + ["--main-lcore", "0", "--file-prefix", tag + "d",
                                               "--", "--config", config, "--quiet",
+                                              "--state-dir", "",
                                               "--stats-file", stats, "--stats-interval-ms", "50"],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          start_new_session=True)

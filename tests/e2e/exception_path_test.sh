@@ -96,7 +96,7 @@ done <<<"$backends"
 
 ip netns exec "$lb" "$spillwayd" --no-huge -m 512 --file-prefix "$prefix" -- \
   --config "$work/spillway.toml" --stats-file "$work/stats.json" --stats-interval-ms 200 \
-  --control-socket "$work/spillway.sock" --metrics-listen "" \
+  --control-socket "$work/spillway.sock" --metrics-listen "" --state-dir "$work/state" \
   >"$work/final.json" 2>"$work/spillwayd.log" &
 lb_pid=$!
 

@@ -298,6 +298,7 @@ class Estate:
                         "--", "--config", self.config, "--stats-file", stats,
                         "--stats-interval-ms", "100",
                         "--control-socket", os.path.join(self.work, "spillway.sock"),
+                        "--state-dir", os.path.join(self.work, "state"),
                         ] + (["--metrics-listen", metrics_listen] if metrics_listen is not None
                              else []), ns=self.ns("lb"), stdout=stdout,
                        stderr=stderr)

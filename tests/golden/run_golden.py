@@ -81,7 +81,8 @@ def run_spillwayd(spillwayd, case_dir, work):
     command = [spillwayd, "--no-huge", "-m", "256", "--file-prefix", prefix, "--",
                "--config", "config.toml", "--exit-after-idle-ms", str(IDLE_MS),
                "--run-for-ms", str(RUN_LIMIT_MS), "--stats-file", "stats.json",
-               "--control-socket", os.path.join(work, "spillway.sock"), "--metrics-listen", ""]
+               "--control-socket", os.path.join(work, "spillway.sock"), "--metrics-listen", "",
+               "--state-dir", os.path.join(work, "state")]
     print("golden: in %s: %s" % (work, " ".join(command)))
     try:
         proc = subprocess.run(command, cwd=work, capture_output=True, text=True,
