@@ -181,6 +181,30 @@ class FlowTable {
   std::size_t countByBackend(std::span<std::uint32_t> counts, Millis now, std::size_t firstBucket,
                              std::size_t bucketLimit) const noexcept;
 
+  // Calls fn(hash, backend, state, idleMs) for every live entry of buckets
+  // [firstBucket, firstBucket + bucketLimit) (hash as stored: 0 reads as 1);
+  // returns how many. The owner lcore walks a large table a slice at a time.
+  template <class Fn>
+  std::size_t forEachLive(Millis now, std::size_t firstBucket, std::size_t bucketLimit,
+                          Fn&& fn) const noexcept {
+    const auto now32 = static_cast<std::uint32_t>(now);
+    const std::size_t end =
+        firstBucket + bucketLimit < bucketCount() ? firstBucket + bucketLimit : bucketCount();
+    std::size_t live = 0;
+    for (std::size_t b = firstBucket; b < end; ++b) {
+      const Bucket& bucket = buckets_[b];
+      for (unsigned i = 0; i < kSlotsPerBucket; ++i) {
+        if (bucket.fingerprint[i] == 0) continue;
+        const std::uint32_t idle = now32 - bucket.stamp[i];
+        const std::uint32_t meta = bucket.meta[i];
+        if (idle > timeoutByState_[meta >> 24]) continue;
+        ++live;
+        fn(bucket.fingerprint[i], meta & kMaxBackend, static_cast<FlowState>(meta >> 24), idle);
+      }
+    }
+    return live;
+  }
+
   // Empties the table; counters other than occupancy keep counting.
   void clear() noexcept;
 

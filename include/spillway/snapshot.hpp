@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "spillway/encap.hpp"
+#include "spillway/flow_exceptions.hpp"
 #include "spillway/flow_key.hpp"
 #include "spillway/maglev.hpp"
 #include "spillway/rcu.hpp"
@@ -152,6 +153,14 @@ struct ForwardingSnapshot {
   std::vector<SnapshotVip> vips;
   std::vector<SnapshotBackend> backends;  // [0] is the "none" placeholder
   VipIndex vipIndex;
+  // By backend index: the VIPs (indices into vips) whose tables the backend
+  // belongs to. Read by the workers' exception export, not per packet.
+  std::vector<std::vector<std::uint32_t>> vipsOfBackend;
+  // Flows placed before this process's tables (a checkpoint restored after a
+  // restart or a crash; peers' flows with the LB tier): consulted when the
+  // lcore's flow table has no entry, before the VIP's table. Shared by
+  // successive snapshots; null when there is none.
+  std::shared_ptr<const ExceptionTable> exceptions;
 
   // Call after vips are final, before publish.
   void indexVips() { vipIndex = VipIndex(vips); }

@@ -1,7 +1,9 @@
 #include "control/control_plane.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <set>
 
 #include "control/metrics_http.hpp"
 
@@ -9,6 +11,8 @@ namespace spillway {
 namespace {
 
 constexpr Millis kFlowCountPeriod = 1000;
+// The longest the start-up tables are held waiting for health and load data.
+constexpr Millis kWarmupLimit = 15'000;
 
 ApiError notFound(const std::string& what, const std::string& name) {
   return ApiError{"not_found", "no " + what + " named '" + name + "'"};
@@ -19,6 +23,24 @@ std::string stateName(BackendState s) { return std::string(toString(s)); }
 Json ipJson(const IpAddress& a) { return formatIpAddress(a); }
 
 std::string protocolName(IpProto p) { return p == IpProto::Udp ? "udp" : "tcp"; }
+
+Json checkpointStatsJson(const AffinityKeeper& keeper, Millis now) {
+  if (!keeper.enabled()) return Json{{"enabled", false}};
+  const CheckpointStats& c = keeper.stats();
+  return Json{{"enabled", true},
+              {"checkpoints", c.checkpoints},
+              {"failures", c.failures},
+              {"last_ms", c.lastAt ? Json(*c.lastAt) : Json(nullptr)},
+              {"age_ms", c.lastAt ? Json(now - *c.lastAt) : Json(nullptr)},
+              {"generation", c.lastGeneration},
+              {"exceptions", c.lastExceptions},
+              {"bytes", c.lastBytes},
+              {"duration_ms", c.lastDurationMs},
+              {"write_ms", c.lastWriteMs},
+              {"last_error", c.lastError},
+              {"restored_at_start", c.restoredAtStart},
+              {"restored_alive", c.restoredAlive}};
+}
 
 }  // namespace
 
@@ -32,7 +54,10 @@ ControlPlane::ControlPlane(Config config, std::string configPath, SnapshotBuilde
       now_(now),
       events_(config_.control.eventLogSize),
       states_(events_, config_.policy.drainTimeout),
-      policy_(config_.policy) {
+      policy_(config_.policy),
+      keeper_(AffinityKeeper::Options{config_.control.stateDir, config_.dataplane.hashSeed,
+                                      config_.dataplane.timeouts},
+              events_) {
   for (const BackendConfig& b : config_.backends) {
     (void)states_.add(b.id, b.name, now, "configured",
                       b.initialState == BackendState::Disabled ? AdminState::Disabled
@@ -44,7 +69,89 @@ ControlPlane::ControlPlane(Config config, std::string configPath, SnapshotBuilde
   }
   statesSeen_ = states_.generation();
   (void)applyPolicy(now, true);
+  restoreAffinity(now);
   lastChurn_ = now;
+}
+
+std::uint64_t ControlPlane::unixNow() const {
+  if (wallClock_) return wallClock_();
+  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                        std::chrono::system_clock::now().time_since_epoch())
+                                        .count());
+}
+
+void ControlPlane::restoreAffinity(Millis now) {
+  const std::optional<TablesState> tables = keeper_.restore(now, unixNow());
+  if (keeper_.takeRestoredChanged()) {
+    builder_.setExceptions(
+        keeper_.exceptionTable([&](std::uint64_t id) { return builder_.indexOf(id); }));
+  }
+  if (!tables) return;
+  // A VIP's restored weights are used only when they name exactly its
+  // current backends (the journal replayed, the file unchanged); otherwise
+  // its first table follows the policy.
+  std::size_t held = 0;
+  for (const VipConfig& vip : config_.vips) {
+    auto it = tables->weights.find(vip.name);
+    if (it == tables->weights.end()) continue;
+    std::set<std::uint64_t> members;
+    for (const BackendConfig& b : config_.backends) {
+      if (std::find(vip.poolIndices.begin(), vip.poolIndices.end(), b.poolIndex) !=
+          vip.poolIndices.end()) {
+        members.insert(b.id);
+      }
+    }
+    std::set<std::uint64_t> saved;
+    for (const auto& [id, w] : it->second) saved.insert(id);
+    if (saved != members) {
+      events_.append(now, "", kEventWarmup,
+                     "vip " + vip.name + ": the saved tables name other backends than the "
+                     "configuration; its first table follows the policy");
+      continue;
+    }
+    weights_[vip.name] = it->second;
+    builder_.setVipWeights(vip.name, it->second);
+    ++held;
+  }
+  for (const std::uint64_t id : tables->saturated) policy_.restoreSaturated(id);
+  if (held > 0) {
+    warmup_ = true;
+    warmupStarted_ = now;
+    events_.append(now, "", kEventWarmup,
+                   "holding the last published tables of " + std::to_string(held) +
+                       " VIP(s) (generation " + std::to_string(tables->generation) +
+                       ") until health and load are known");
+  }
+}
+
+bool ControlPlane::warmupComplete() const {
+  for (const BackendConfig& b : config_.backends) {
+    const PoolConfig& pool = config_.pools[b.poolIndex];
+    if (pool.health.kind != HealthCheckKind::None) {
+      auto h = health_.status(b.id);
+      if (!h || h->probes == 0) return false;
+    }
+    if (pool.load.enabled) {
+      auto l = scraper_.status(b.id);
+      if (!l || l->scrapes == 0) return false;
+    }
+  }
+  return true;
+}
+
+TablesState ControlPlane::tablesState() const {
+  TablesState t;
+  t.generation = generation_;
+  for (const auto& [vip, w] : weights_) t.weights[vip] = w;
+  for (const BackendConfig& b : config_.backends) {
+    if (policy_.saturated(b.id)) t.saturated.push_back(b.id);
+  }
+  return t;
+}
+
+void ControlPlane::finalCheckpoint(Millis now, std::vector<ExportedFlow> flows) {
+  keeper_.finalCheckpoint(now, unixNow(), std::move(flows), tablesState(),
+                          [&](std::uint32_t index) { return builder_.idAt(index); });
 }
 
 void ControlPlane::applyTargets() {
@@ -237,10 +344,29 @@ bool ControlPlane::tick(Millis now) {
     }
     dirty_ = true;
   }
+  if (warmup_ && (warmupComplete() || now >= warmupStarted_ + kWarmupLimit)) {
+    warmup_ = false;
+    events_.append(now, "", kEventWarmup,
+                   std::string("warm-up over after ") + std::to_string(now - warmupStarted_) +
+                       " ms (" + (warmupComplete() ? "health and load known" : "time limit") +
+                       "); the policy moves the tables within the churn budget");
+    lastChurn_ = 0;  // evaluate now
+  }
   const bool churnDue = now >= lastChurn_ + config_.policy.churnInterval;
-  if (statesChanged || churnDue) {
+  // During warm-up the held tables change only with backend states (the
+  // builder zeroes a backend that is not Active).
+  if (!warmup_ && (statesChanged || churnDue)) {
     if (applyPolicy(now, churnDue)) dirty_ = true;
     if (churnDue) lastChurn_ = now;
+  }
+  keeper_.tick(
+      now, unixNow(), generation_, hooks_.appliedGeneration ? hooks_.appliedGeneration() : 0,
+      [&] { return tablesState(); }, [&](std::uint32_t index) { return builder_.idAt(index); },
+      ExceptionExportHooks{hooks_.requestExceptionExport, hooks_.collectExceptionExport});
+  if (keeper_.takeRestoredChanged()) {
+    builder_.setExceptions(
+        keeper_.exceptionTable([&](std::uint64_t id) { return builder_.indexOf(id); }));
+    dirty_ = true;
   }
   if (pendingApply_ && hooks_.appliedGeneration &&
       hooks_.appliedGeneration() >= pendingApply_->first) {
@@ -336,7 +462,9 @@ ApiResult ControlPlane::status() {
               {"publishes", publishes_},
               {"last_publish_latency_ms", latency},
               {"policy", vips},
-              {"config", configPath_}};
+              {"config", configPath_},
+              {"warmup", warmup_},
+              {"checkpoint", checkpointStatsJson(keeper_, now_)}};
 }
 
 ApiResult ControlPlane::vipList() {
@@ -790,6 +918,25 @@ std::string ControlPlane::metricsText() {
     m.gauge("spillway_publish_latency_seconds",
             "Time from the latest decision to its use by every worker.", {},
             static_cast<double>(applyLatencies_.back()) / 1000.0);
+  }
+  m.gauge("spillway_warmup", "1 while the start-up tables are held (warm-up).", {},
+          warmup_ ? 1 : 0);
+  if (keeper_.enabled()) {
+    const CheckpointStats& c = keeper_.stats();
+    m.counter("spillway_checkpoints_total", "Flow-affinity checkpoints written.", {},
+              static_cast<double>(c.checkpoints));
+    m.counter("spillway_checkpoint_failures_total", "Flow-affinity checkpoints that failed.", {},
+              static_cast<double>(c.failures));
+    m.gauge("spillway_checkpoint_exceptions", "Flow exceptions in the last checkpoint.", {},
+            static_cast<double>(c.lastExceptions));
+    m.gauge("spillway_checkpoint_bytes", "Size of the last flow checkpoint.", {},
+            static_cast<double>(c.lastBytes));
+    if (c.lastAt) {
+      m.gauge("spillway_checkpoint_age_seconds", "Time since the last completed checkpoint.", {},
+              static_cast<double>(now_ - *c.lastAt) / 1000.0);
+    }
+    m.gauge("spillway_restored_exceptions", "Restored flow exceptions still alive.", {},
+            static_cast<double>(c.restoredAlive));
   }
   for (const VipConfig& v : config_.vips) {
     auto d = decisions_.find(v.name);

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "control/affinity_keeper.hpp"
 #include "control/backend_state.hpp"
 #include "control/config.hpp"
 #include "control/control_api.hpp"
@@ -46,6 +47,10 @@ struct DataplaneHooks {
       collectFlowCounts;
   // The oldest snapshot generation any worker is still using.
   std::function<std::uint64_t()> appliedGeneration;
+  // Flow exceptions (affinity_keeper.hpp): ask every worker for export n,
+  // then collect; nullopt until every worker finished n.
+  std::function<void(std::uint64_t n)> requestExceptionExport;
+  std::function<std::optional<std::vector<ExportedFlow>>(std::uint64_t n)> collectExceptionExport;
 };
 
 class ControlPlane final : public ControlApi {
@@ -66,6 +71,14 @@ class ControlPlane final : public ControlApi {
   [[nodiscard]] std::vector<int> pollFds() const;
   [[nodiscard]] const Config& config() const noexcept { return config_; }
   [[nodiscard]] EventLog& events() noexcept { return events_; }
+  // Wall clock for what is written to disk (Unix ms); the system clock unless
+  // a test injects one.
+  void setWallClock(std::function<std::uint64_t()> unixMs) { wallClock_ = std::move(unixMs); }
+  // True while the start-up tables are held (warm-up, see tick()).
+  [[nodiscard]] bool warmingUp() const noexcept { return warmup_; }
+  // The last checkpoint, from the stopped workers' exceptions (SIGTERM).
+  void finalCheckpoint(Millis now, std::vector<ExportedFlow> flows);
+  [[nodiscard]] const AffinityKeeper& affinity() const noexcept { return keeper_; }
 
   // ControlApi.
   ApiResult status() override;
@@ -102,6 +115,11 @@ class ControlPlane final : public ControlApi {
   ApiResult stateResult(const StateResult& r, const std::string& name, const char* verb);
   void reconfigure(Config next, Millis now, const std::string& cause);
   void collectFlows(Millis now);
+  // Start-up: the last process's tables and exceptions (affinity_keeper.hpp).
+  void restoreAffinity(Millis now);
+  [[nodiscard]] bool warmupComplete() const;
+  [[nodiscard]] TablesState tablesState() const;
+  [[nodiscard]] std::uint64_t unixNow() const;
 
   Config config_;
   std::string configPath_;
@@ -132,6 +150,14 @@ class ControlPlane final : public ControlApi {
   std::optional<std::pair<std::uint64_t, Millis>> pendingApply_;
   std::vector<Millis> applyLatencies_;
   std::uint64_t publishes_ = 0;
+
+  AffinityKeeper keeper_;
+  std::function<std::uint64_t()> wallClock_;
+  // Warm-up: the start-up tables are the last process's (tables.json) and
+  // the policy holds them until every backend has a health result and, where
+  // its pool scrapes load, a load sample; or until kWarmupLimit.
+  bool warmup_ = false;
+  Millis warmupStarted_ = 0;
 };
 
 }  // namespace spillway

@@ -33,6 +33,8 @@ inline constexpr const char* kEventWeight = "weight";        // load factor / sa
 inline constexpr const char* kEventConfig = "config";        // configuration loaded or rejected
 inline constexpr const char* kEventSpillover = "spillover";  // a pool's share of new flows moved
 inline constexpr const char* kEventPanic = "panic";          // panic mode entered or left
+inline constexpr const char* kEventCheckpoint = "checkpoint";  // flow affinity saved or restored
+inline constexpr const char* kEventWarmup = "warmup";          // start-up tables held / released
 
 struct Event {
   std::uint64_t seq = 0;  // from 1, +1 per event

@@ -160,6 +160,9 @@ class WeightPolicy {
   PolicyDecision decide(const PolicyInput& input);
 
   [[nodiscard]] bool saturated(std::uint64_t id) const;
+  // Marks a backend saturated, as a restarted daemon's checkpoint says it was
+  // (hysteresis carries over a restart).
+  void restoreSaturated(std::uint64_t id) { saturated_[id] = true; }
   // Drops a backend's saturation state (a removed backend).
   void forget(std::uint64_t id) { saturated_.erase(id); }
 

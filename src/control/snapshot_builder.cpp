@@ -269,9 +269,16 @@ std::unique_ptr<ForwardingSnapshot> SnapshotBuilder::build(std::uint64_t generat
   std::vector<const PreviousVip*> before(n, nullptr);
   std::vector<std::size_t> toBuild;
   snapshot->vips.resize(n);
+  snapshot->vipsOfBackend.resize(idByIndex_.size());
+  snapshot->exceptions = exceptions_;
   for (std::size_t i = 0; i < n; ++i) {
     const VipConfig& v = config_.vips[i];
     inputs[i] = tableInput(v, nullptr);
+    for (const MaglevBackend& m : inputs[i]) {
+      if (m.backendIndex < snapshot->vipsOfBackend.size()) {
+        snapshot->vipsOfBackend[m.backendIndex].push_back(static_cast<std::uint32_t>(i));
+      }
+    }
     SnapshotVip& sv = snapshot->vips[i];
     sv.key =
         VipKey{v.address.bytes, v.address.version, static_cast<std::uint8_t>(v.protocol), v.port};

@@ -43,6 +43,7 @@
 
 #include "control/config.hpp"
 #include "control/neighbours.hpp"
+#include "spillway/flow_exceptions.hpp"
 #include "spillway/flow_key.hpp"
 #include "spillway/maglev.hpp"
 #include "spillway/snapshot.hpp"
@@ -106,6 +107,10 @@ class SnapshotBuilder {
   [[nodiscard]] const BackendRuntime* runtime(std::uint64_t id) const;
   // The backend's index, or 0 when the id was never seen.
   [[nodiscard]] std::uint32_t indexOf(std::uint64_t id) const;
+  // The id at a backend index, or 0 when the index is 0 or unused.
+  [[nodiscard]] std::uint64_t idAt(std::uint32_t index) const {
+    return index < idByIndex_.size() ? idByIndex_[index] : 0;
+  }
 
   // A complete snapshot, or nullptr with lastError() set (a table build
   // rejected its input, which a validated Config does not cause).
@@ -116,6 +121,11 @@ class SnapshotBuilder {
   // take new flows (Active) get a non-zero weight either way.
   void setVipWeights(const std::string& vip, std::map<std::uint64_t, std::uint32_t> weights);
   void clearVipWeights();
+  // The exception table every later snapshot carries (flow_exceptions.hpp);
+  // null for none.
+  void setExceptions(std::shared_ptr<const ExceptionTable> exceptions) {
+    exceptions_ = std::move(exceptions);
+  }
   // The VIP's table as last built, or null.
   [[nodiscard]] const MaglevTable* currentTable(const std::string& vip) const;
   // Entries of the VIP's table that would change with these weights (by id;
@@ -159,6 +169,7 @@ class SnapshotBuilder {
   std::map<std::string, PreviousVip> previous_;  // by VIP name
   std::map<std::string, std::map<std::uint64_t, std::uint32_t>> vipWeights_;
   MaglevBuilder maglev_;
+  std::shared_ptr<const ExceptionTable> exceptions_;
   std::vector<VipBuildReport> lastBuild_;
   std::string lastError_;
 };

@@ -360,6 +360,42 @@ int runDaemon(const Config& configIn, const DaemonOptions& options) {
       for (auto& w : pool) oldest = std::min(oldest, w->counters().snapshotGeneration.read());
       return oldest;
     };
+    // Exception export: the chunks each worker handed over for the current
+    // request (worker.hpp's handshake).
+    struct ExportProgress {
+      std::uint64_t taken = 0;
+      bool done = false;
+    };
+    std::vector<ExportProgress> exportProgress(pool.size());
+    std::vector<ExportedFlow> exportFlows;
+    std::uint64_t exportFor = 0;
+    hooks.requestExceptionExport = [&](std::uint64_t n) {
+      exportFor = n;
+      exportFlows.clear();
+      for (auto& p : exportProgress) p.done = false;
+      for (auto& w : pool) w->requestExceptionExport(n);
+    };
+    hooks.collectExceptionExport =
+        [&](std::uint64_t n) -> std::optional<std::vector<ExportedFlow>> {
+      if (n != exportFor) return std::nullopt;
+      bool all = true;
+      for (std::size_t i = 0; i < pool.size(); ++i) {
+        Worker& w = *pool[i];
+        ExportProgress& p = exportProgress[i];
+        while (!p.done) {
+          const std::uint64_t published = w.exportPublished();
+          if (published == p.taken) break;
+          const auto chunk = w.exportChunk();
+          exportFlows.insert(exportFlows.end(), chunk.begin(), chunk.end());
+          p.done = w.exportChunkLast() == n;
+          p.taken = published;
+          w.takeExportChunk(published);
+        }
+        all = all && p.done;
+      }
+      if (!all) return std::nullopt;
+      return std::move(exportFlows);
+    };
     ControlPlane control(config, options.configPath, builder, std::move(hooks), millis());
     auto first = control.takeSnapshot(millis());
     if (!first) {
@@ -449,6 +485,17 @@ int runDaemon(const Config& configIn, const DaemonOptions& options) {
     }
     gWorkersStop.store(true);
     rte_eal_mp_wait_lcore();
+    // The last checkpoint: every exception of the stopped flow tables.
+    if (const ForwardingSnapshot* last = publisher.current(); last != nullptr) {
+      std::vector<ExportedFlow> flows;
+      for (auto& w : pool) w->exportAllStopped(*last, flows);
+      control.finalCheckpoint(millis(), std::move(flows));
+      const auto& c = control.affinity().stats();
+      if (control.affinity().enabled()) {
+        log("final checkpoint: " + std::to_string(c.lastExceptions) + " flow exceptions" +
+            (c.lastError.empty() ? "" : " (failed: " + c.lastError + ")"));
+      }
+    }
     const std::string stats = statsJson(control.config(), builder, pool, control.generation());
     if (!options.statsFile.empty()) writeAtomically(options.statsFile, stats);
     std::printf("%s\n", stats.c_str());

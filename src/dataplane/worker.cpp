@@ -45,7 +45,8 @@ Worker::Worker(const WorkerConfig& config, const std::vector<OpenPort>& ports, Q
       publisher_(publisher),
       steering_(config.flowTable, config.hashSeed),
       countScratch_(kStatsBackends, 0),
-      liveFlows_(std::make_unique<Counter[]>(kStatsBackends)) {
+      liveFlows_(std::make_unique<Counter[]>(kStatsBackends)),
+      exportChunk_(kExportChunk) {
   const int socket = static_cast<int>(rte_lcore_to_socket_id(config.lcore));
   for (const auto& p : ports) {
     auto io = std::make_unique<PortIo>();
@@ -179,11 +180,67 @@ void Worker::countFlowsSlice(std::uint64_t nowMs) noexcept {
   countingFor_ = 0;
 }
 
+void Worker::exportExceptionsSlice(const ForwardingSnapshot& snapshot,
+                                   std::uint64_t nowMs) noexcept {
+  constexpr std::size_t kBucketsPerSlice = 1024;  // 64 KiB of table per drain period
+  static_assert(kBucketsPerSlice * FlowTable::kSlotsPerBucket <= kExportChunk);
+  if (exportPublished_.load(std::memory_order_relaxed) !=
+      exportTaken_.load(std::memory_order_acquire)) {
+    return;  // the control thread has not taken the last chunk yet
+  }
+  if (exportChunkOut_) {  // taken: the next chunk starts empty
+    exportChunkOut_ = false;
+    exportChunkSize_ = 0;
+    exportChunkLast_ = 0;
+  }
+  if (exportingFor_ == 0) {
+    const std::uint64_t req = exportRequest_.load(std::memory_order_acquire);
+    if (req == exportDoneFor_) return;
+    exportingFor_ = req;
+    exportCursor_ = 0;
+    exportChunkSize_ = 0;
+  }
+  const FlowTable& table = steering_.flowTable();
+  table.forEachLive(nowMs, exportCursor_, kBucketsPerSlice,
+                    [&](std::uint64_t hash, std::uint32_t backend, FlowState state,
+                        std::uint32_t idle) {
+                      if (isTableException(snapshot, hash, backend)) {
+                        exportChunk_[exportChunkSize_++] = ExportedFlow{hash, backend, state, idle};
+                      }
+                    });
+  exportCursor_ += kBucketsPerSlice;
+  const bool finished = exportCursor_ >= table.bucketCount();
+  if (!finished && exportChunkSize_ + kBucketsPerSlice * FlowTable::kSlotsPerBucket <= kExportChunk) {
+    return;  // room for another slice
+  }
+  exportChunkLast_ = finished ? exportingFor_ : 0;
+  exportChunkOut_ = true;
+  exportPublished_.store(exportPublished_.load(std::memory_order_relaxed) + 1,
+                         std::memory_order_release);
+  if (finished) {
+    exportDoneFor_ = exportingFor_;
+    exportingFor_ = 0;
+  }
+}
+
+void Worker::exportAllStopped(const ForwardingSnapshot& snapshot,
+                              std::vector<ExportedFlow>& out) const {
+  const FlowTable& table = steering_.flowTable();
+  table.forEachLive(lastNowMs_, 0, table.bucketCount(),
+                    [&](std::uint64_t hash, std::uint32_t backend, FlowState state,
+                        std::uint32_t idle) {
+                      if (isTableException(snapshot, hash, backend)) {
+                        out.push_back(ExportedFlow{hash, backend, state, idle});
+                      }
+                    });
+}
+
 void Worker::run(const std::atomic<bool>& stop) noexcept {
   const std::uint64_t hz = rte_get_tsc_hz();
   const std::uint64_t drainTsc = hz / 1'000'000 * config_.txDrainUs;
   const std::uint64_t start = rte_get_tsc_cycles();
   std::uint64_t lastDrain = start;
+  std::uint64_t lastExport = start;
   // The steering clock: milliseconds of TSC time since the worker started,
   // offset so that it never sits near zero (flow stamps are 32-bit).
   const std::uint64_t tscPerMs = hz / 1000 == 0 ? 1 : hz / 1000;
@@ -193,9 +250,16 @@ void Worker::run(const std::atomic<bool>& stop) noexcept {
     const std::uint64_t nowMs = (tsc - start) / tscPerMs + 1'000'000;
     const ForwardingSnapshot* snapshot = publisher_.current();
     unsigned received = 0;
+    lastNowMs_ = nowMs;
     if (snapshot != nullptr) [[likely]] {
       for (auto& io : ports_) received += pollPort(*io, *snapshot, nowMs);
       counters_.snapshotGeneration.set(snapshot->generation);
+      // Needs the snapshot, so before the quiescent report; one slice per
+      // drain period.
+      if (tsc - lastExport >= drainTsc) {
+        lastExport = tsc;
+        exportExceptionsSlice(*snapshot, nowMs);
+      }
     }
     for (auto& io : ports_) {
       if (io->hasTap) pollTap(*io);

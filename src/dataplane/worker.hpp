@@ -18,9 +18,11 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "ports.hpp"
+#include "spillway/flow_exceptions.hpp"
 #include "spillway/rcu.hpp"
 #include "spillway/snapshot.hpp"
 #include "spillway/steering.hpp"
@@ -93,6 +95,32 @@ class Worker {
   }
   [[nodiscard]] const Counter* liveFlows() const noexcept { return liveFlows_.get(); }
 
+  // Exception export (spillway/flow_exceptions.hpp). The control thread asks
+  // with requestExceptionExport(n) (n increasing, once every worker runs the
+  // snapshot the export is about); the worker walks its flow table a slice
+  // per drain period against the snapshot it is using and fills a chunk of at
+  // most kExportChunk exceptions. A chunk is ready when exportPublished() !=
+  // the last value passed to takeExportChunk(); the control thread reads
+  // exportChunk() and exportChunkLast(), then takes it, and the worker goes
+  // on. exportChunkLast() == n marks the final chunk of request n.
+  static constexpr std::size_t kExportChunk = 16384;
+  void requestExceptionExport(std::uint64_t n) noexcept {
+    exportRequest_.store(n, std::memory_order_release);
+  }
+  [[nodiscard]] std::uint64_t exportPublished() const noexcept {
+    return exportPublished_.load(std::memory_order_acquire);
+  }
+  [[nodiscard]] std::span<const ExportedFlow> exportChunk() const noexcept {
+    return {exportChunk_.data(), exportChunkSize_};
+  }
+  [[nodiscard]] std::uint64_t exportChunkLast() const noexcept { return exportChunkLast_; }
+  void takeExportChunk(std::uint64_t published) noexcept {
+    exportTaken_.store(published, std::memory_order_release);
+  }
+  // After run() returned (no lcore owns the table any more): every exception
+  // of the whole table against `snapshot`, appended to `out`.
+  void exportAllStopped(const ForwardingSnapshot& snapshot, std::vector<ExportedFlow>& out) const;
+
  private:
   struct PortIo;
   // Returns how many frames the RX burst brought.
@@ -103,6 +131,7 @@ class Worker {
   void sendToTap(PortIo& io, rte_mbuf* m) noexcept;
   void flushAll() noexcept;
   void countFlowsSlice(std::uint64_t nowMs) noexcept;
+  void exportExceptionsSlice(const ForwardingSnapshot& snapshot, std::uint64_t nowMs) noexcept;
 
   WorkerConfig config_;
   QsbrDomain& qsbr_;
@@ -121,6 +150,18 @@ class Worker {
   std::size_t countCursor_ = 0;
   std::vector<std::uint32_t> countScratch_;
   std::unique_ptr<Counter[]> liveFlows_;
+
+  std::atomic<std::uint64_t> exportRequest_{0};
+  std::atomic<std::uint64_t> exportPublished_{0};
+  std::atomic<std::uint64_t> exportTaken_{0};
+  std::uint64_t exportingFor_ = 0;  // request being walked; 0 = none
+  std::uint64_t exportDoneFor_ = 0;
+  std::size_t exportCursor_ = 0;
+  std::vector<ExportedFlow> exportChunk_;  // kExportChunk, allocated once
+  std::size_t exportChunkSize_ = 0;
+  std::uint64_t exportChunkLast_ = 0;  // the request this chunk ends, else 0
+  bool exportChunkOut_ = false;        // published, not yet known to be taken
+  std::uint64_t lastNowMs_ = 0;        // the lcore clock at its last round
 };
 
 }  // namespace spillway

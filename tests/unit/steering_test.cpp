@@ -3,6 +3,8 @@
 // own flows), ICMP handling, and that every frame is counted exactly once.
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include "packet_builder.hpp"
 #include "spillway/steering.hpp"
 
@@ -360,6 +362,172 @@ TEST_F(SteeringTest, BurstWithRepeatsAndMixedVerdicts) {
   EXPECT_EQ(steering_.counters().newFlows.read(), 4u);  // flow 100 once, 200..202
   EXPECT_EQ(steering_.counters().toKernel.read(), 3u);
   expectAllCounted();
+}
+
+// --- Flow exceptions (flow_exceptions.hpp) ------------------------------------
+
+class SteeringExceptionTest : public SteeringTest {
+ protected:
+  // The hash of the flow 10.9.0.1:sport -> 192.0.2.10:5000, and a backend the
+  // table does not give it.
+  std::pair<std::uint64_t, std::uint32_t> flowAndOtherBackend(std::uint16_t sport) {
+    Frame f(syn(sport));
+    const auto view = parsePacket(f.ref.buffer.subspan(kHeadroom, f.ref.length));
+    const std::uint64_t hash = FlowHasher(kSeed).hash(view.key);
+    const std::uint32_t table = snapshot_->vips[0].table.lookup(hash);
+    return {hash, table % 4 + 1};
+  }
+  void setExceptions(std::vector<ExceptionEntry> entries) {
+    snapshot_->exceptions = std::make_shared<const ExceptionTable>(entries);
+  }
+};
+
+TEST_F(SteeringExceptionTest, UntrackedMidFlowPacketGoesWhereTheExceptionSays) {
+  const auto [hash, other] = flowAndOtherBackend(41000);
+  ASSERT_NE(other, snapshot_->vips[0].table.lookup(hash));
+  setExceptions({{hash, other, FlowState::Established}});
+  Frame f(syn(41000, kTcpAck));
+  const SteerResult r = steer(f);
+  ASSERT_EQ(r.verdict, Verdict::Forward);
+  EXPECT_EQ(r.backend, other);
+  EXPECT_EQ(steering_.counters().exceptionHits.read(), 1u);
+  // Now tracked on that backend: the next packet is a flow-table hit.
+  EXPECT_EQ(steering_.flowTable().lookup(hash, now_), other);
+  Frame g(syn(41000, kTcpAck));
+  EXPECT_EQ(steer(g).backend, other);
+  EXPECT_EQ(steering_.counters().exceptionHits.read(), 1u);
+  expectAllCounted();
+}
+
+TEST_F(SteeringExceptionTest, OtherFlowsFollowTheTable) {
+  const auto [hash, other] = flowAndOtherBackend(41001);
+  setExceptions({{hash, other, FlowState::Established}});
+  for (std::uint16_t port = 42000; port < 42100; ++port) {
+    if (port == 41001) continue;
+    Frame f(syn(port, kTcpAck));
+    const auto view = parsePacket(f.ref.buffer.subspan(kHeadroom, f.ref.length));
+    const SteerResult r = steer(f);
+    ASSERT_EQ(r.verdict, Verdict::Forward);
+    EXPECT_EQ(r.backend, snapshot_->vips[0].table.lookup(FlowHasher(kSeed).hash(view.key)));
+  }
+  EXPECT_EQ(steering_.counters().exceptionHits.read(), 0u);
+}
+
+TEST_F(SteeringExceptionTest, ExceptionToABackendThatTakesNoFlowsIsIgnored) {
+  const auto [hash, other] = flowAndOtherBackend(41002);
+  std::vector<BackendState> states(4, BackendState::Active);
+  states[other - 1] = BackendState::Failed;
+  publish(std::vector<std::uint32_t>(4, 100), states);
+  setExceptions({{hash, other, FlowState::Established}});
+  Frame f(syn(41002, kTcpAck));
+  const SteerResult r = steer(f);
+  ASSERT_EQ(r.verdict, Verdict::Forward);
+  EXPECT_NE(r.backend, other);
+  EXPECT_EQ(r.backend, snapshot_->vips[0].table.lookup(hash));
+  EXPECT_EQ(steering_.counters().exceptionHits.read(), 0u);
+}
+
+TEST_F(SteeringExceptionTest, DrainingBackendKeepsItsExceptionButNotANewConnection) {
+  const auto [hash, other] = flowAndOtherBackend(41003);
+  std::vector<BackendState> states(4, BackendState::Active);
+  states[other - 1] = BackendState::Draining;
+  publish(std::vector<std::uint32_t>(4, 100), states);
+  setExceptions({{hash, other, FlowState::Established}});
+  Frame syn1(syn(41003));  // a bare SYN: a new connection, goes by the table
+  const SteerResult r1 = steer(syn1);
+  ASSERT_EQ(r1.verdict, Verdict::Forward);
+  EXPECT_EQ(r1.backend, snapshot_->vips[0].table.lookup(hash));
+  // A mid-flow packet of a flow that is not tracked keeps the draining backend.
+  steering_.flowTable().clear();
+  Frame ack(syn(41003, kTcpAck));
+  EXPECT_EQ(steer(ack).backend, other);
+}
+
+TEST_F(SteeringExceptionTest, BareSynReusingAClosingFlowFollowsTheTable) {
+  const auto [hash, other] = flowAndOtherBackend(41004);
+  setExceptions({{hash, other, FlowState::Closing}});
+  Frame f(syn(41004));
+  const SteerResult r = steer(f);
+  EXPECT_EQ(r.backend, snapshot_->vips[0].table.lookup(hash));
+  Frame g(syn(41005, kTcpAck | kTcpFin));
+  EXPECT_EQ(steer(g).verdict, Verdict::Forward);
+}
+
+TEST_F(SteeringExceptionTest, TrackedEntryWinsOverTheException) {
+  const auto [hash, other] = flowAndOtherBackend(41006);
+  Frame f(syn(41006));
+  const std::uint32_t tracked = steer(f).backend;
+  setExceptions({{hash, other, FlowState::Established}});
+  Frame g(syn(41006, kTcpAck));
+  EXPECT_EQ(steer(g).backend, tracked);
+}
+
+TEST_F(SteeringExceptionTest, ClassificationAgainstTheTables) {
+  snapshot_->vipsOfBackend.assign(6, {});
+  for (std::uint32_t b = 1; b <= 4; ++b) snapshot_->vipsOfBackend[b] = {0};
+  const auto [hash, other] = flowAndOtherBackend(41007);
+  const std::uint32_t table = snapshot_->vips[0].table.lookup(hash);
+  EXPECT_FALSE(isTableException(*snapshot_, hash, table));
+  EXPECT_TRUE(isTableException(*snapshot_, hash, other));
+  EXPECT_TRUE(isTableException(*snapshot_, hash, 5));    // in no table
+  EXPECT_TRUE(isTableException(*snapshot_, hash, 99));   // unknown index
+  // In two VIPs: not an exception only when both tables agree.
+  snapshot_->vipsOfBackend[table] = {0, 1};
+  const bool agree = snapshot_->vips[1].table.lookup(hash) == table;
+  EXPECT_EQ(isTableException(*snapshot_, hash, table), !agree);
+}
+
+TEST(ExceptionTable, FindsWhatItHoldsAndNothingElse) {
+  std::vector<ExceptionEntry> entries;
+  for (std::uint64_t i = 0; i < 5000; ++i) {
+    entries.push_back({i * 0x9e3779b97f4a7c15ULL, static_cast<std::uint32_t>(i % 7 + 1),
+                       i % 2 ? FlowState::Established : FlowState::Udp});
+  }
+  entries.push_back({0, 0, FlowState::Established});                   // backend 0: skipped
+  entries.push_back({entries[3].hash, 9, FlowState::Closing});          // later one wins
+  const ExceptionTable t(entries);
+  EXPECT_EQ(t.size(), 5000u);
+  for (std::uint64_t i = 0; i < 5000; ++i) {
+    const auto hit = t.find(i * 0x9e3779b97f4a7c15ULL);
+    if (i == 3) {
+      EXPECT_EQ(hit.backend, 9u);
+      EXPECT_EQ(hit.state, FlowState::Closing);
+      continue;
+    }
+    EXPECT_EQ(hit.backend, i % 7 + 1) << i;
+    EXPECT_EQ(hit.state, i % 2 ? FlowState::Established : FlowState::Udp);
+  }
+  EXPECT_EQ(t.find(12345).backend, 0u);
+  EXPECT_EQ(ExceptionTable().find(0).backend, 0u);
+  // Hash 0 is stored as 1, as in the flow table.
+  const ExceptionTable zero(std::vector<ExceptionEntry>{{0, 4, FlowState::Established}});
+  EXPECT_EQ(zero.find(0).backend, 4u);
+  EXPECT_EQ(zero.find(1).backend, 4u);
+}
+
+TEST(FlowTableWalk, ForEachLiveVisitsExactlyTheLiveEntries) {
+  FlowTable t(FlowTableConfig{.capacity = 4096});
+  std::map<std::uint64_t, std::uint32_t> oracle;
+  for (std::uint64_t i = 1; i <= 2000; ++i) {
+    const std::uint64_t h = i * 0xc2b2ae3d27d4eb4fULL;
+    ASSERT_EQ(t.insert(h, static_cast<std::uint32_t>(i % 50 + 1),
+                       i % 3 == 0 ? FlowState::Closing : FlowState::Established, 1000),
+              InsertResult::Inserted);
+    if (i % 3 != 0) oracle[h | (h == 0)] = static_cast<std::uint32_t>(i % 50 + 1);
+  }
+  // 20 s later the closing entries (10 s timeout) are gone.
+  std::map<std::uint64_t, std::uint32_t> seen;
+  std::size_t live = 0;
+  for (std::size_t b = 0; b < t.bucketCount(); b += 100) {
+    live += t.forEachLive(21'000, b, 100,
+                          [&](std::uint64_t h, std::uint32_t backend, FlowState s, std::uint32_t idle) {
+                            EXPECT_EQ(s, FlowState::Established);
+                            EXPECT_EQ(idle, 20'000u);
+                            seen[h] = backend;
+                          });
+  }
+  EXPECT_EQ(live, seen.size());
+  EXPECT_EQ(seen, oracle);
 }
 
 }  // namespace

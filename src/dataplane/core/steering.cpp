@@ -139,7 +139,25 @@ void Steering::finishVipFrame(const FrameRef& frame, Pending& p, SteerResult& r,
     encapsulateTo(frame, p.view, p.hash, backend, r, snapshot);
     return;
   }
-  backend = vip.table.lookup(p.hash);
+  if (snapshot.exceptions != nullptr) {
+    // Not tracked here, but placed before these tables (a restored checkpoint,
+    // a peer's flow): it keeps that backend while the backend keeps flows. A
+    // bare SYN reusing the 5-tuple of a closing flow is a new connection.
+    const ExceptionTable::Hit hit = snapshot.exceptions->find(p.hash);
+    if (hit.backend != 0) {
+      const SnapshotBackend* b = snapshot.backend(hit.backend);
+      const bool bareSyn = (p.view.tcpFlags & (kTcpSyn | kTcpAck)) == kTcpSyn &&
+                           p.view.key.proto == static_cast<std::uint8_t>(IpProto::Tcp);
+      const bool newConnection =
+          bareSyn && (hit.state == FlowState::Closing || b == nullptr ||
+                      b->state != BackendState::Active);
+      if (b != nullptr && keepsTrackedFlows(b->state) && !newConnection) {
+        backend = hit.backend;
+        counters_.exceptionHits.add();
+      }
+    }
+  }
+  if (backend == 0) backend = vip.table.lookup(p.hash);
   if (backend == 0) {
     drop(r, DropReason::NoBackend);
     return;
@@ -223,6 +241,11 @@ void Steering::steerBurst(std::span<const FrameRef> frames, std::span<SteerResul
         const std::uint64_t h = hasher_.hash(e.clientFlow);
         std::uint32_t backend = flows_.lookup(h, now);
         const SnapshotBackend* b = snapshot.backend(backend);
+        if ((b == nullptr || !keepsTrackedFlows(b->state)) && snapshot.exceptions != nullptr) {
+          const ExceptionTable::Hit hit = snapshot.exceptions->find(h);
+          b = snapshot.backend(hit.backend);
+          backend = b != nullptr && keepsTrackedFlows(b->state) ? hit.backend : 0;
+        }
         if (b == nullptr || !keepsTrackedFlows(b->state)) {
           backend = snapshot.vips[vipIdx].table.lookup(h);
         }

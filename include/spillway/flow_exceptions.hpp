@@ -1,0 +1,119 @@
+// Flow exceptions: tracked flows whose backend is not what the current
+// Maglev table gives them, and the read-only table the data path consults
+// for them when its own flow table has no entry.
+//
+// A flow is placed by its VIP's table when its first packet arrives and then
+// stays on that backend (the lcore's FlowTable). Tables move on purpose
+// (spillover, load weights, drains, an added backend), so the longer
+// spillwayd runs, the more live flows sit on entries that have since moved:
+// those are the exceptions. A flow that is not an exception needs nothing to
+// survive a restart (the same inputs build the same table, maglev.hpp); an
+// exception needs its (flow hash, backend) pair kept: checkpointed to disk
+// for a restart or a crash, and (the LB-tier issue) sent to peer instances
+// for an ECMP move. Both sides name the backend by its id, never by an
+// index, and the flow by its FlowHasher hash under the configured hash_seed,
+// which every instance shares.
+//
+// Classification (isTableException): the flow table does not record a flow's
+// VIP, so a flow on backend b is "not an exception" only when every VIP whose
+// table b belongs to gives b for the flow's hash; otherwise it is kept. This
+// is conservative: a backend shared by two VIPs may keep a few flows that did
+// not need it, never the reverse.
+//
+// ExceptionTable: open addressing over a power-of-two array at most half
+// full, 16 bytes a slot (fingerprint, backend index | state << 24); built
+// once by the control thread, immutable afterwards, shared by successive
+// snapshots. A lookup is one or two cache lines, no allocation, no write.
+//
+// Thread contract: ExceptionTable is built on the control thread and only
+// read afterwards (by any number of lcores through the published snapshot).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "spillway/flow_table.hpp"
+
+namespace spillway {
+
+struct ForwardingSnapshot;
+
+// One tracked flow as its worker reports it: 16 bytes.
+struct ExportedFlow {
+  std::uint64_t hash = 0;     // FlowHasher hash (0 is reported as 1)
+  std::uint32_t backend = 0;  // backend index in the worker's snapshot
+  FlowState state = FlowState::Established;
+  std::uint32_t idleMs = 0;   // since its last packet
+};
+
+// One exception as it outlives the process (checkpoint) or crosses to a
+// peer: the backend by id.
+struct FlowExceptionRecord {
+  std::uint64_t hash = 0;
+  std::uint64_t backendId = 0;
+  FlowState state = FlowState::Established;
+  std::uint32_t idleMs = 0;
+
+  friend bool operator==(const FlowExceptionRecord&, const FlowExceptionRecord&) = default;
+};
+
+// True when the flow `hash` on backend index `backend` is not what every
+// table that holds `backend` gives it (see the design note).
+[[nodiscard]] bool isTableException(const ForwardingSnapshot& snapshot, std::uint64_t hash,
+                                    std::uint32_t backend) noexcept;
+
+struct ExceptionEntry {
+  std::uint64_t hash = 0;
+  std::uint32_t backend = 0;  // index, 1 .. FlowTable::kMaxBackend
+  FlowState state = FlowState::Established;
+};
+
+class ExceptionTable {
+ public:
+  struct Hit {
+    std::uint32_t backend = 0;  // 0 = no exception for this flow
+    FlowState state = FlowState::Established;
+  };
+
+  ExceptionTable() = default;
+  // Entries with backend 0 or above FlowTable::kMaxBackend are skipped; of two
+  // entries with one hash the later wins.
+  explicit ExceptionTable(std::span<const ExceptionEntry> entries);
+
+  [[nodiscard]] Hit find(std::uint64_t hash) const noexcept {
+    if (size_ == 0) return {};
+    const std::uint64_t fp = hash | static_cast<std::uint64_t>(hash == 0);
+    std::size_t i = slotOf(fp);
+    while (slots_[i].fingerprint != 0) {
+      if (slots_[i].fingerprint == fp) {
+        return Hit{slots_[i].meta & FlowTable::kMaxBackend,
+                   static_cast<FlowState>(slots_[i].meta >> 24)};
+      }
+      i = (i + 1) & mask_;
+    }
+    return {};
+  }
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  [[nodiscard]] std::size_t memoryBytes() const noexcept { return slots_.size() * sizeof(Slot); }
+
+ private:
+  struct Slot {
+    std::uint64_t fingerprint = 0;  // 0 = empty
+    std::uint32_t meta = 0;         // backend | state << 24
+    std::uint32_t unused = 0;
+  };
+  static_assert(sizeof(Slot) == 16);
+
+  [[nodiscard]] std::size_t slotOf(std::uint64_t fp) const noexcept {
+    return static_cast<std::size_t>(fp ^ (fp >> 32)) & mask_;
+  }
+
+  std::vector<Slot> slots_;
+  std::size_t mask_ = 0;
+  std::size_t size_ = 0;
+};
+
+}  // namespace spillway

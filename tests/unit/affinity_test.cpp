@@ -1,0 +1,339 @@
+// Flow affinity across restarts without EAL: the checkpoint file formats
+// (damage is refused whole), and a ControlPlane that checkpoints through fake
+// worker hooks and a second one that starts from what the first left: the
+// same tables, the exceptions in its first snapshot, restored flows leaving
+// the set when tracked again or expired.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "control/affinity_keeper.hpp"
+#include "control/config.hpp"
+#include "control/control_plane.hpp"
+#include "control/flow_checkpoint.hpp"
+#include "control/snapshot_builder.hpp"
+
+namespace spillway {
+namespace {
+
+constexpr std::uint64_t kSeed = 0x0123456789abcdefULL;
+
+TEST(Crc32c, KnownVector) {
+  EXPECT_EQ(crc32c("123456789"), 0xE3069283u);
+  EXPECT_EQ(crc32c(""), 0u);
+  // The word-at-a-time path and the byte path agree on every length.
+  std::string s;
+  for (int i = 0; i < 40; ++i) {
+    s += static_cast<char>(i * 7);
+    std::uint32_t crc = ~0u;
+    for (char c : s) {
+      crc ^= static_cast<std::uint8_t>(c);
+      for (int k = 0; k < 8; ++k) crc = (crc & 1) ? (crc >> 1) ^ 0x82f63b78u : crc >> 1;
+    }
+    EXPECT_EQ(crc32c(s), ~crc) << i;
+  }
+}
+
+std::vector<FlowExceptionRecord> sampleRecords() {
+  return {{0x1111, 7, FlowState::Established, 12'345},
+          {0x2222, 9, FlowState::Udp, 0},
+          {0x3333, 7, FlowState::Closing, 999},
+          {0, 1ULL << 60, FlowState::Embryonic, 4'000'000'000u}};
+}
+
+TEST(FlowCheckpointFile, RoundTripKeepsEveryRecordWithIdleInWholeSeconds) {
+  const auto records = sampleRecords();
+  const std::string bytes = encodeFlowCheckpoint(kSeed, 1'700'000'000'000ULL, records);
+  EXPECT_EQ(bytes.size(), 40u + 3 * 8 + 4 * 16 + 4);  // 16 bytes a record, 8 a backend
+  auto parsed = decodeFlowCheckpoint(bytes, kSeed);
+  ASSERT_TRUE(std::holds_alternative<FlowCheckpoint>(parsed)) << std::get<std::string>(parsed);
+  const auto& c = std::get<FlowCheckpoint>(parsed);
+  EXPECT_EQ(c.writtenUnixMs, 1'700'000'000'000ULL);
+  ASSERT_EQ(c.records.size(), records.size());
+  for (std::size_t i = 0; i < records.size(); ++i) {
+    EXPECT_EQ(c.records[i].hash, records[i].hash);
+    EXPECT_EQ(c.records[i].backendId, records[i].backendId);
+    EXPECT_EQ(c.records[i].state, records[i].state);
+  }
+  EXPECT_EQ(c.records[0].idleMs, 12'000u);
+  EXPECT_EQ(c.records[2].idleMs, 0u);
+  EXPECT_EQ(c.records[3].idleMs, 4'000'000'000u);
+}
+
+TEST(FlowCheckpointFile, DamageIsRefusedWhole) {
+  const std::string good = encodeFlowCheckpoint(kSeed, 1, sampleRecords());
+  auto error = [](const std::variant<FlowCheckpoint, std::string>& r) {
+    return std::holds_alternative<std::string>(r) ? std::get<std::string>(r) : std::string();
+  };
+  EXPECT_NE(error(decodeFlowCheckpoint(good.substr(0, good.size() - 1), kSeed)), "");
+  EXPECT_NE(error(decodeFlowCheckpoint(good.substr(0, 20), kSeed)), "");
+  EXPECT_NE(error(decodeFlowCheckpoint("", kSeed)), "");
+  for (std::size_t at : {std::size_t{0}, std::size_t{9}, std::size_t{50}, good.size() - 2}) {
+    std::string bad = good;
+    bad[at] = static_cast<char>(bad[at] ^ 0x40);
+    EXPECT_NE(error(decodeFlowCheckpoint(bad, kSeed)), "") << "byte " << at;
+  }
+  EXPECT_NE(error(decodeFlowCheckpoint(good, kSeed + 1)).find("hash_seed"), std::string::npos);
+  // A header that claims more records than the file holds.
+  std::string big = good;
+  big[32] = '\x7f';
+  EXPECT_NE(error(decodeFlowCheckpoint(big, kSeed)), "");
+}
+
+TEST(TablesStateFile, RoundTripAndMalformed) {
+  TablesState t;
+  t.writtenUnixMs = 5;
+  t.generation = 42;
+  t.weights["nccl"] = {{1, 500'000}, {18446744073709551615ULL, 0}};
+  t.weights["grpc"] = {};
+  t.saturated = {1, 3};
+  auto parsed = decodeTablesState(encodeTablesState(t));
+  ASSERT_TRUE(std::holds_alternative<TablesState>(parsed)) << std::get<std::string>(parsed);
+  const auto& u = std::get<TablesState>(parsed);
+  EXPECT_EQ(u.generation, 42u);
+  EXPECT_EQ(u.weights, t.weights);
+  EXPECT_EQ(u.saturated, t.saturated);
+  for (const char* bad : {"", "[]", "{\"version\":2}", "{\"version\":1}",
+                          R"({"version":1,"written_unix_ms":1,"generation":1,"weights":{"v":{"x1":3}},"saturated":[]})",
+                          R"({"version":1,"written_unix_ms":1,"generation":1,"weights":{"v":{"1":-3}},"saturated":[]})"}) {
+    EXPECT_TRUE(std::holds_alternative<std::string>(decodeTablesState(bad))) << bad;
+  }
+}
+
+// --- A ControlPlane across a restart ------------------------------------------
+
+std::string configText(const std::string& stateDir) {
+  std::string text = R"([dataplane]
+lcores = [1]
+hash_seed = "0x0123456789abcdef"
+
+[[port]]
+name = "p0"
+devargs = "net_ring0"
+address = "10.0.0.1"
+next_hop_mac = "02:00:00:00:00:aa"
+
+[[pool]]
+name = "onprem"
+site = "onprem"
+encap = "ipip"
+
+[[vip]]
+name = "nccl"
+address = "192.0.2.1"
+protocol = "tcp"
+table_size = 1009
+pools = ["onprem"]
+
+[control]
+state_dir = ")" + stateDir + R"("
+)";
+  for (int i = 1; i <= 4; ++i) {
+    text += "\n[[backend]]\nname = \"b" + std::to_string(i) + "\"\naddress = \"10.0.1." +
+            std::to_string(i) + "\"\npool = \"onprem\"\n";
+  }
+  return text;
+}
+
+class AffinityRestart : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/spillway-affinity-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  Config config() {
+    auto r = loadConfigFromString(configText(dir_), "test.toml");
+    EXPECT_TRUE(r) << formatErrors(r.errors());
+    return r.value();
+  }
+
+  // Hooks whose workers "export" `flows_` (indices into the builder).
+  DataplaneHooks hooks() {
+    DataplaneHooks h;
+    h.appliedGeneration = [this] { return applied_; };
+    h.requestExceptionExport = [this](std::uint64_t n) { asked_ = n; };
+    h.collectExceptionExport =
+        [this](std::uint64_t n) -> std::optional<std::vector<ExportedFlow>> {
+      if (n != asked_ || !answer_) return std::nullopt;
+      return flows_;
+    };
+    return h;
+  }
+
+  // Publishes while there is something to publish, as the daemon loop does.
+  std::unique_ptr<ForwardingSnapshot> run(ControlPlane& c, Millis now) {
+    std::unique_ptr<ForwardingSnapshot> last;
+    if (c.tick(now)) {
+      last = c.takeSnapshot(now);
+      applied_ = c.generation();
+    }
+    return last;
+  }
+
+  std::string dir_;
+  std::uint64_t applied_ = 0;
+  std::uint64_t asked_ = 0;
+  bool answer_ = true;
+  std::vector<ExportedFlow> flows_;
+};
+
+TEST_F(AffinityRestart, SecondProcessStartsWithTheFirstOnesTablesAndExceptions) {
+  SnapshotBuilder builderA;
+  ASSERT_FALSE(builderA.setConfig(config()));
+  ControlPlane a(config(), "test.toml", builderA, hooks(), 0);
+  auto first = a.takeSnapshot(0);
+  ASSERT_NE(first, nullptr);
+  applied_ = a.generation();
+  // The operator drains b2: its entries move to the others.
+  ASSERT_TRUE(std::holds_alternative<Json>(a.backendDrain("b2")));
+  auto second = run(a, 10);
+  ASSERT_NE(second, nullptr);
+  const std::uint32_t b2 = builderA.indexOf(backendIdFromName("b2"));
+  // Two flows still on b2 (exceptions now), one of them idle for 5 s.
+  std::uint64_t onB2 = 0;
+  for (std::uint64_t h = 1; onB2 < 2; ++h) {
+    if (first->vips[0].table.lookup(h * 7919) == b2) {
+      flows_.push_back(ExportedFlow{h * 7919, b2, FlowState::Established,
+                                    onB2 == 0 ? 0u : 5'000u});
+      ++onB2;
+    }
+  }
+  for (Millis t = 20; t < 400 && a.affinity().stats().checkpoints == 0; t += 10) run(a, t);
+  ASSERT_EQ(a.affinity().stats().checkpoints, 1u) << a.affinity().stats().lastError;
+  EXPECT_EQ(a.affinity().stats().lastExceptions, 2u);
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/flows.ckpt"));
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/tables.json"));
+
+  // A new process (b2 is Active again: this test has no journal). Its first
+  // snapshot has the first one's table and knows both flows.
+  SnapshotBuilder builderB;
+  ASSERT_FALSE(builderB.setConfig(config()));
+  applied_ = 0;
+  flows_.clear();
+  ControlPlane b(config(), "test.toml", builderB, hooks(), 0);
+  EXPECT_TRUE(b.warmingUp());
+  auto restarted = b.takeSnapshot(0);
+  ASSERT_NE(restarted, nullptr);
+  const auto before = second->vips[0].table.entries();
+  const auto after = restarted->vips[0].table.entries();
+  ASSERT_EQ(before.size(), after.size());
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < before.size(); ++i) {
+    differ += builderA.idAt(before[i]) != builderB.idAt(after[i]);
+  }
+  EXPECT_EQ(differ, 0u);
+  ASSERT_NE(restarted->exceptions, nullptr);
+  EXPECT_EQ(restarted->exceptions->size(), 2u);
+  const std::uint32_t b2InB = builderB.indexOf(backendIdFromName("b2"));
+  std::size_t found = 0;
+  for (std::uint64_t h = 1; h < 100000; ++h) {
+    found += restarted->exceptions->find(h * 7919).backend == b2InB;
+  }
+  EXPECT_EQ(found, 2u);
+  EXPECT_EQ(b.affinity().stats().restoredAtStart, 2u);
+}
+
+TEST_F(AffinityRestart, RestoredFlowsLeaveWhenTrackedAgainOrExpired) {
+  {
+    SnapshotBuilder builder;
+    ASSERT_FALSE(builder.setConfig(config()));
+    ControlPlane a(config(), "test.toml", builder, hooks(), 0);
+    (void)a.takeSnapshot(0);
+    applied_ = a.generation();
+    const std::uint32_t b1 = builder.indexOf(backendIdFromName("b1"));
+    flows_ = {{0xA, b1, FlowState::Established, 0},
+              {0xB, b1, FlowState::Closing, 2'000},  // 8 s left of 10
+              {0xC, b1, FlowState::Established, 0}};
+    for (Millis t = 0; t < 200 && a.affinity().stats().checkpoints == 0; t += 10) run(a, t);
+    ASSERT_EQ(a.affinity().stats().checkpoints, 1u);
+  }
+  SnapshotBuilder builder;
+  ASSERT_FALSE(builder.setConfig(config()));
+  applied_ = 0;
+  flows_.clear();
+  ControlPlane b(config(), "test.toml", builder, hooks(), 0);
+  ASSERT_EQ(b.affinity().stats().restoredAtStart, 3u);
+  auto s = b.takeSnapshot(0);
+  applied_ = b.generation();
+  ASSERT_NE(s->exceptions, nullptr);
+  EXPECT_EQ(s->exceptions->size(), 3u);
+  // 0xA is tracked again by a worker; 0xB's closing timeout runs out.
+  flows_ = {{0xA, builder.indexOf(backendIdFromName("b1")), FlowState::Established, 0}};
+  std::unique_ptr<ForwardingSnapshot> latest;
+  for (Millis t = 11'000; t < 40'000 && b.affinity().stats().restoredAlive != 1; t += 100) {
+    if (auto n = run(b, t)) latest = std::move(n);
+  }
+  EXPECT_EQ(b.affinity().stats().restoredAlive, 1u);
+  for (Millis t = 40'000; t < 40'500; t += 100) {
+    if (auto n = run(b, t)) latest = std::move(n);
+  }
+  ASSERT_NE(latest, nullptr);
+  ASSERT_NE(latest->exceptions, nullptr);
+  EXPECT_EQ(latest->exceptions->size(), 1u);
+  EXPECT_NE(latest->exceptions->find(0xC).backend, 0u);
+  EXPECT_EQ(latest->exceptions->find(0xA).backend, 0u);
+  EXPECT_EQ(latest->exceptions->find(0xB).backend, 0u);
+}
+
+TEST_F(AffinityRestart, DamagedCheckpointIsIgnoredWithAnEventAndNothingBlocksTheStart) {
+  {
+    std::FILE* f = std::fopen((dir_ + "/flows.ckpt").c_str(), "w");
+    std::fputs("SPWFLOW1 truncated", f);
+    std::fclose(f);
+    f = std::fopen((dir_ + "/tables.json").c_str(), "w");
+    std::fputs("{not json", f);
+    std::fclose(f);
+  }
+  SnapshotBuilder builder;
+  ASSERT_FALSE(builder.setConfig(config()));
+  ControlPlane c(config(), "test.toml", builder, hooks(), 0);
+  EXPECT_FALSE(c.warmingUp());
+  auto s = c.takeSnapshot(0);
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(s->exceptions, nullptr);
+  const auto page = c.events().since(0, 100);
+  int ignored = 0;
+  for (const auto& e : page.events) ignored += e.kind == kEventCheckpoint &&
+                                                e.cause.find("ignored") != std::string::npos;
+  EXPECT_EQ(ignored, 2);
+}
+
+TEST_F(AffinityRestart, NoStateDirWritesNothing) {
+  Config cfg = config();
+  cfg.control.stateDir = "";
+  SnapshotBuilder builder;
+  ASSERT_FALSE(builder.setConfig(cfg));
+  ControlPlane c(cfg, "test.toml", builder, hooks(), 0);
+  (void)c.takeSnapshot(0);
+  applied_ = c.generation();
+  for (Millis t = 0; t < 500; t += 10) run(c, t);
+  EXPECT_EQ(asked_, 0u);
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/flows.ckpt"));
+}
+
+TEST_F(AffinityRestart, UnwritableStateDirIsCountedNotFatal) {
+  Config cfg = config();
+  cfg.control.stateDir = dir_ + "/file";
+  std::FILE* f = std::fopen(cfg.control.stateDir.c_str(), "w");
+  std::fclose(f);
+  SnapshotBuilder builder;
+  ASSERT_FALSE(builder.setConfig(cfg));
+  ControlPlane c(cfg, "test.toml", builder, hooks(), 0);
+  (void)c.takeSnapshot(0);
+  applied_ = c.generation();
+  for (Millis t = 0; t < 500; t += 10) run(c, t);
+  EXPECT_GE(c.affinity().stats().failures, 1u);
+  EXPECT_NE(c.affinity().stats().lastError, "");
+  EXPECT_EQ(c.affinity().stats().checkpoints, 0u);
+}
+
+}  // namespace
+}  // namespace spillway
