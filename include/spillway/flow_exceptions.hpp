@@ -14,11 +14,13 @@
 // index, and the flow by its FlowHasher hash under the configured hash_seed,
 // which every instance shares.
 //
-// Classification (isTableException): the flow table does not record a flow's
-// VIP, so a flow on backend b is "not an exception" only when every VIP whose
-// table b belongs to gives b for the flow's hash; otherwise it is kept. This
-// is conservative: a backend shared by two VIPs may keep a few flows that did
-// not need it, never the reverse.
+// Classification (isTableException): the flow table records, beside the
+// backend, a 5-bit tag of the VIP that placed the flow (vipTagOf: index mod 31,
+// plus 1; 0 = unknown). A flow on backend b is "not an exception" only when
+// every VIP with that tag whose table b belongs to gives b for the flow's
+// hash; otherwise it is kept. With at most 31 VIPs this is exact; with more,
+// or with an unknown tag, it is conservative: it may keep a few flows that
+// did not need it, never drop one that did.
 //
 // ExceptionTable: open addressing over a power-of-two array at most half
 // full, 16 bytes a slot (fingerprint, backend index | state << 24); built
@@ -60,10 +62,16 @@ struct FlowExceptionRecord {
   friend bool operator==(const FlowExceptionRecord&, const FlowExceptionRecord&) = default;
 };
 
-// True when the flow `hash` on backend index `backend` is not what every
-// table that holds `backend` gives it (see the design note).
+// True when the flow `hash` on backend index `backend`, placed by a VIP
+// tagged `vipTag`, is not what every such table that holds `backend` gives it
+// (see the design note).
 [[nodiscard]] bool isTableException(const ForwardingSnapshot& snapshot, std::uint64_t hash,
-                                    std::uint32_t backend) noexcept;
+                                    std::uint32_t backend, std::uint8_t vipTag) noexcept;
+
+// The flow-table tag of the VIP at `index` in the snapshot: 1 .. 31.
+[[nodiscard]] constexpr std::uint8_t vipTagOf(std::uint32_t index) noexcept {
+  return static_cast<std::uint8_t>(index % FlowTable::kMaxVipTag + 1);
+}
 
 struct ExceptionEntry {
   std::uint64_t hash = 0;

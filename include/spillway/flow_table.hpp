@@ -25,7 +25,9 @@
 //
 // Bucket layout: 4 entries of 16 bytes, struct-of-arrays so the four
 // fingerprints compare in one pass: fingerprint (u64), backend index (low 24
-// bits, 0 = none) | state (high 8 bits), last-seen stamp (u32 ms).
+// bits, 0 = none) | state (3 bits) | VIP tag (high 5 bits: which VIP's table
+// placed the flow, for the exception export; flow_exceptions.hpp), last-seen
+// stamp (u32 ms).
 //
 // Time: every call takes `now`, milliseconds from any epoch on a monotonic
 // clock; the table never reads a clock. Stamps keep the low 32 bits and age is
@@ -119,6 +121,7 @@ struct FlowTableCounters {
 class FlowTable {
  public:
   static constexpr std::uint32_t kMaxBackend = (std::uint32_t{1} << 24) - 1;
+  static constexpr std::uint8_t kMaxVipTag = 31;
   static constexpr std::size_t kSlotsPerBucket = 4;
   static constexpr Millis kMaxTimeout = Millis{1} << 31;  // ~24.8 days
   static constexpr std::size_t kMaxCapacity = std::size_t{1} << 33;
@@ -155,10 +158,12 @@ class FlowTable {
   // knows the hash a while before it looks up or inserts.
   void prefetch(std::uint64_t hash) const noexcept;
 
-  // Sets backend, state and stamp of the entry for `hash`, creating it if
-  // absent. See the design note for which entries a full pair may evict.
-  InsertResult insert(std::uint64_t hash, std::uint32_t backend, FlowState state,
-                      Millis now) noexcept;
+  // Sets backend, state, VIP tag and stamp of the entry for `hash`, creating
+  // it if absent. See the design note for which entries a full pair may
+  // evict. vipTag (0 = unknown, else vipTagOf(the flow's VIP index)) lets the
+  // exception export tell which VIP's table placed the flow.
+  InsertResult insert(std::uint64_t hash, std::uint32_t backend, FlowState state, Millis now,
+                      std::uint8_t vipTag = 0) noexcept;
 
   // Re-steers the live entry for `hash` (its backend FAILED), keeping state
   // and stamp. False when there is no live entry or the backend is invalid.
@@ -181,7 +186,7 @@ class FlowTable {
   std::size_t countByBackend(std::span<std::uint32_t> counts, Millis now, std::size_t firstBucket,
                              std::size_t bucketLimit) const noexcept;
 
-  // Calls fn(hash, backend, state, idleMs) for every live entry of buckets
+  // Calls fn(hash, backend, state, idleMs, vipTag) for every live entry of buckets
   // [firstBucket, firstBucket + bucketLimit) (hash as stored: 0 reads as 1);
   // returns how many. The owner lcore walks a large table a slice at a time.
   template <class Fn>
@@ -197,9 +202,11 @@ class FlowTable {
         if (bucket.fingerprint[i] == 0) continue;
         const std::uint32_t idle = now32 - bucket.stamp[i];
         const std::uint32_t meta = bucket.meta[i];
-        if (idle > timeoutByState_[meta >> 24]) continue;
+        const auto state = static_cast<FlowState>((meta >> 24) & 7);
+        if (idle > timeoutByState_[static_cast<std::size_t>(state)]) continue;
         ++live;
-        fn(bucket.fingerprint[i], meta & kMaxBackend, static_cast<FlowState>(meta >> 24), idle);
+        fn(bucket.fingerprint[i], meta & kMaxBackend, state, idle,
+           static_cast<std::uint8_t>(meta >> 27));
       }
     }
     return live;
@@ -226,7 +233,7 @@ class FlowTable {
  private:
   struct alignas(64) Bucket {
     std::array<std::uint64_t, kSlotsPerBucket> fingerprint;  // 0 = empty slot
-    std::array<std::uint32_t, kSlotsPerBucket> meta;         // backend | state << 24
+    std::array<std::uint32_t, kSlotsPerBucket> meta;  // backend | state << 24 | vipTag << 27
     std::array<std::uint32_t, kSlotsPerBucket> stamp;        // low 32 bits of now
 
     // Bit i set when slot i holds `fp`.

@@ -203,8 +203,8 @@ void Worker::exportExceptionsSlice(const ForwardingSnapshot& snapshot,
   const FlowTable& table = steering_.flowTable();
   table.forEachLive(nowMs, exportCursor_, kBucketsPerSlice,
                     [&](std::uint64_t hash, std::uint32_t backend, FlowState state,
-                        std::uint32_t idle) {
-                      if (isTableException(snapshot, hash, backend)) {
+                        std::uint32_t idle, std::uint8_t vipTag) {
+                      if (isTableException(snapshot, hash, backend, vipTag)) {
                         exportChunk_[exportChunkSize_++] = ExportedFlow{hash, backend, state, idle};
                       }
                     });
@@ -228,8 +228,8 @@ void Worker::exportAllStopped(const ForwardingSnapshot& snapshot,
   const FlowTable& table = steering_.flowTable();
   table.forEachLive(lastNowMs_, 0, table.bucketCount(),
                     [&](std::uint64_t hash, std::uint32_t backend, FlowState state,
-                        std::uint32_t idle) {
-                      if (isTableException(snapshot, hash, backend)) {
+                        std::uint32_t idle, std::uint8_t vipTag) {
+                      if (isTableException(snapshot, hash, backend, vipTag)) {
                         out.push_back(ExportedFlow{hash, backend, state, idle});
                       }
                     });

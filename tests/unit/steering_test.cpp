@@ -464,17 +464,34 @@ TEST_F(SteeringExceptionTest, TrackedEntryWinsOverTheException) {
 
 TEST_F(SteeringExceptionTest, ClassificationAgainstTheTables) {
   snapshot_->vipsOfBackend.assign(6, {});
-  for (std::uint32_t b = 1; b <= 4; ++b) snapshot_->vipsOfBackend[b] = {0};
+  for (std::uint32_t b = 1; b <= 4; ++b) snapshot_->vipsOfBackend[b] = {0, 1};
   const auto [hash, other] = flowAndOtherBackend(41007);
   const std::uint32_t table = snapshot_->vips[0].table.lookup(hash);
-  EXPECT_FALSE(isTableException(*snapshot_, hash, table));
-  EXPECT_TRUE(isTableException(*snapshot_, hash, other));
-  EXPECT_TRUE(isTableException(*snapshot_, hash, 5));    // in no table
-  EXPECT_TRUE(isTableException(*snapshot_, hash, 99));   // unknown index
-  // In two VIPs: not an exception only when both tables agree.
-  snapshot_->vipsOfBackend[table] = {0, 1};
-  const bool agree = snapshot_->vips[1].table.lookup(hash) == table;
-  EXPECT_EQ(isTableException(*snapshot_, hash, table), !agree);
+  const std::uint8_t nccl = vipTagOf(0);
+  EXPECT_FALSE(isTableException(*snapshot_, hash, table, nccl));
+  EXPECT_TRUE(isTableException(*snapshot_, hash, other, nccl));
+  EXPECT_TRUE(isTableException(*snapshot_, hash, 5, nccl));   // in no table
+  EXPECT_TRUE(isTableException(*snapshot_, hash, 99, nccl));  // unknown index
+  // Placed by the other VIP: judged by that VIP's table alone.
+  const std::uint32_t grpc = snapshot_->vips[1].table.lookup(hash);
+  EXPECT_FALSE(isTableException(*snapshot_, hash, grpc, vipTagOf(1)));
+  // Unknown tag: not an exception only when both tables agree.
+  EXPECT_EQ(isTableException(*snapshot_, hash, table, 0), grpc != table);
+}
+
+TEST_F(SteeringExceptionTest, TrackedFlowsCarryTheirVipTag) {
+  Frame f(syn(41008));
+  const SteerResult r = steer(f);
+  ASSERT_EQ(r.verdict, Verdict::Forward);
+  std::size_t seen = 0;
+  steering_.flowTable().forEachLive(
+      now_, 0, steering_.flowTable().bucketCount(),
+      [&](std::uint64_t, std::uint32_t backend, FlowState, std::uint32_t, std::uint8_t tag) {
+        EXPECT_EQ(backend, r.backend);
+        EXPECT_EQ(tag, vipTagOf(0));
+        ++seen;
+      });
+  EXPECT_EQ(seen, 1u);
 }
 
 TEST(ExceptionTable, FindsWhatItHoldsAndNothingElse) {
@@ -511,7 +528,8 @@ TEST(FlowTableWalk, ForEachLiveVisitsExactlyTheLiveEntries) {
   for (std::uint64_t i = 1; i <= 2000; ++i) {
     const std::uint64_t h = i * 0xc2b2ae3d27d4eb4fULL;
     ASSERT_EQ(t.insert(h, static_cast<std::uint32_t>(i % 50 + 1),
-                       i % 3 == 0 ? FlowState::Closing : FlowState::Established, 1000),
+                       i % 3 == 0 ? FlowState::Closing : FlowState::Established, 1000,
+                       h % 7 == 0 ? 0 : 5),
               InsertResult::Inserted);
     if (i % 3 != 0) oracle[h | (h == 0)] = static_cast<std::uint32_t>(i % 50 + 1);
   }
@@ -520,7 +538,9 @@ TEST(FlowTableWalk, ForEachLiveVisitsExactlyTheLiveEntries) {
   std::size_t live = 0;
   for (std::size_t b = 0; b < t.bucketCount(); b += 100) {
     live += t.forEachLive(21'000, b, 100,
-                          [&](std::uint64_t h, std::uint32_t backend, FlowState s, std::uint32_t idle) {
+                          [&](std::uint64_t h, std::uint32_t backend, FlowState s, std::uint32_t idle,
+                              std::uint8_t tag) {
+                            EXPECT_EQ(tag, h % 7 == 0 ? 0 : 5);
                             EXPECT_EQ(s, FlowState::Established);
                             EXPECT_EQ(idle, 20'000u);
                             seen[h] = backend;
@@ -528,6 +548,29 @@ TEST(FlowTableWalk, ForEachLiveVisitsExactlyTheLiveEntries) {
   }
   EXPECT_EQ(live, seen.size());
   EXPECT_EQ(seen, oracle);
+}
+
+TEST(FlowTableWalk, VipTagSurvivesStateChangesAndResteering) {
+  FlowTable t(FlowTableConfig{.capacity = 1024});
+  ASSERT_EQ(t.insert(77, 3, FlowState::Embryonic, 1000, 31), InsertResult::Inserted);
+  EXPECT_EQ(t.insert(78, 3, FlowState::Embryonic, 1000, 32), InsertResult::Invalid);
+  EXPECT_EQ(t.lookupAndTouch(77, 1001, FlowEvent{kTcpAck}), 3u);        // -> Established
+  EXPECT_TRUE(t.updateBackend(77, 9, 1002));
+  EXPECT_EQ(t.lookupAndTouch(77, 1003, FlowEvent{kTcpAck | kTcpFin}), 9u);  // -> Closing
+  std::size_t seen = 0;
+  t.forEachLive(1004, 0, t.bucketCount(),
+                [&](std::uint64_t h, std::uint32_t b, FlowState s, std::uint32_t idle,
+                    std::uint8_t tag) {
+                  EXPECT_EQ(h, 77u);
+                  EXPECT_EQ(b, 9u);
+                  EXPECT_EQ(s, FlowState::Closing);
+                  EXPECT_EQ(idle, 1u);
+                  EXPECT_EQ(tag, 31);
+                  ++seen;
+                });
+  EXPECT_EQ(seen, 1u);
+  // The closing timeout (10 s) applies, whatever the tag bits.
+  EXPECT_EQ(t.lookup(77, 1003 + 10'001), 0u);
 }
 
 }  // namespace

@@ -7,14 +7,15 @@
 namespace spillway {
 
 bool isTableException(const ForwardingSnapshot& snapshot, std::uint64_t hash,
-                      std::uint32_t backend) noexcept {
+                      std::uint32_t backend, std::uint8_t vipTag) noexcept {
   if (backend >= snapshot.vipsOfBackend.size()) return true;
-  const auto& vips = snapshot.vipsOfBackend[backend];
-  if (vips.empty()) return true;  // in no table: nothing would place it there again
-  for (const std::uint32_t v : vips) {
+  bool any = false;  // a table that could have placed it
+  for (const std::uint32_t v : snapshot.vipsOfBackend[backend]) {
+    if (vipTag != 0 && vipTagOf(v) != vipTag) continue;
     if (v >= snapshot.vips.size() || snapshot.vips[v].table.lookup(hash) != backend) return true;
+    any = true;
   }
-  return false;
+  return !any;  // in no such table: nothing would place it there again
 }
 
 ExceptionTable::ExceptionTable(std::span<const ExceptionEntry> entries) {

@@ -37,12 +37,17 @@ constexpr std::uint64_t fingerprintOf(std::uint64_t hash) noexcept {
   return hash | static_cast<std::uint64_t>(hash == 0);
 }
 
-constexpr std::uint32_t packMeta(std::uint32_t backend, FlowState state) noexcept {
-  return backend | (static_cast<std::uint32_t>(state) << kStateShift);
+constexpr std::uint32_t kStateMask = 7;
+constexpr unsigned kVipShift = 27;
+
+constexpr std::uint32_t packMeta(std::uint32_t backend, FlowState state,
+                                 std::uint8_t vipTag) noexcept {
+  return backend | (static_cast<std::uint32_t>(state) << kStateShift) |
+         (std::uint32_t{vipTag} << kVipShift);
 }
 
 constexpr FlowState stateOf(std::uint32_t meta) noexcept {
-  return static_cast<FlowState>(meta >> kStateShift);
+  return static_cast<FlowState>((meta >> kStateShift) & kStateMask);
 }
 
 constexpr bool isValidState(FlowState state) noexcept {
@@ -71,7 +76,7 @@ constexpr std::uint32_t applyTcpFlags(std::uint32_t meta, std::uint8_t flags) no
   } else if (state == FlowState::Embryonic) {
     next = FlowState::Established;
   }
-  return packMeta(meta & kBackendMask, next);
+  return (meta & ~(kStateMask << kStateShift)) | (static_cast<std::uint32_t>(next) << kStateShift);
 }
 
 std::uint32_t checkedTimeout(const char* field, Millis value) {
@@ -142,7 +147,7 @@ inline std::size_t FlowTable::otherBucket(std::uint64_t fingerprint,
 inline bool FlowTable::expired(const Bucket& bucket, unsigned slot,
                                std::uint32_t now32) const noexcept {
   return static_cast<std::uint32_t>(now32 - bucket.stamp[slot]) >
-         timeoutByState_[bucket.meta[slot] >> kStateShift];
+         timeoutByState_[(bucket.meta[slot] >> kStateShift) & kStateMask];
 }
 
 inline void FlowTable::reclaim(Bucket& bucket, unsigned slot) noexcept {
@@ -319,11 +324,13 @@ unsigned FlowTable::makeRoom(std::size_t index, int depth, std::uint32_t now32) 
 }
 
 InsertResult FlowTable::insert(std::uint64_t hash, std::uint32_t backend, FlowState state,
-                               Millis now) noexcept {
-  if (backend == 0 || backend > kMaxBackend || !isValidState(state)) return InsertResult::Invalid;
+                               Millis now, std::uint8_t vipTag) noexcept {
+  if (backend == 0 || backend > kMaxBackend || !isValidState(state) || vipTag > kMaxVipTag) {
+    return InsertResult::Invalid;
+  }
   const std::uint64_t fp = fingerprintOf(hash);
   const auto now32 = static_cast<std::uint32_t>(now);
-  const std::uint32_t meta = packMeta(backend, state);
+  const std::uint32_t meta = packMeta(backend, state, vipTag);
   const std::size_t firstIndex = fp & mask_;
   const std::size_t secondIndex = (fp >> 32) & mask_;
   Bucket& first = buckets_[firstIndex];

@@ -166,7 +166,8 @@ void Steering::finishVipFrame(const FrameRef& frame, Pending& p, SteerResult& r,
   // A flow is tracked once its first packet is on its way to the backend; one
   // answered with an MTU error or dropped is not a flow yet.
   if (r.verdict != Verdict::Forward) return;
-  const InsertResult ins = flows_.insert(p.hash, backend, firstState(p.view), now);
+  const InsertResult ins =
+      flows_.insert(p.hash, backend, firstState(p.view), now, vipTagOf(p.vip));
   if (ins == InsertResult::Inserted) {
     counters_.newFlows.add();
     r.newFlow = true;
