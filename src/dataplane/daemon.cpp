@@ -70,7 +70,7 @@ std::string quoted(const std::string& s) {
 
 struct Totals {
   std::uint64_t rx = 0, forwarded = 0, replies = 0, toKernel = 0, newFlows = 0, resteered = 0,
-                insertFailed = 0, icmpSteered = 0, txDropped = 0, exceptionRx = 0,
+                insertFailed = 0, icmpSteered = 0, exceptionHits = 0, txDropped = 0, exceptionRx = 0,
                 exceptionTx = 0, flows = 0, drops = 0;
 };
 
@@ -86,6 +86,7 @@ Totals sum(const std::vector<std::unique_ptr<Worker>>& workers) {
     t.resteered += s.resteered.read();
     t.insertFailed += s.flowInsertFailed.read();
     t.icmpSteered += s.icmpErrorsSteered.read();
+    t.exceptionHits += s.exceptionHits.read();
     t.drops += s.drops.total() + w->counters().drops.total() + w->counters().txDropped.read();
     t.txDropped += w->counters().txDropped.read();
     t.exceptionRx += w->counters().exceptionRx.read();
@@ -103,7 +104,8 @@ std::string statsJson(const Config& config, const SnapshotBuilder& builder,
     << ",\"forwarded\":" << t.forwarded << ",\"replies\":" << t.replies
     << ",\"to_kernel\":" << t.toKernel << ",\"new_flows\":" << t.newFlows
     << ",\"resteered\":" << t.resteered << ",\"flow_insert_failed\":" << t.insertFailed
-    << ",\"icmp_errors_steered\":" << t.icmpSteered << ",\"tx_dropped\":" << t.txDropped
+    << ",\"icmp_errors_steered\":" << t.icmpSteered << ",\"exception_hits\":" << t.exceptionHits
+    << ",\"tx_dropped\":" << t.txDropped
     << ",\"exception_rx\":" << t.exceptionRx << ",\"exception_tx\":" << t.exceptionTx
     << ",\"dropped\":" << t.drops << ",\"drops\":{";  // tx_queue_full frames also counted by verdict
   bool first = true;
