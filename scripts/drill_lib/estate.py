@@ -53,7 +53,7 @@ class Tools:
     """The built binaries the drill runs."""
 
     def __init__(self, build):
-        self.spillwayd = os.path.join(build, "src", "dataplane", "spillwayd")
+        self.spillwayd = os.path.join(build, "src", "spillwayd", "spillwayd")
         self.decap = os.path.join(build, "src", "dataplane", "spillway-decap")
         self.spillwayctl = os.path.join(build, "src", "control", "spillwayctl")
         self.delayline = os.path.join(build, "tests", "tools", "spillway-delayline")

@@ -46,7 +46,7 @@
 
 namespace spillway {
 
-// How the keeper reaches the workers (DataplaneHooks supplies them).
+// How the keeper reaches the workers (the control plane wraps its Dataplane).
 struct ExceptionExportHooks {
   std::function<void(std::uint64_t n)> request;
   // Every worker's exceptions for request n once all finished; nullopt until.

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "control/metrics_http.hpp"
+#include "control/stats_view.hpp"
 
 namespace spillway {
 namespace {
@@ -45,11 +46,11 @@ Json checkpointStatsJson(const AffinityKeeper& keeper, Millis now) {
 }  // namespace
 
 ControlPlane::ControlPlane(Config config, std::string configPath, SnapshotBuilder& builder,
-                           DataplaneHooks hooks, Millis now)
+                           Dataplane* dataplane, Millis now)
     : config_(std::move(config)),
       configPath_(std::move(configPath)),
       builder_(builder),
-      hooks_(std::move(hooks)),
+      dataplane_(dataplane),
       started_(now),
       now_(now),
       events_(config_.control.eventLogSize),
@@ -288,16 +289,16 @@ bool ControlPlane::applyPolicy(Millis now, bool forceChurn) {
 }
 
 void ControlPlane::collectFlows(Millis now) {
-  if (!hooks_.requestFlowCounts || !hooks_.collectFlowCounts) return;
+  if (dataplane_ == nullptr) return;
   if (flowCountAsked_ != 0 && flowCountAt_ != 0) {
-    if (auto counts = hooks_.collectFlowCounts(flowCountAsked_)) {
+    if (auto counts = dataplane_->collectFlowCounts(flowCountAsked_)) {
       lastFlows_ = std::move(*counts);
       flowCountAt_ = 0;
       for (const BackendConfig& b : config_.backends) {
         const std::uint32_t index = builder_.indexOf(b.id);
         std::uint64_t total = 0;
-        for (const auto& [lcore, byIndex] : lastFlows_) {
-          if (index < byIndex.size()) total += byIndex[index];
+        for (const LcoreFlowCounts& l : lastFlows_) {
+          if (index < l.byBackend.size()) total += l.byBackend[index];
         }
         (void)states_.setLiveFlows(b.id, total, now);
       }
@@ -306,7 +307,7 @@ void ControlPlane::collectFlows(Millis now) {
   }
   static_assert(kFlowCountPeriod > 0);
   if (flowCountAsked_ == 0 || now >= lastFlowRequest_ + kFlowCountPeriod) {
-    hooks_.requestFlowCounts(++flowCountAsked_);
+    dataplane_->requestFlowCounts(++flowCountAsked_);
     flowCountAt_ = now;
     lastFlowRequest_ = now;
   }
@@ -359,17 +360,21 @@ bool ControlPlane::tick(Millis now) {
     if (applyPolicy(now, churnDue)) dirty_ = true;
     if (churnDue) lastChurn_ = now;
   }
-  keeper_.tick(
-      now, unixNow(), generation_, hooks_.appliedGeneration ? hooks_.appliedGeneration() : 0,
-      [&] { return tablesState(); }, [&](std::uint32_t index) { return builder_.idAt(index); },
-      ExceptionExportHooks{hooks_.requestExceptionExport, hooks_.collectExceptionExport});
+  if (dataplane_ != nullptr) {
+    keeper_.tick(
+        now, unixNow(), generation_, dataplane_->appliedGeneration(),
+        [&] { return tablesState(); }, [&](std::uint32_t index) { return builder_.idAt(index); },
+        ExceptionExportHooks{
+            [&](std::uint64_t n) { dataplane_->requestExceptionExport(n); },
+            [&](std::uint64_t n) { return dataplane_->collectExceptionExport(n); }});
+  }
   if (keeper_.takeRestoredChanged()) {
     builder_.setExceptions(
         keeper_.exceptionTable([&](std::uint64_t id) { return builder_.indexOf(id); }));
     dirty_ = true;
   }
-  if (pendingApply_ && hooks_.appliedGeneration &&
-      hooks_.appliedGeneration() >= pendingApply_->first) {
+  if (pendingApply_ && dataplane_ != nullptr &&
+      dataplane_->appliedGeneration() >= pendingApply_->first) {
     applyLatencies_.push_back(now - pendingApply_->second);
     if (applyLatencies_.size() > 64) applyLatencies_.erase(applyLatencies_.begin());
     pendingApply_.reset();
@@ -638,9 +643,9 @@ ApiResult ControlPlane::flows() {
     const std::uint32_t index = builder_.indexOf(b.id);
     Json lcores = Json::object();
     std::uint64_t total = 0;
-    for (const auto& [lcore, byIndex] : lastFlows_) {
-      const std::uint64_t n = index < byIndex.size() ? byIndex[index] : 0;
-      lcores[std::to_string(lcore)] = n;
+    for (const LcoreFlowCounts& l : lastFlows_) {
+      const std::uint64_t n = index < l.byBackend.size() ? l.byBackend[index] : 0;
+      lcores[std::to_string(l.lcore)] = n;
       total += n;
     }
     perBackend.push_back({{"backend", b.name}, {"flows", total}, {"per_lcore", lcores}});
@@ -649,8 +654,8 @@ ApiResult ControlPlane::flows() {
 }
 
 ApiResult ControlPlane::stats() {
-  if (!hooks_.stats) return ApiError{"unavailable", "no data path attached"};
-  return hooks_.stats();
+  if (dataplane_ == nullptr) return ApiError{"unavailable", "no data path attached"};
+  return statsDocument(dataplane_->counters(), config_, builder_, generation_);
 }
 
 ApiResult ControlPlane::health() {
@@ -987,8 +992,8 @@ std::string ControlPlane::metricsText() {
               {{"backend", b.name}}, static_cast<double>(*st->liveFlows));
     }
   }
-  if (hooks_.stats) {
-    const Json s = hooks_.stats();
+  if (dataplane_ != nullptr) {
+    const Json s = statsDocument(dataplane_->counters(), config_, builder_, generation_);
     auto num = [&](const char* key) { return s.contains(key) ? s[key].get<double>() : 0.0; };
     m.counter("spillway_rx_packets_total", "Frames received by the workers.", {},
               num("rx_packets"));

@@ -13,7 +13,7 @@
 // the moment every worker uses its snapshot is measured (publish latency).
 //
 // Thread contract: control thread only. The data path is reached only
-// through DataplaneHooks.
+// through the Dataplane interface (spillway/dataplane.hpp).
 #pragma once
 
 #include <functional>
@@ -32,31 +32,17 @@
 #include "control/policy.hpp"
 #include "control/scraper.hpp"
 #include "control/snapshot_builder.hpp"
+#include "spillway/dataplane.hpp"
 
 namespace spillway {
 
-struct DataplaneHooks {
-  // The data path's counters as JSON (the daemon's stats document).
-  std::function<Json()> stats;
-  // Ask every worker for a live-flow count (n increasing).
-  std::function<void(std::uint64_t n)> requestFlowCounts;
-  // Per worker lcore: live flows by backend index, once every worker
-  // finished count n; std::nullopt while any is still counting.
-  std::function<std::optional<std::vector<std::pair<unsigned, std::vector<std::uint64_t>>>>(
-      std::uint64_t n)>
-      collectFlowCounts;
-  // The oldest snapshot generation any worker is still using.
-  std::function<std::uint64_t()> appliedGeneration;
-  // Flow exceptions (affinity_keeper.hpp): ask every worker for export n,
-  // then collect; nullopt until every worker finished n.
-  std::function<void(std::uint64_t n)> requestExceptionExport;
-  std::function<std::optional<std::vector<ExportedFlow>>(std::uint64_t n)> collectExceptionExport;
-};
 
 class ControlPlane final : public ControlApi {
  public:
+  // `dataplane` may be null (no data path attached: stats say so, flows are
+  // not counted, nothing is checkpointed); it must outlive this object.
   ControlPlane(Config config, std::string configPath, SnapshotBuilder& builder,
-               DataplaneHooks hooks, Millis now);
+               Dataplane* dataplane, Millis now);
 
   // Advances checks, states and policy. True when a new snapshot should be
   // built and published (takeSnapshot()).
@@ -124,7 +110,7 @@ class ControlPlane final : public ControlApi {
   Config config_;
   std::string configPath_;
   SnapshotBuilder& builder_;
-  DataplaneHooks hooks_;
+  Dataplane* dataplane_;
   Millis started_;
   Millis now_;
   EventLog events_;
@@ -143,7 +129,7 @@ class ControlPlane final : public ControlApi {
   std::uint64_t flowCountAsked_ = 0;
   Millis flowCountAt_ = 0;  // when the pending count was asked; 0 = none pending
   Millis lastFlowRequest_ = 0;
-  std::vector<std::pair<unsigned, std::vector<std::uint64_t>>> lastFlows_;
+  std::vector<LcoreFlowCounts> lastFlows_;
 
   // Publish latency: decision time of the newest published generation, and
   // the last few measured latencies.

@@ -17,6 +17,7 @@
 #include "control/control_plane.hpp"
 #include "control/flow_checkpoint.hpp"
 #include "control/snapshot_builder.hpp"
+#include "fake_dataplane.hpp"
 
 namespace spillway {
 namespace {
@@ -155,43 +156,30 @@ class AffinityRestart : public ::testing::Test {
     return r.value();
   }
 
-  // Hooks whose workers "export" `flows_` (indices into the builder).
-  DataplaneHooks hooks() {
-    DataplaneHooks h;
-    h.appliedGeneration = [this] { return applied_; };
-    h.requestExceptionExport = [this](std::uint64_t n) { asked_ = n; };
-    h.collectExceptionExport =
-        [this](std::uint64_t n) -> std::optional<std::vector<ExportedFlow>> {
-      if (n != asked_ || !answer_) return std::nullopt;
-      return flows_;
-    };
-    return h;
+  // Publishes while there is something to publish, as the daemon loop does;
+  // returns the snapshot published, or null.
+  std::shared_ptr<const ForwardingSnapshot> run(ControlPlane& c, Millis now) {
+    if (!c.tick(now)) return nullptr;
+    auto s = c.takeSnapshot(now);
+    if (!s) return nullptr;
+    dp_.publish(std::move(s));
+    return dp_.latest;
   }
-
-  // Publishes while there is something to publish, as the daemon loop does.
-  std::unique_ptr<ForwardingSnapshot> run(ControlPlane& c, Millis now) {
-    std::unique_ptr<ForwardingSnapshot> last;
-    if (c.tick(now)) {
-      last = c.takeSnapshot(now);
-      applied_ = c.generation();
-    }
-    return last;
+  std::shared_ptr<const ForwardingSnapshot> first(ControlPlane& c) {
+    dp_.publish(c.takeSnapshot(0));
+    return dp_.latest;
   }
 
   std::string dir_;
-  std::uint64_t applied_ = 0;
-  std::uint64_t asked_ = 0;
-  bool answer_ = true;
-  std::vector<ExportedFlow> flows_;
+  test::FakeDataplane dp_;
 };
 
 TEST_F(AffinityRestart, SecondProcessStartsWithTheFirstOnesTablesAndExceptions) {
   SnapshotBuilder builderA;
   ASSERT_FALSE(builderA.setConfig(config()));
-  ControlPlane a(config(), "test.toml", builderA, hooks(), 0);
-  auto first = a.takeSnapshot(0);
-  ASSERT_NE(first, nullptr);
-  applied_ = a.generation();
+  ControlPlane a(config(), "test.toml", builderA, &dp_, 0);
+  auto firstTables = first(a);
+  ASSERT_NE(firstTables, nullptr);
   // The operator drains b2: its entries move to the others.
   ASSERT_TRUE(std::holds_alternative<Json>(a.backendDrain("b2")));
   auto second = run(a, 10);
@@ -200,8 +188,8 @@ TEST_F(AffinityRestart, SecondProcessStartsWithTheFirstOnesTablesAndExceptions) 
   // Two flows still on b2 (exceptions now), one of them idle for 5 s.
   std::uint64_t onB2 = 0;
   for (std::uint64_t h = 1; onB2 < 2; ++h) {
-    if (first->vips[0].table.lookup(h * 7919) == b2) {
-      flows_.push_back(ExportedFlow{h * 7919, b2, FlowState::Established,
+    if (firstTables->vips[0].table.lookup(h * 7919) == b2) {
+      dp_.exportFlows.push_back(ExportedFlow{h * 7919, b2, FlowState::Established,
                                     onB2 == 0 ? 0u : 5'000u});
       ++onB2;
     }
@@ -216,11 +204,10 @@ TEST_F(AffinityRestart, SecondProcessStartsWithTheFirstOnesTablesAndExceptions) 
   // snapshot has the first one's table and knows both flows.
   SnapshotBuilder builderB;
   ASSERT_FALSE(builderB.setConfig(config()));
-  applied_ = 0;
-  flows_.clear();
-  ControlPlane b(config(), "test.toml", builderB, hooks(), 0);
+  dp_.reset();
+  ControlPlane b(config(), "test.toml", builderB, &dp_, 0);
   EXPECT_TRUE(b.warmingUp());
-  auto restarted = b.takeSnapshot(0);
+  auto restarted = first(b);
   ASSERT_NE(restarted, nullptr);
   const auto before = second->vips[0].table.entries();
   const auto after = restarted->vips[0].table.entries();
@@ -245,11 +232,10 @@ TEST_F(AffinityRestart, RestoredFlowsLeaveWhenTrackedAgainOrExpired) {
   {
     SnapshotBuilder builder;
     ASSERT_FALSE(builder.setConfig(config()));
-    ControlPlane a(config(), "test.toml", builder, hooks(), 0);
-    (void)a.takeSnapshot(0);
-    applied_ = a.generation();
+    ControlPlane a(config(), "test.toml", builder, &dp_, 0);
+    (void)first(a);
     const std::uint32_t b1 = builder.indexOf(backendIdFromName("b1"));
-    flows_ = {{0xA, b1, FlowState::Established, 0},
+    dp_.exportFlows = {{0xA, b1, FlowState::Established, 0},
               {0xB, b1, FlowState::Closing, 2'000},  // 8 s left of 10
               {0xC, b1, FlowState::Established, 0}};
     for (Millis t = 0; t < 200 && a.affinity().stats().checkpoints == 0; t += 10) run(a, t);
@@ -257,23 +243,21 @@ TEST_F(AffinityRestart, RestoredFlowsLeaveWhenTrackedAgainOrExpired) {
   }
   SnapshotBuilder builder;
   ASSERT_FALSE(builder.setConfig(config()));
-  applied_ = 0;
-  flows_.clear();
-  ControlPlane b(config(), "test.toml", builder, hooks(), 0);
+  dp_.reset();
+  ControlPlane b(config(), "test.toml", builder, &dp_, 0);
   ASSERT_EQ(b.affinity().stats().restoredAtStart, 3u);
-  auto s = b.takeSnapshot(0);
-  applied_ = b.generation();
+  auto s = first(b);
   ASSERT_NE(s->exceptions, nullptr);
   EXPECT_EQ(s->exceptions->size(), 3u);
   // 0xA is tracked again by a worker; 0xB's closing timeout runs out.
-  flows_ = {{0xA, builder.indexOf(backendIdFromName("b1")), FlowState::Established, 0}};
-  std::unique_ptr<ForwardingSnapshot> latest;
+  dp_.exportFlows = {{0xA, builder.indexOf(backendIdFromName("b1")), FlowState::Established, 0}};
+  std::shared_ptr<const ForwardingSnapshot> latest;
   for (Millis t = 11'000; t < 40'000 && b.affinity().stats().restoredAlive != 1; t += 100) {
-    if (auto n = run(b, t)) latest = std::move(n);
+    if (auto n = run(b, t)) latest = n;
   }
   EXPECT_EQ(b.affinity().stats().restoredAlive, 1u);
   for (Millis t = 40'000; t < 40'500; t += 100) {
-    if (auto n = run(b, t)) latest = std::move(n);
+    if (auto n = run(b, t)) latest = n;
   }
   ASSERT_NE(latest, nullptr);
   ASSERT_NE(latest->exceptions, nullptr);
@@ -294,9 +278,9 @@ TEST_F(AffinityRestart, DamagedCheckpointIsIgnoredWithAnEventAndNothingBlocksThe
   }
   SnapshotBuilder builder;
   ASSERT_FALSE(builder.setConfig(config()));
-  ControlPlane c(config(), "test.toml", builder, hooks(), 0);
+  ControlPlane c(config(), "test.toml", builder, &dp_, 0);
   EXPECT_FALSE(c.warmingUp());
-  auto s = c.takeSnapshot(0);
+  auto s = first(c);
   ASSERT_NE(s, nullptr);
   EXPECT_EQ(s->exceptions, nullptr);
   const auto page = c.events().since(0, 100);
@@ -311,11 +295,10 @@ TEST_F(AffinityRestart, NoStateDirWritesNothing) {
   cfg.control.stateDir = "";
   SnapshotBuilder builder;
   ASSERT_FALSE(builder.setConfig(cfg));
-  ControlPlane c(cfg, "test.toml", builder, hooks(), 0);
-  (void)c.takeSnapshot(0);
-  applied_ = c.generation();
+  ControlPlane c(cfg, "test.toml", builder, &dp_, 0);
+  (void)first(c);
   for (Millis t = 0; t < 500; t += 10) run(c, t);
-  EXPECT_EQ(asked_, 0u);
+  EXPECT_EQ(dp_.exportAsked, 0u);
   EXPECT_FALSE(std::filesystem::exists(dir_ + "/flows.ckpt"));
 }
 
@@ -326,9 +309,8 @@ TEST_F(AffinityRestart, UnwritableStateDirIsCountedNotFatal) {
   std::fclose(f);
   SnapshotBuilder builder;
   ASSERT_FALSE(builder.setConfig(cfg));
-  ControlPlane c(cfg, "test.toml", builder, hooks(), 0);
-  (void)c.takeSnapshot(0);
-  applied_ = c.generation();
+  ControlPlane c(cfg, "test.toml", builder, &dp_, 0);
+  (void)first(c);
   for (Millis t = 0; t < 500; t += 10) run(c, t);
   EXPECT_GE(c.affinity().stats().failures, 1u);
   EXPECT_NE(c.affinity().stats().lastError, "");

@@ -325,7 +325,7 @@ std::optional<Predictor> makePredictor(const Config& config, const std::string& 
   for (std::uint32_t i = 0; i < config.ports.size(); ++i) {
     builder.setPortMac(i, config.ports[i].mac.value_or(MacAddress{2, 0, 0, 0, 0, 2}));
   }
-  ControlPlane control(config, path, builder, DataplaneHooks{}, 0);
+  ControlPlane control(config, path, builder, nullptr, 0);
   Predictor p;
   p.snapshot = control.takeSnapshot(0);
   if (!p.snapshot) {

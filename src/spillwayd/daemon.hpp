@@ -1,18 +1,23 @@
-// spillwayd's process: EAL start, ports, the worker lcores, and the control
-// loop on the main lcore that builds and publishes forwarding snapshots,
-// reclaims old ones after their grace period, resolves next hops and writes
-// statistics. The control-plane issue grows the control loop (health checks,
-// load feedback, the CLI socket); the data path does not change for it.
+// spillwayd's composition root: it wires the DPDK data path
+// (src/dataplane/dpdk_dataplane.hpp), the snapshot builder and next-hop
+// resolver, the control plane, the CLI socket and the metrics endpoint, and
+// runs the control loop on the main lcore.
+//
+// The control loop waits in epoll on the servers' and probers' epoll fds and
+// a periodic timer (kLoopPeriodMs): a CLI request, a health probe's answer or
+// a scrape wakes it at once; the timer paces what the workers answer on their
+// own lcores (applied generations, flow counts, exception exports, snapshot
+// reclamation), the next-hop refresh and the statistics file.
 //
 // Lifecycle: run() returns the process exit code. SIGINT and SIGTERM stop the
-// workers, which flush their TX buffers; the ports are stopped and the EAL
-// cleaned up. A restart with the same configuration and seed builds the same
-// tables (Maglev is a pure function of them), so flows still open in the
-// network keep their backends; mid-flow packets are tracked as established.
+// workers, which flush their TX buffers; the control plane writes a last
+// flow-affinity checkpoint from the stopped flow tables; the ports are closed
+// and the EAL cleaned up. A restart finds the journal and the checkpoint in
+// [control] state_dir (affinity_keeper.hpp): the same intent, the last
+// published tables held through a warm-up, and every flow whose table entry
+// had moved kept on its backend.
 //
-// Thread contract: the Daemon object lives on the main lcore; workers run on
-// their own lcores and share only the snapshot publisher, the QSBR domain and
-// the stop flag.
+// Thread contract: runs on the main lcore; the workers run on theirs.
 #pragma once
 
 #include <atomic>

@@ -1,0 +1,96 @@
+// The seam between the control plane and a data path (Katran's
+// BaseBpfAdapter): everything the control thread asks of the workers goes
+// through this interface, so the control plane, reloads, restarts, journal
+// replay and warm-up run under gtest against a fake (tests/unit/
+// fake_dataplane.hpp), and spillwayd's DPDK adapter (src/dataplane/
+// dpdk_dataplane.hpp) is one implementation among others. DPDK-free.
+//
+// Requests that the workers answer on their own lcores (flow counts,
+// exception exports) are split into request(n) and collect(n): n increases,
+// collect returns std::nullopt until every worker has finished n, and never
+// blocks.
+//
+// Thread contract: every member is called on the control thread.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "spillway/drop_reason.hpp"
+#include "spillway/flow_exceptions.hpp"
+#include "spillway/snapshot.hpp"
+
+namespace spillway {
+
+// Live tracked flows of one worker lcore, by backend index.
+struct LcoreFlowCounts {
+  unsigned lcore = 0;
+  std::vector<std::uint64_t> byBackend;
+};
+
+// The data path's counters, summed where the field says so.
+struct DataplaneCounters {
+  std::uint64_t rxPackets = 0;  // received, steered or not
+  std::uint64_t forwarded = 0;
+  std::uint64_t replies = 0;
+  std::uint64_t toKernel = 0;  // handed to the kernel
+  std::uint64_t newFlows = 0;
+  std::uint64_t resteered = 0;
+  std::uint64_t flowInsertFailed = 0;
+  std::uint64_t icmpErrorsSteered = 0;
+  std::uint64_t exceptionHits = 0;
+  std::uint64_t txDropped = 0;
+  std::uint64_t exceptionRx = 0;  // from the kernel's exception path to the wire
+  std::uint64_t exceptionTx = 0;  // from the wire to the kernel's exception path
+  std::uint64_t dropped = 0;      // every drop, whatever the reason
+  std::array<std::uint64_t, static_cast<std::size_t>(DropReason::kCount)> drops{};
+  // By backend index (as long as the largest index in use).
+  std::vector<std::uint64_t> backendPackets;
+  std::vector<std::uint64_t> backendNewFlows;
+  struct Lcore {
+    unsigned lcore = 0;
+    std::uint64_t rxPackets = 0;
+    std::uint64_t forwarded = 0;
+    std::uint64_t newFlows = 0;
+    std::uint64_t flowTableOccupancy = 0;
+    std::uint64_t snapshotGeneration = 0;  // the one it last used
+  };
+  std::vector<Lcore> lcores;
+};
+
+class Dataplane {
+ public:
+  virtual ~Dataplane() = default;
+
+  // Makes `snapshot` current for every worker (one release store); the
+  // previous one is freed by reclaim() after its grace period.
+  virtual void publish(std::unique_ptr<const ForwardingSnapshot> snapshot) = 0;
+  // Frees retired snapshots whose grace period passed; returns how many.
+  virtual std::size_t reclaim() = 0;
+  // The newest published generation (0 before the first publish).
+  [[nodiscard]] virtual std::uint64_t publishedGeneration() const = 0;
+  // The oldest snapshot generation any worker still uses.
+  [[nodiscard]] virtual std::uint64_t appliedGeneration() const = 0;
+
+  virtual void requestFlowCounts(std::uint64_t n) = 0;
+  [[nodiscard]] virtual std::optional<std::vector<LcoreFlowCounts>> collectFlowCounts(
+      std::uint64_t n) = 0;
+
+  virtual void requestExceptionExport(std::uint64_t n) = 0;
+  [[nodiscard]] virtual std::optional<std::vector<ExportedFlow>> collectExceptionExport(
+      std::uint64_t n) = 0;
+
+  // The VIP set a port-side filter must let through (AF_XDP's vip_map); an
+  // error leaves the previous set in place.
+  [[nodiscard]] virtual std::optional<std::string> syncVips(std::span<const VipKey> vips) = 0;
+
+  [[nodiscard]] virtual DataplaneCounters counters() const = 0;
+};
+
+}  // namespace spillway

@@ -1,0 +1,250 @@
+#include "daemon.hpp"
+
+#include <sys/epoll.h>
+#include <sys/timerfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+
+#include "control/cli_server.hpp"
+#include "control/control_plane.hpp"
+#include "control/durable_file.hpp"
+#include "control/metrics_http.hpp"
+#include "control/neighbours.hpp"
+#include "control/snapshot_builder.hpp"
+#include "control/stats_view.hpp"
+#include "dpdk_dataplane.hpp"
+
+namespace spillway {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The control loop's pacing timer.
+constexpr long kLoopPeriodMs = 5;
+constexpr auto kNeighbourRefresh = std::chrono::milliseconds(250);
+
+std::atomic<bool> gStop{false};
+
+// Waits until any watched fd is readable or the periodic timer fires.
+class ControlLoopWait {
+ public:
+  ControlLoopWait() = default;
+  ~ControlLoopWait() {
+    if (timerFd_ >= 0) ::close(timerFd_);
+    if (epollFd_ >= 0) ::close(epollFd_);
+  }
+  ControlLoopWait(const ControlLoopWait&) = delete;
+  ControlLoopWait& operator=(const ControlLoopWait&) = delete;
+
+  std::optional<std::string> open(long periodMs) {
+    epollFd_ = epoll_create1(EPOLL_CLOEXEC);
+    if (epollFd_ < 0) return "epoll_create1: " + errnoText(errno);
+    timerFd_ = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+    if (timerFd_ < 0) return "timerfd_create: " + errnoText(errno);
+    itimerspec period{};
+    period.it_interval.tv_nsec = periodMs * 1'000'000;
+    period.it_value = period.it_interval;
+    if (timerfd_settime(timerFd_, 0, &period, nullptr) != 0) {
+      return "timerfd_settime: " + errnoText(errno);
+    }
+    return watch(timerFd_);
+  }
+  std::optional<std::string> watch(int fd) {
+    if (fd < 0) return std::nullopt;
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd;
+    if (epoll_ctl(epollFd_, EPOLL_CTL_ADD, fd, &ev) != 0 && errno != EEXIST) {
+      return "epoll_ctl: " + errnoText(errno);
+    }
+    return std::nullopt;
+  }
+  // Returns after an event, a timer period, or a signal.
+  void wait() {
+    epoll_event events[16];
+    const int n = epoll_wait(epollFd_, events, 16, static_cast<int>(kLoopPeriodMs * 2));
+    for (int i = 0; i < n; ++i) {
+      if (events[i].data.fd == timerFd_) {
+        std::uint64_t expirations = 0;
+        (void)::read(timerFd_, &expirations, sizeof expirations);
+      }
+    }
+  }
+
+ private:
+  int epollFd_ = -1;
+  int timerFd_ = -1;
+};
+
+std::vector<VipKey> vipKeysOf(const Config& config) {
+  std::vector<VipKey> keys;
+  for (const auto& v : config.vips) {
+    keys.push_back(VipKey{v.address.bytes, v.address.version,
+                          static_cast<std::uint8_t>(v.protocol), v.port});
+  }
+  return keys;
+}
+
+void writeStatsFile(const std::string& path, const Json& stats) {
+  // Best effort and not fsynced: a statistics view, rewritten every period.
+  const std::string tmp = path + ".tmp";
+  if (std::FILE* f = std::fopen(tmp.c_str(), "w")) {
+    const std::string text = stats.dump() + "\n";
+    const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+    if (std::fclose(f) == 0 && ok) std::rename(tmp.c_str(), path.c_str());
+  }
+}
+
+}  // namespace
+
+std::atomic<bool>& daemonStopRequested() noexcept { return gStop; }
+
+int runDaemon(const Config& configIn, const DaemonOptions& options) {
+  Config config = configIn;
+  if (options.controlSocket) config.control.socketPath = *options.controlSocket;
+  if (options.metricsListen) config.control.metricsListen = *options.metricsListen;
+  if (options.stateDir) config.control.stateDir = *options.stateDir;
+  const auto log = [&](const std::string& line) {
+    if (!options.quiet) std::fprintf(stderr, "spillwayd: %s\n", line.c_str());
+  };
+  const auto fail = [](const std::string& what) {
+    std::fprintf(stderr, "spillwayd: %s\n", what.c_str());
+    return 1;
+  };
+
+  DpdkDataplane::Options dpOptions;
+  dpOptions.ealArgs = options.ealArgs;
+  dpOptions.lcores = config.dataplane.lcores;
+  for (const auto& p : config.ports) {
+    dpOptions.ports.push_back(PortSpec{p.name, p.devargs, p.mtu, p.exception == ExceptionMode::Tap,
+                                       p.exceptionName, p.mac});
+  }
+  dpOptions.burst = static_cast<std::uint16_t>(config.dataplane.burst);
+  dpOptions.txDrainUs = config.dataplane.txDrainUs;
+  dpOptions.flowTable = FlowTableConfig{config.dataplane.flowCapacity, config.dataplane.timeouts};
+  dpOptions.hashSeed = config.dataplane.hashSeed;
+  dpOptions.log = log;
+  std::string error;
+  std::unique_ptr<DpdkDataplane> dataplane = DpdkDataplane::open(dpOptions, error);
+  if (!dataplane) return fail(error);
+
+  SnapshotBuilder builder;
+  if (auto e = builder.setConfig(config)) return fail(*e);
+  for (std::uint32_t i = 0; i < dataplane->ports().size(); ++i) {
+    builder.setPortMac(i, dataplane->ports()[i].mac);
+  }
+  if (auto e = dataplane->syncVips(vipKeysOf(config))) return fail(*e);
+
+  KernelNeighbourSource kernel;
+  NeighbourResolver resolver(kernel);
+  resolver.refresh(config);
+  builder.refreshNextHops(resolver);
+  resolver.solicitUnresolved(config);
+
+  const auto start = Clock::now();
+  auto millis = [&] {
+    return static_cast<Millis>(
+        std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count());
+  };
+  ControlPlane control(config, options.configPath, builder, dataplane.get(), millis());
+  auto first = control.takeSnapshot(millis());
+  if (!first) return fail(builder.lastError());
+  dataplane->publish(std::move(first));
+  log("published snapshot generation " + std::to_string(control.generation()) +
+      (control.warmingUp() ? " (the last tables before this start, held for the warm-up)" : ""));
+
+  // Peer credentials of every mutating request go to the log.
+  CliServer cli(control, CliServerOptions::fromConfig(
+                             config.control, [&](std::string_view line) {
+                               std::fprintf(stderr, "spillwayd: cli: %.*s\n",
+                                            static_cast<int>(line.size()), line.data());
+                             }));
+  if (!cli.open(error)) return fail("CLI socket: " + error);
+  MetricsHttpServer metrics(control, MetricsHttpOptions::fromConfig(config.control));
+  if (!metrics.open(error)) return fail("metrics: " + error);
+  log("CLI socket " + config.control.socketPath +
+      (config.control.metricsListen.empty()
+           ? std::string()
+           : ", metrics on http://" + config.control.metricsListen + "/metrics"));
+
+  ControlLoopWait loop;
+  for (auto e : {loop.open(kLoopPeriodMs), loop.watch(cli.pollFd()), loop.watch(metrics.pollFd())}) {
+    if (e) return fail("control loop: " + *e);
+  }
+  for (int fd : control.pollFds()) {
+    if (auto e = loop.watch(fd)) return fail("control loop: " + *e);
+  }
+
+  dataplane->start();
+  log("running " + std::to_string(config.dataplane.lcores.size()) + " worker lcore(s)");
+
+  auto lastStats = start, lastNeighbours = start, lastRx = start;
+  std::uint64_t rxSeen = 0;
+  while (!gStop.load()) {
+    loop.wait();
+    const auto now = Clock::now();
+    const Millis nowMs = millis();
+    dataplane->reclaim();
+    if (now - lastNeighbours >= kNeighbourRefresh) {
+      lastNeighbours = now;
+      resolver.refresh(control.config());
+      const std::size_t changed = builder.refreshNextHops(resolver);
+      // Unresolved next hops: have the kernel ask (ARP / ND) for the next round.
+      resolver.solicitUnresolved(control.config());
+      if (changed > 0) control.markDirty();
+    }
+    cli.poll();
+    metrics.poll();
+    if (control.tick(nowMs)) {
+      if (auto next = control.takeSnapshot(nowMs)) {
+        dataplane->publish(std::move(next));
+        if (!options.quiet) {
+          log("published snapshot generation " + std::to_string(control.generation()));
+        }
+      }
+    }
+    if (!options.statsFile.empty() &&
+        now - lastStats >= std::chrono::milliseconds(options.statsIntervalMs)) {
+      lastStats = now;
+      writeStatsFile(options.statsFile, statsDocument(dataplane->counters(), control.config(),
+                                                      builder, control.generation()));
+    }
+    const std::uint64_t rx = dataplane->rxTotal();
+    if (rx != rxSeen) {
+      rxSeen = rx;
+      lastRx = now;
+    }
+    if (options.exitAfterIdleMs != 0 && rxSeen > 0 &&
+        now - lastRx >= std::chrono::milliseconds(options.exitAfterIdleMs)) {
+      log("idle, stopping");
+      break;
+    }
+    if (options.runForMs != 0 && now - start >= std::chrono::milliseconds(options.runForMs)) {
+      break;
+    }
+  }
+  dataplane->stop();
+  // The last checkpoint: every exception of the stopped flow tables.
+  {
+    std::vector<ExportedFlow> flows;
+    dataplane->exportAllStopped(flows);
+    control.finalCheckpoint(millis(), std::move(flows));
+    const CheckpointStats& c = control.affinity().stats();
+    if (control.affinity().enabled()) {
+      log("final checkpoint: " + std::to_string(c.lastExceptions) + " flow exceptions" +
+          (c.lastError.empty() ? "" : " (failed: " + c.lastError + ")"));
+    }
+  }
+  const Json stats =
+      statsDocument(dataplane->counters(), control.config(), builder, control.generation());
+  if (!options.statsFile.empty()) writeStatsFile(options.statsFile, stats);
+  std::printf("%s\n", stats.dump().c_str());
+  std::fflush(stdout);
+  return 0;
+}
+
+}  // namespace spillway

@@ -1,0 +1,82 @@
+// A Dataplane (spillway/dataplane.hpp) for control-plane tests without EAL:
+// it keeps what is published, applies it at once (or when told), and answers
+// flow counts, exception exports and VIP syncs from what the test sets.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "spillway/dataplane.hpp"
+
+namespace spillway::test {
+
+class FakeDataplane final : public Dataplane {
+ public:
+  void publish(std::unique_ptr<const ForwardingSnapshot> snapshot) override {
+    latest = std::shared_ptr<const ForwardingSnapshot>(std::move(snapshot));
+    ++publishes;
+    if (applyAtOnce) applied = latest->generation;
+  }
+  std::size_t reclaim() override { return 0; }
+  [[nodiscard]] std::uint64_t publishedGeneration() const override {
+    return latest ? latest->generation : 0;
+  }
+  [[nodiscard]] std::uint64_t appliedGeneration() const override { return applied; }
+
+  void requestFlowCounts(std::uint64_t n) override { flowCountAsked = n; }
+  [[nodiscard]] std::optional<std::vector<LcoreFlowCounts>> collectFlowCounts(
+      std::uint64_t n) override {
+    if (n != flowCountAsked || !answerFlowCounts) return std::nullopt;
+    return flowCounts;
+  }
+
+  void requestExceptionExport(std::uint64_t n) override { exportAsked = n; }
+  [[nodiscard]] std::optional<std::vector<ExportedFlow>> collectExceptionExport(
+      std::uint64_t n) override {
+    if (n != exportAsked || !answerExports) return std::nullopt;
+    return exportFlows;
+  }
+
+  [[nodiscard]] std::optional<std::string> syncVips(std::span<const VipKey> vips) override {
+    if (vipSyncError) return vipSyncError;
+    vipSyncs.emplace_back(vips.begin(), vips.end());
+    return std::nullopt;
+  }
+  [[nodiscard]] DataplaneCounters counters() const override { return stats; }
+
+  // As new (a restarted process's data path).
+  void reset() {
+    latest.reset();
+    publishes = 0;
+    applyAtOnce = true;
+    applied = 0;
+    flowCountAsked = 0;
+    answerFlowCounts = true;
+    flowCounts.clear();
+    exportAsked = 0;
+    answerExports = true;
+    exportFlows.clear();
+    vipSyncError.reset();
+    vipSyncs.clear();
+    stats = DataplaneCounters{};
+  }
+
+  // What the test sets and reads.
+  std::shared_ptr<const ForwardingSnapshot> latest;
+  std::uint64_t publishes = 0;
+  bool applyAtOnce = true;
+  std::uint64_t applied = 0;
+  std::uint64_t flowCountAsked = 0;
+  bool answerFlowCounts = true;
+  std::vector<LcoreFlowCounts> flowCounts;
+  std::uint64_t exportAsked = 0;
+  bool answerExports = true;
+  std::vector<ExportedFlow> exportFlows;
+  std::optional<std::string> vipSyncError;
+  std::vector<std::vector<VipKey>> vipSyncs;
+  DataplaneCounters stats;
+};
+
+}  // namespace spillway::test
