@@ -20,6 +20,8 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
+#include <variant>
 #include <string>
 #include <vector>
 
@@ -28,6 +30,7 @@
 #include "control/control_api.hpp"
 #include "control/event_log.hpp"
 #include "control/health.hpp"
+#include "control/intent_journal.hpp"
 #include "control/policy.hpp"
 #include "control/scraper.hpp"
 #include "control/snapshot_builder.hpp"
@@ -46,12 +49,28 @@ struct DataplaneHooks {
       collectFlowCounts;
   // The oldest snapshot generation any worker is still using.
   std::function<std::uint64_t()> appliedGeneration;
+  // Makes the data path's VIP filter (the AF_XDP programs' VIP map) match
+  // the VIPs of `config`; called by a reload that changes the VIP set, before
+  // anything else changes. An error aborts the reload.
+  std::function<std::optional<std::string>(const Config&)> syncVips;
 };
 
+// Operator intent (intent_journal.hpp, intent_merge.hpp): the constructor
+// opens the journal in config.control.stateDir, replays it and lays the
+// overlay over `config` (the file); every accepted mutating command is
+// validated, journaled (durable) and only then applied; a journal that cannot
+// be written rejects the command and changes nothing. `config reload` and
+// `config clear-overrides` build the whole next configuration (file +
+// overlay + backends still draining), trial-build its snapshot and sync the
+// VIP map before changing anything: a failure anywhere changes nothing.
+// A backend the new file no longer names drains (its flows continue) and is
+// removed when its flows end or at the drain deadline.
 class ControlPlane final : public ControlApi {
  public:
+  // wallClockMs: Unix time in ms (journal records, drain ages across
+  // restarts); default the system clock.
   ControlPlane(Config config, std::string configPath, SnapshotBuilder& builder,
-               DataplaneHooks hooks, Millis now);
+               DataplaneHooks hooks, Millis now, std::function<std::int64_t()> wallClockMs = {});
 
   // Advances checks, states and policy. True when a new snapshot should be
   // built and published (takeSnapshot()).
@@ -66,6 +85,12 @@ class ControlPlane final : public ControlApi {
   [[nodiscard]] std::vector<int> pollFds() const;
   [[nodiscard]] const Config& config() const noexcept { return config_; }
   [[nodiscard]] EventLog& events() noexcept { return events_; }
+  // What the start did with the intent journal (replayed, damage found,
+  // overrides dropped), one line each, for the daemon's log.
+  [[nodiscard]] const std::vector<std::string>& startupReport() const noexcept {
+    return startupReport_;
+  }
+  [[nodiscard]] const IntentJournal& intent() const noexcept { return journal_; }
 
   // ControlApi.
   ApiResult status() override;
@@ -88,7 +113,8 @@ class ControlPlane final : public ControlApi {
   ApiResult events(std::uint64_t after, std::uint32_t limit) override;
   ApiResult configCheck(const std::string& path) override;
   ApiResult configReload(const std::string& path) override;
-  ApiResult configDump() override;
+  ApiResult configDump(bool effective) override;
+  ApiResult configClearOverrides(const std::string& backend) override;
   std::string metricsText() override;
 
  private:
@@ -103,7 +129,32 @@ class ControlPlane final : public ControlApi {
   void reconfigure(Config next, Millis now, const std::string& cause);
   void collectFlows(Millis now);
 
-  Config config_;
+  // Intent.
+  struct ApplyPlan {
+    Config file;
+    Config next;                        // file + overlay + backends still draining
+    IntentOverlay overlay;              // the overrides that still apply
+    std::vector<std::string> dropped;   // overrides that no longer apply
+    std::vector<std::uint64_t> retire;  // no longer named: drain, then removed
+    std::vector<std::string> retireNow; // no longer named and cannot stay (pool or port gone)
+    std::vector<std::uint64_t> unretire;  // draining because unnamed, named again
+  };
+  std::int64_t wallNow() const { return wallClock_(); }
+  void report(const std::string& line);
+  void replayIntent(Millis now);
+  void applyIntentStates(Millis now, const std::string* only);
+  std::variant<ApplyPlan, ApiError> planApply(Config file, const IntentOverlay& overlay);
+  std::optional<ApiError> commitApply(ApplyPlan& plan, const std::string& cause, Json& changes);
+  std::optional<std::string> trialBuild(const Config& next);
+  // Journals an accepted command before it is applied; an error when it
+  // could not be written (then the command must not be applied).
+  std::optional<ApiError> journal(IntentRecord& record);
+  std::optional<ApiError> precheck(IntentOp op, std::uint64_t id) const;
+  std::uint32_t fileBaseWeight(const BackendConfig& b) const;
+  Json stampJson(const IntentStamp& s) const;
+
+  Config config_;      // running: file + overlay + backends still draining
+  Config fileConfig_;  // the file as last loaded (the base of the overlay)
   std::string configPath_;
   SnapshotBuilder& builder_;
   DataplaneHooks hooks_;
@@ -114,6 +165,10 @@ class ControlPlane final : public ControlApi {
   WeightPolicy policy_;
   HealthChecker health_;
   LoadScraper scraper_;
+  std::function<std::int64_t()> wallClock_;
+  IntentJournal journal_;
+  std::set<std::uint64_t> retiring_;  // draining because the file no longer names them
+  std::vector<std::string> startupReport_;
 
   std::uint64_t generation_ = 0;
   bool dirty_ = true;

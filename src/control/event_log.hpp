@@ -33,6 +33,7 @@ inline constexpr const char* kEventWeight = "weight";        // load factor / sa
 inline constexpr const char* kEventConfig = "config";        // configuration loaded or rejected
 inline constexpr const char* kEventSpillover = "spillover";  // a pool's share of new flows moved
 inline constexpr const char* kEventPanic = "panic";          // panic mode entered or left
+inline constexpr const char* kEventIntent = "intent";        // operator intent journaled, replayed or dropped
 
 struct Event {
   std::uint64_t seq = 0;  // from 1, +1 per event

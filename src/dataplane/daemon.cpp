@@ -333,8 +333,10 @@ int runDaemon(const Config& configIn, const DaemonOptions& options) {
           std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count());
     };
     DataplaneHooks hooks;
+    ControlPlane* live = nullptr;  // stats name the live configuration, not the start-up one
     hooks.stats = [&]() -> Json {
-      return Json::parse(statsJson(config, builder, pool, publisher.current() != nullptr
+      return Json::parse(statsJson(live != nullptr ? live->config() : config, builder, pool,
+                                   publisher.current() != nullptr
                                                               ? publisher.current()->generation
                                                               : 0),
                          nullptr, false);
@@ -360,7 +362,22 @@ int runDaemon(const Config& configIn, const DaemonOptions& options) {
       for (auto& w : pool) oldest = std::min(oldest, w->counters().snapshotGeneration.read());
       return oldest;
     };
+    hooks.syncVips = [&](const Config& next) -> std::optional<std::string> {
+      std::vector<XdpVipKey> keys;
+      for (const auto& v : next.vips) {
+        keys.push_back(XdpVipKey{v.address.bytes, v.address.version,
+                                 static_cast<std::uint8_t>(v.protocol), v.port});
+        keys.push_back(XdpVipKey{v.address.bytes, v.address.version, 0, 0});
+      }
+      std::string why;
+      for (auto& m : xdpMaps) {
+        if (!m.sync(keys, why)) return why;
+      }
+      return std::nullopt;
+    };
     ControlPlane control(config, options.configPath, builder, std::move(hooks), millis());
+    live = &control;
+    for (const std::string& line : control.startupReport()) log(line);
     auto first = control.takeSnapshot(millis());
     if (!first) {
       std::fprintf(stderr, "spillwayd: %s\n", builder.lastError().c_str());
