@@ -37,7 +37,9 @@ std::uint32_t crc32c(std::span<const std::byte> data) {
   return c ^ 0xFFFFFFFFu;
 }
 
-std::string errnoText(int err) { return std::strerror(err); }
+std::string errnoText(int err) {
+  return std::strerror(err);
+}
 
 void putLe(std::string& out, std::uint64_t v, int bytes) {
   for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
@@ -120,7 +122,7 @@ std::optional<std::string> readFile(const std::string& path, std::string& error)
     error = "cannot open " + path + ": " + errnoText(errno);
     return std::nullopt;
   }
-  struct stat st{};
+  struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     error = path + " is not a regular file";
     ::close(fd);
@@ -184,25 +186,38 @@ std::int64_t wallNowMs() {
 
 std::string_view toString(IntentOp op) noexcept {
   switch (op) {
-    case IntentOp::Add: return "add";
-    case IntentOp::Remove: return "remove";
-    case IntentOp::Drain: return "drain";
-    case IntentOp::Undrain: return "undrain";
-    case IntentOp::Disable: return "disable";
-    case IntentOp::Enable: return "enable";
-    case IntentOp::Weight: return "weight";
-    case IntentOp::ClearOverrides: return "clear-overrides";
-    case IntentOp::Checkpoint: return "checkpoint";
+    case IntentOp::Add:
+      return "add";
+    case IntentOp::Remove:
+      return "remove";
+    case IntentOp::Drain:
+      return "drain";
+    case IntentOp::Undrain:
+      return "undrain";
+    case IntentOp::Disable:
+      return "disable";
+    case IntentOp::Enable:
+      return "enable";
+    case IntentOp::Weight:
+      return "weight";
+    case IntentOp::ClearOverrides:
+      return "clear-overrides";
+    case IntentOp::Checkpoint:
+      return "checkpoint";
   }
   return "unknown";
 }
 
 std::string_view toString(IntentDamage::Kind kind) noexcept {
   switch (kind) {
-    case IntentDamage::Kind::TornTail: return "torn_tail";
-    case IntentDamage::Kind::Corrupt: return "corrupt_record";
-    case IntentDamage::Kind::CorruptSnapshot: return "corrupt_snapshot";
-    case IntentDamage::Kind::Unreadable: return "unreadable";
+    case IntentDamage::Kind::TornTail:
+      return "torn_tail";
+    case IntentDamage::Kind::Corrupt:
+      return "corrupt_record";
+    case IntentDamage::Kind::CorruptSnapshot:
+      return "corrupt_snapshot";
+    case IntentDamage::Kind::Unreadable:
+      return "unreadable";
   }
   return "unknown";
 }
@@ -245,8 +260,8 @@ IntentDecoded decodeIntentRecords(std::span<const std::byte> bytes, std::string_
       break;
     }
     if (rest.size() < kIntentHeaderBytes) {
-      damaged(IntentDamage::Kind::TornTail, "the last record's header is cut short (" +
-                                                std::to_string(rest.size()) + " bytes)");
+      damaged(IntentDamage::Kind::TornTail,
+              "the last record's header is cut short (" + std::to_string(rest.size()) + " bytes)");
       break;
     }
     Reader h(rest.first(kIntentHeaderBytes));
@@ -386,12 +401,16 @@ IntentJournal::~IntentJournal() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-std::string IntentJournal::journalPath() const { return dir_ + "/" + kJournalName; }
-std::string IntentJournal::snapshotPath() const { return dir_ + "/" + kSnapshotName; }
+std::string IntentJournal::journalPath() const {
+  return dir_ + "/" + kJournalName;
+}
+std::string IntentJournal::snapshotPath() const {
+  return dir_ + "/" + kSnapshotName;
+}
 
 std::optional<std::string> IntentJournal::openJournalFile() {
   const std::string path = journalPath();
-  struct stat st{};
+  struct stat st {};
   const bool existed = ::lstat(path.c_str(), &st) == 0;
   if (existed && !S_ISREG(st.st_mode)) return path + " is not a regular file";
   fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0640);
@@ -434,9 +453,9 @@ bool IntentJournal::open() {
     const bool headed = !d.records.empty() && d.records.front().op == IntentOp::Checkpoint &&
                         d.records.front().weight + 1 == d.records.size();
     if (d.damage || !headed) {
-      IntentDamage dmg = d.damage.value_or(IntentDamage{
-          IntentDamage::Kind::CorruptSnapshot, snapshotPath(), 0, snapshot->size(),
-          "no checkpoint record, or its record count does not match"});
+      IntentDamage dmg = d.damage.value_or(
+          IntentDamage{IntentDamage::Kind::CorruptSnapshot, snapshotPath(), 0, snapshot->size(),
+                       "no checkpoint record, or its record count does not match"});
       dmg.kind = IntentDamage::Kind::CorruptSnapshot;
       dmg.what += "; the snapshot is ignored (intent older than the journal is lost)";
       damage_.push_back(std::move(dmg));

@@ -160,13 +160,13 @@ struct IntentStamp {
 struct BackendOverride {
   std::string name;
   std::uint64_t id = 0;
-  std::optional<IntentRecord> added;     // added at run time: the Add record (full spec)
-  std::optional<IntentStamp> removed;    // removed by the operator (a removal in progress
-                                         // or done)
-  std::optional<AdminState> admin;       // Draining, Disabled or Enabled
-  IntentStamp adminStamp;                // when `admin` was set (a drain's start)
-  std::optional<std::uint32_t> weight;   // base weight
-  std::uint32_t weightReplaced = 0;      // the base weight the override replaced
+  std::optional<IntentRecord> added;    // added at run time: the Add record (full spec)
+  std::optional<IntentStamp> removed;   // removed by the operator (a removal in progress
+                                        // or done)
+  std::optional<AdminState> admin;      // Draining, Disabled or Enabled
+  IntentStamp adminStamp;               // when `admin` was set (a drain's start)
+  std::optional<std::uint32_t> weight;  // base weight
+  std::uint32_t weightReplaced = 0;     // the base weight the override replaced
   IntentStamp weightStamp;
 
   friend bool operator==(const BackendOverride&, const BackendOverride&) = default;

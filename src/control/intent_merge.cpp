@@ -106,8 +106,10 @@ IntentMerge mergeIntent(const Config& file, const IntentOverlay& overlay, std::i
         if (kept.weight && kept.weightReplaced != fb->weight) {
           m.dropped.push_back("backend " + o.name + ": the file changed its weight (" +
                               std::to_string(kept.weightReplaced) + " -> " +
-                              std::to_string(fb->weight) + "), the file wins over the runtime "
-                              "weight " + std::to_string(*kept.weight));
+                              std::to_string(fb->weight) +
+                              "), the file wins over the runtime "
+                              "weight " +
+                              std::to_string(*kept.weight));
           kept.weight.reset();
           kept.weightReplaced = 0;
           kept.weightStamp = {};

@@ -51,7 +51,7 @@ struct IntentMerge {
 
 // The backend an Add record defines, resolved against `config` (pool and
 // port by name); an error text when it cannot be.
-[[nodiscard]] std::variant<BackendConfig, std::string> backendFromRecord(
-    const IntentRecord& add, const Config& config);
+[[nodiscard]] std::variant<BackendConfig, std::string> backendFromRecord(const IntentRecord& add,
+                                                                         const Config& config);
 
 }  // namespace spillway

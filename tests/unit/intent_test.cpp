@@ -3,11 +3,10 @@
 // the control plane's use of both: replay at start, atomic reload that keeps
 // intent, clear-overrides, and a journal that cannot be written.
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <csignal>
 #include <filesystem>
@@ -102,8 +101,8 @@ TEST(IntentRecord, EncodeDecodeRoundTripEveryOp) {
     r.seq = seq++;
     bytes += encodeIntentRecord(r);
   }
-  const IntentDecoded d = decodeIntentRecords(
-      {reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()}, "x");
+  const IntentDecoded d =
+      decodeIntentRecords({reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()}, "x");
   EXPECT_FALSE(d.damage);
   EXPECT_EQ(d.goodBytes, bytes.size());
   EXPECT_EQ(d.records, records);
@@ -376,7 +375,8 @@ lcores = [1]
 hash_seed = 42
 
 [control]
-state_dir = ")" + stateDir + R"("
+state_dir = ")" + stateDir +
+                  R"("
 
 [policy]
 drain_timeout = 60
@@ -407,7 +407,8 @@ pool = "a"
 name = "b2"
 address = "10.0.0.12"
 pool = "a"
-weight = )" + b2Weight + "\n";
+weight = )" + b2Weight +
+                  "\n";
   if (withB3) {
     t += R"(
 [[backend]]
@@ -444,10 +445,10 @@ const std::string& okJson(const ApiResult& r, std::string& storage) {
   return storage;
 }
 
-#define EXPECT_OK(call)                                          \
-  do {                                                           \
-    std::string s_;                                              \
-    (void)okJson((call), s_);                                    \
+#define EXPECT_OK(call)       \
+  do {                        \
+    std::string s_;           \
+    (void)okJson((call), s_); \
   } while (false)
 
 // A control plane on a file in a temporary directory, with a fake wall
