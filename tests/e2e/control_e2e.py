@@ -317,7 +317,7 @@ def projection(ctl):
 
 
 def test_cli(e, ctl_exe):
-    policy = ["[policy]", "churn_budget = 0.05", "churn_interval = 1", "drain_timeout = 3", "",
+    policy = ["[policy]", "churn_budget = 0.05", "churn_interval = 1", "drain_timeout = 30", "",
               "[control]", f'metrics_listen = "{METRICS}"']
     lb, ctl = start_estate(e, ctl_exe, 3, 2, only={"onprem1", "onprem2", "cloud1", "cloud2"},
                            metrics=None, extra=policy)
