@@ -1,5 +1,6 @@
 #include "control/backend_state.hpp"
 
+#include <algorithm>
 #include <utility>
 
 namespace spillway {
@@ -106,15 +107,15 @@ void BackendStates::settle(Entry& e, Millis now, std::string cause) {
   events_.append(now, e.status.name, kEventState, std::move(cause), prev, next);
 }
 
-void BackendStates::startDrain(Entry& e, Millis now, bool removing) {
+void BackendStates::startDrain(Entry& e, Millis now, bool removing, Millis elapsed) {
   if (e.drain) {
     // Already draining: keep the clock (a removal of a draining backend).
     e.drain->removing = removing;
     return;
   }
   DrainProgress d;
-  d.started = now;
-  d.deadline = now + drainTimeout_;
+  d.started = now - std::min(now, elapsed);
+  d.deadline = now + (elapsed < drainTimeout_ ? drainTimeout_ - elapsed : 0);
   d.flowsAtStart = e.status.liveFlows;
   d.flowsNow = e.status.liveFlows;
   d.removing = removing;
@@ -167,7 +168,8 @@ StateResult BackendStates::add(std::uint64_t id, std::string name, Millis now,
   return StateResult::success();
 }
 
-StateResult BackendStates::drain(std::uint64_t id, Millis now, std::string_view cause) {
+StateResult BackendStates::drain(std::uint64_t id, Millis now, std::string_view cause,
+                                 Millis elapsed) {
   StateResult r = StateResult::success();
   Entry* e = lookup(id, r);
   if (e == nullptr) return r;
@@ -185,7 +187,7 @@ StateResult BackendStates::drain(std::uint64_t id, Millis now, std::string_view 
   }
   logAdmin(*e, now, "drain", cause);
   e->status.admin = AdminState::Draining;
-  startDrain(*e, now, false);
+  startDrain(*e, now, false, elapsed);
   settle(*e, now, with("drain", cause));
   return r;
 }
@@ -261,7 +263,7 @@ StateResult BackendStates::enable(std::uint64_t id, Millis now, std::string_view
 }
 
 StateResult BackendStates::remove(std::uint64_t id, Millis now, std::string_view cause,
-                                  bool immediate) {
+                                  bool immediate, Millis elapsed) {
   StateResult r = StateResult::success();
   Entry* e = lookup(id, r);
   if (e == nullptr) return r;
@@ -278,7 +280,7 @@ StateResult BackendStates::remove(std::uint64_t id, Millis now, std::string_view
   logAdmin(*e, now,
            e->status.admin == AdminState::Removing ? "remove (already removing)" : "remove", cause);
   e->status.admin = AdminState::Removing;
-  startDrain(*e, now, true);
+  startDrain(*e, now, true, elapsed);
   settle(*e, now, with("remove: draining", cause));
   completeIfDone(*e, now);
   return r;

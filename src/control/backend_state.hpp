@@ -131,8 +131,9 @@ class BackendStates {
 
   // No new flows; tracked flows continue until they end or the deadline.
   // Draining again is a no-op (the clock keeps running). Conflict when being
-  // removed (undrain cancels a removal) or Removed.
-  StateResult drain(std::uint64_t id, Millis now, std::string_view cause);
+  // removed (undrain cancels a removal) or Removed. elapsed: how long ago the
+  // drain began (a drain replayed from the intent journal keeps its deadline).
+  StateResult drain(std::uint64_t id, Millis now, std::string_view cause, Millis elapsed = 0);
   // Back to Enabled from Draining or Removing (cancels the removal). A no-op
   // when Enabled; conflict when Disabled (use enable) or Removed.
   StateResult undrain(std::uint64_t id, Millis now, std::string_view cause);
@@ -145,7 +146,8 @@ class BackendStates {
   // Drain, then Removed when live flows reach 0, at the deadline, or at once
   // when Failed or when the last count is already 0. immediate: Removed now.
   // Conflict when already Removed.
-  StateResult remove(std::uint64_t id, Millis now, std::string_view cause, bool immediate = false);
+  StateResult remove(std::uint64_t id, Millis now, std::string_view cause, bool immediate = false,
+                     Millis elapsed = 0);
 
   // The health checker's verdict (after its rise/fall damping). Accepted and
   // kept for a Removed backend, without effect.
@@ -181,7 +183,7 @@ class BackendStates {
   static BackendState effectiveOf(const Entry& e) noexcept;
   // Recomputes the effective state; logs and counts a change.
   void settle(Entry& e, Millis now, std::string cause);
-  void startDrain(Entry& e, Millis now, bool removing);
+  void startDrain(Entry& e, Millis now, bool removing, Millis elapsed);
   void logAdmin(const Entry& e, Millis now, std::string_view action, std::string_view cause);
   // A removal whose drain is done becomes Removed.
   void completeIfDone(Entry& e, Millis now);

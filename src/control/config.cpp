@@ -1,6 +1,9 @@
 #include "control/config.hpp"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <toml++/toml.h>
 
 #include <algorithm>
@@ -8,7 +11,6 @@
 #include <charconv>
 #include <cmath>
 #include <cstring>
-#include <fstream>
 #include <initializer_list>
 #include <map>
 #include <set>
@@ -1441,20 +1443,48 @@ ConfigResult loadConfigFromString(std::string_view text, std::string_view name) 
 }
 
 ConfigResult loadConfig(const std::string& path) noexcept {
+  auto fail = [&](std::string why) {
+    return ConfigResult(std::vector<ConfigError>{ConfigError{path, 0, 0, "", "", std::move(why)}});
+  };
   try {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) {
+    // A regular file of bounded size only, opened without blocking: a FIFO,
+    // a device or /dev/zero is an error, never a stalled or exhausted daemon.
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0) return fail("cannot open: "s + std::strerror(errno));
+    struct stat st{};
+    if (::fstat(fd, &st) != 0) {
       const int err = errno;
-      return ConfigResult(std::vector<ConfigError>{
-          ConfigError{path, 0, 0, "", "", "cannot open: "s + std::strerror(err)}});
+      ::close(fd);
+      return fail("cannot stat: "s + std::strerror(err));
     }
-    std::ostringstream text;
-    text << in.rdbuf();
-    if (in.bad()) {
-      return ConfigResult(
-          std::vector<ConfigError>{ConfigError{path, 0, 0, "", "", "cannot read the file"}});
+    if (!S_ISREG(st.st_mode)) {
+      ::close(fd);
+      return fail("not a regular file (a configuration must be a plain file)");
     }
-    return loadConfigFromString(text.str(), path);
+    if (static_cast<std::uint64_t>(st.st_size) > kMaxConfigBytes) {
+      ::close(fd);
+      return fail("the file is " + std::to_string(st.st_size) + " bytes, more than the " +
+                  std::to_string(kMaxConfigBytes) + " a configuration may have");
+    }
+    std::string text;
+    char buffer[65536];
+    for (;;) {
+      const ssize_t n = ::read(fd, buffer, sizeof buffer);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        const int err = errno;
+        ::close(fd);
+        return fail("cannot read the file: "s + std::strerror(err));
+      }
+      if (n == 0) break;
+      if (text.size() + static_cast<std::size_t>(n) > kMaxConfigBytes) {
+        ::close(fd);
+        return fail("the file grew past " + std::to_string(kMaxConfigBytes) + " bytes while read");
+      }
+      text.append(buffer, static_cast<std::size_t>(n));
+    }
+    ::close(fd);
+    return loadConfigFromString(text, path);
   } catch (const std::exception& e) {
     std::vector<ConfigError> errors;
     try {

@@ -260,7 +260,12 @@ class ConfigResult {
   std::vector<ConfigError> errors_;
 };
 
-// Reads and validates the file; errors name it as `path` was given.
+// The largest configuration file loadConfig() reads.
+inline constexpr std::size_t kMaxConfigBytes = std::size_t{4} << 20;
+
+// Reads and validates the file; errors name it as `path` was given. Only a
+// regular file of at most kMaxConfigBytes is read, opened with O_NONBLOCK, so
+// a FIFO, a device or /dev/zero is a clear error, never a block or an OOM.
 [[nodiscard]] ConfigResult loadConfig(const std::string& path) noexcept;
 // The same from text; `name` stands for the file in errors.
 [[nodiscard]] ConfigResult loadConfigFromString(std::string_view text,

@@ -80,7 +80,13 @@ class ControlApi {
   // Load and apply a configuration (default: the running one's path); a
   // rejected file changes nothing.
   virtual ApiResult configReload(const std::string& path) = 0;
-  virtual ApiResult configDump() = 0;
+  // The running configuration; effective: the file merged with the
+  // operator's runtime overrides, each overridden value with its source
+  // (file, or runtime with journal sequence and time).
+  virtual ApiResult configDump(bool effective) = 0;
+  // Forgets the runtime overrides of one backend (all when empty): the file's
+  // values apply again. Journaled like every change.
+  virtual ApiResult configClearOverrides(const std::string& backend) = 0;
   // The Prometheus text exposition of every metric.
   virtual std::string metricsText() = 0;
 };

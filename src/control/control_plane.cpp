@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <ctime>
 #include <set>
 
+#include "control/intent_merge.hpp"
 #include "control/metrics_http.hpp"
 #include "control/stats_view.hpp"
 
@@ -46,8 +48,10 @@ Json checkpointStatsJson(const AffinityKeeper& keeper, Millis now) {
 }  // namespace
 
 ControlPlane::ControlPlane(Config config, std::string configPath, SnapshotBuilder& builder,
-                           Dataplane* dataplane, Millis now)
+                           Dataplane* dataplane, Millis now,
+                           std::function<std::int64_t()> wallClockMs)
     : config_(std::move(config)),
+      fileConfig_(config_),
       configPath_(std::move(configPath)),
       builder_(builder),
       dataplane_(dataplane),
@@ -56,14 +60,25 @@ ControlPlane::ControlPlane(Config config, std::string configPath, SnapshotBuilde
       events_(config_.control.eventLogSize),
       states_(events_, config_.policy.drainTimeout),
       policy_(config_.policy),
+      wallClock_(std::move(wallClockMs)),
+      journal_(config_.control.stateDir),
       keeper_(AffinityKeeper::Options{config_.control.stateDir, config_.dataplane.hashSeed,
                                       config_.dataplane.timeouts},
               events_) {
+  if (!wallClock_) {
+    wallClock_ = [] {
+      return std::chrono::duration_cast<std::chrono::milliseconds>(
+                 std::chrono::system_clock::now().time_since_epoch())
+          .count();
+    };
+  }
+  replayIntent(now);
   for (const BackendConfig& b : config_.backends) {
     (void)states_.add(b.id, b.name, now, "configured",
                       b.initialState == BackendState::Disabled ? AdminState::Disabled
                                                                : AdminState::Enabled);
   }
+  applyIntentStates(now, nullptr);
   applyTargets();
   for (const BackendConfig& b : config_.backends) {
     if (auto s = states_.state(b.id)) builder_.setState(b.id, *s);
@@ -75,10 +90,8 @@ ControlPlane::ControlPlane(Config config, std::string configPath, SnapshotBuilde
 }
 
 std::uint64_t ControlPlane::unixNow() const {
-  if (wallClock_) return wallClock_();
-  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                        std::chrono::system_clock::now().time_since_epoch())
-                                        .count());
+  const std::int64_t ms = wallNow();
+  return ms > 0 ? static_cast<std::uint64_t>(ms) : 0;
 }
 
 void ControlPlane::restoreAffinity(Millis now) {
@@ -334,7 +347,10 @@ bool ControlPlane::tick(Millis now) {
       return std::find(gone.begin(), gone.end(), b.id) != gone.end();
     });
     reconfigure(std::move(next), now, "removal completed");
-    for (auto id : gone) (void)states_.erase(id);
+    for (auto id : gone) {
+      (void)states_.erase(id);
+      retiring_.erase(id);
+    }
   }
 
   const bool statesChanged = states_.generation() != statesSeen_;
@@ -429,6 +445,23 @@ void ControlPlane::reconfigure(Config next, Millis now, const std::string& cause
   (void)applyPolicy(now, true);
   dirty_ = true;
 }
+
+namespace {
+
+IntentRecord intentRecord(IntentOp op, const std::string& name, std::uint64_t id) {
+  IntentRecord r;
+  r.op = op;
+  r.backend = name;
+  r.id = id;
+  return r;
+}
+
+ApiResult intentReply(ApiResult result, const IntentRecord& r) {
+  if (auto* j = std::get_if<Json>(&result)) (*j)["intent_seq"] = r.seq;
+  return result;
+}
+
+}  // namespace
 
 ApiResult ControlPlane::stateResult(const StateResult& r, const std::string& name,
                                     const char* verb) {
@@ -707,37 +740,47 @@ ApiResult ControlPlane::configCheck(const std::string& path) {
 
 ApiResult ControlPlane::configReload(const std::string& path) {
   const std::string file = path.empty() ? configPath_ : path;
-  auto result = loadConfig(file);
-  if (!result) {
-    const std::string errors = formatErrors(result.errors());
+  auto reject = [&](ApiError e) {
     events_.append(now_, "", kEventConfig,
                    "rejected " + file + " (running configuration unchanged): " +
-                       errors.substr(0, errors.find('\n')));
-    return ApiError{"invalid", errors};
-  }
+                       e.message.substr(0, e.message.find('\n')));
+    return e;
+  };
+  auto result = loadConfig(file);
+  if (!result) return reject(ApiError{"invalid", formatErrors(result.errors())});
   Config next = std::move(result).value();
   // What the data path was started with cannot change under it.
   const auto& a = config_.dataplane;
   const auto& b = next.dataplane;
   if (a.lcores != b.lcores || a.hashSeed != b.hashSeed || a.flowCapacity != b.flowCapacity ||
       config_.ports.size() != next.ports.size()) {
-    return ApiError{"conflict",
-                    "the new file changes [dataplane] or the ports; restart spillwayd for that"};
+    return reject(ApiError{"conflict",
+                           "the new file changes [dataplane] or the ports; restart spillwayd for "
+                           "that"});
   }
   for (std::size_t i = 0; i < next.ports.size(); ++i) {
     if (next.ports[i].devargs != config_.ports[i].devargs ||
         next.ports[i].name != config_.ports[i].name) {
-      return ApiError{"conflict", "port " + next.ports[i].name +
-                                      " changed its device; restart spillwayd for that"};
+      return reject(ApiError{"conflict", "port " + next.ports[i].name +
+                                             " changed its device; restart spillwayd for that"});
     }
   }
+  auto planned = planApply(std::move(next), journal_.overlay());
+  if (auto* e = std::get_if<ApiError>(&planned)) return reject(*e);
+  Json changes;
+  if (auto e = commitApply(std::get<ApplyPlan>(planned), "configuration reloaded from " + file,
+                           changes)) {
+    return reject(*e);
+  }
   configPath_ = file;
-  reconfigure(std::move(next), now_, "configuration reloaded from " + file);
-  events_.append(now_, "", kEventConfig, "reloaded " + file);
-  return Json{{"path", file}, {"applied", true}, {"backends", config_.backends.size()}};
+  events_.append(now_, "", kEventConfig, "reloaded " + file + ": " + changes.dump());
+  return Json{{"path", file},
+              {"applied", true},
+              {"backends", config_.backends.size()},
+              {"changes", changes}};
 }
 
-ApiResult ControlPlane::configDump() {
+ApiResult ControlPlane::configDump(bool effective) {
   Json pools = Json::array();
   for (const PoolConfig& p : config_.pools) {
     pools.push_back({{"name", p.name}, {"site", std::string(toString(p.site))},
@@ -751,15 +794,63 @@ ApiResult ControlPlane::configDump() {
                     {"answer_ping", v.answerPing}});
   }
   Json backends = Json::array();
+  const Json fromFile{{"source", "file"}};
   for (const BackendConfig& b : config_.backends) {
-    backends.push_back({{"name", b.name}, {"id", b.id}, {"address", ipJson(b.address)},
-                        {"pool", b.pool}, {"weight", b.weight}, {"port", b.port}});
+    Json j{{"name", b.name}, {"id", b.id},         {"address", ipJson(b.address)},
+           {"pool", b.pool}, {"weight", b.weight}, {"port", b.port}};
+    if (effective) {
+      // Where each value comes from: the file, or a journaled command.
+      const BackendOverride* o = journal_.overlay().find(b.name);
+      Json src = Json::object();
+      src["definition"] = o && o->added ? stampJson({o->added->seq, o->added->wallMs})
+                          : retiring_.count(b.id) != 0
+                              ? Json{{"source", "previous file (draining until removed)"}}
+                              : fromFile;
+      src["weight"] = fromFile;
+      if (o && o->weight) {
+        src["weight"] = stampJson(o->weightStamp);
+        src["weight"]["replaced"] = o->weightReplaced;
+      }
+      src["admin"] = fromFile;
+      if (o && o->removed) src["admin"] = stampJson(*o->removed);
+      if (o && o->admin) src["admin"] = stampJson(o->adminStamp);
+      if (const BackendStatus* st = states_.find(b.id)) {
+        j["admin"] = std::string(toString(st->admin));
+        j["state"] = stateName(st->effective);
+      }
+      j["sources"] = src;
+    }
+    backends.push_back(j);
+  }
+  Json overrides = Json::array();
+  if (effective) {
+    for (const auto& [name, o] : journal_.overlay().backends()) {
+      Json j{{"backend", name}};
+      if (o.added) j["added"] = stampJson({o.added->seq, o.added->wallMs});
+      if (o.removed) j["removed"] = stampJson(*o.removed);
+      if (o.admin) {
+        j["admin"] = stampJson(o.adminStamp);
+        j["admin"]["value"] = std::string(toString(*o.admin));
+      }
+      if (o.weight) {
+        j["weight"] = stampJson(o.weightStamp);
+        j["weight"]["value"] = *o.weight;
+        j["weight"]["replaced"] = o.weightReplaced;
+      }
+      overrides.push_back(j);
+      // A file backend the operator removed is not in the running set.
+      if (o.removed && backendNamed(name) == nullptr) {
+        backends.push_back({{"name", name}, {"id", o.id}, {"state", "removed"},
+                            {"sources", {{"definition", fromFile},
+                                         {"admin", stampJson(*o.removed)}}}});
+      }
+    }
   }
   Json ports = Json::array();
   for (const PortConfig& p : config_.ports) {
     ports.push_back({{"name", p.name}, {"devargs", p.devargs}, {"mtu", p.mtu}});
   }
-  return Json{{"path", configPath_},
+  Json out{{"path", configPath_},
               {"dataplane", {{"lcores", config_.dataplane.lcores},
                              {"flow_capacity", config_.dataplane.flowCapacity}}},
               {"ports", ports},
@@ -774,6 +865,16 @@ ApiResult ControlPlane::configDump() {
                           {"panic_threshold", config_.policy.panicThreshold},
                           {"churn_budget", config_.policy.churnBudget},
                           {"drain_timeout_ms", config_.policy.drainTimeout}}}};
+  if (effective) {
+    out["overrides"] = overrides;
+    out["journal"] = Json{{"state_dir", journal_.directory()},
+                          {"usable", journal_.usable()},
+                          {"error", journal_.error()},
+                          {"last_seq", journal_.lastSeq()},
+                          {"journal_records", journal_.journalRecords()},
+                          {"journal_bytes", journal_.journalBytes()}};
+  }
+  return out;
 }
 
 // --- ControlApi: changes ------------------------------------------------------
@@ -831,39 +932,67 @@ ApiResult ControlPlane::backendAdd(const BackendSpec& spec) {
     }
   }
   next.backends.push_back(b);
+  if (auto e = trialBuild(next)) {
+    return ApiError{"invalid", "the backend cannot be built into the tables: " + *e};
+  }
+  IntentRecord r;
+  r.op = IntentOp::Add;
+  r.backend = b.name;
+  r.id = b.id;
+  r.weight = b.weight;
+  r.address = b.address;
+  r.pool = b.pool;
+  r.port = b.port;
+  r.mac = b.mac;
+  if (auto e = journal(r)) return *e;
   reconfigure(std::move(next), now_, "added by operator");
   return Json{{"backend", b.name}, {"action", "add"}, {"id", b.id},
-              {"index", builder_.indexOf(b.id)}};
+              {"index", builder_.indexOf(b.id)}, {"intent_seq", r.seq}};
 }
 
 ApiResult ControlPlane::backendRemove(const std::string& name) {
   const BackendConfig* b = backendNamed(name);
   if (b == nullptr) return notFound("backend", name);
-  return stateResult(states_.remove(b->id, now_, "operator: remove"), name, "remove");
+  if (auto e = precheck(IntentOp::Remove, b->id)) return *e;
+  IntentRecord r = intentRecord(IntentOp::Remove, name, b->id);
+  if (auto e = journal(r)) return *e;
+  return intentReply(stateResult(states_.remove(b->id, now_, "operator: remove"), name, "remove"), r);
 }
 
 ApiResult ControlPlane::backendDrain(const std::string& name) {
   const BackendConfig* b = backendNamed(name);
   if (b == nullptr) return notFound("backend", name);
-  return stateResult(states_.drain(b->id, now_, "operator: drain"), name, "drain");
+  if (auto e = precheck(IntentOp::Drain, b->id)) return *e;
+  IntentRecord r = intentRecord(IntentOp::Drain, name, b->id);
+  if (auto e = journal(r)) return *e;
+  return intentReply(stateResult(states_.drain(b->id, now_, "operator: drain"), name, "drain"), r);
 }
 
 ApiResult ControlPlane::backendUndrain(const std::string& name) {
   const BackendConfig* b = backendNamed(name);
   if (b == nullptr) return notFound("backend", name);
-  return stateResult(states_.undrain(b->id, now_, "operator: undrain"), name, "undrain");
+  if (auto e = precheck(IntentOp::Undrain, b->id)) return *e;
+  IntentRecord r = intentRecord(IntentOp::Undrain, name, b->id);
+  if (auto e = journal(r)) return *e;
+  return intentReply(stateResult(states_.undrain(b->id, now_, "operator: undrain"), name, "undrain"), r);
 }
 
 ApiResult ControlPlane::backendDisable(const std::string& name) {
   const BackendConfig* b = backendNamed(name);
   if (b == nullptr) return notFound("backend", name);
-  return stateResult(states_.disable(b->id, now_, "operator: disable"), name, "disable");
+  if (auto e = precheck(IntentOp::Disable, b->id)) return *e;
+  IntentRecord r = intentRecord(IntentOp::Disable, name, b->id);
+  if (auto e = journal(r)) return *e;
+  return intentReply(stateResult(states_.disable(b->id, now_, "operator: disable"), name, "disable"), r);
 }
 
 ApiResult ControlPlane::backendEnable(const std::string& name) {
   const BackendConfig* b = backendNamed(name);
   if (b == nullptr) return notFound("backend", name);
-  return stateResult(states_.enable(b->id, now_, "operator: enable"), name, "enable");
+  if (auto e = precheck(IntentOp::Enable, b->id)) return *e;
+  IntentRecord r = intentRecord(IntentOp::Enable, name, b->id);
+  if (auto e = journal(r)) return *e;
+  return intentReply(stateResult(states_.enable(b->id, now_, "operator: enable"), name, "enable"), r);
 }
 
 ApiResult ControlPlane::backendWeight(const std::string& name, std::uint32_t weight,
@@ -899,6 +1028,11 @@ ApiResult ControlPlane::backendWeight(const std::string& name, std::uint32_t wei
   Json out{{"backend", name}, {"weight", weight}, {"previous_weight", b->weight},
            {"dry_run", dryRun}, {"predicted", moves}};
   if (!dryRun) {
+    IntentRecord r = intentRecord(IntentOp::Weight, name, b->id);
+    r.weight = weight;
+    r.baseWeight = fileBaseWeight(*b);
+    if (auto e = journal(r)) return *e;
+    out["intent_seq"] = r.seq;
     for (BackendConfig& c : config_.backends) {
       if (c.id == b->id) c.weight = weight;
     }
@@ -909,6 +1043,332 @@ ApiResult ControlPlane::backendWeight(const std::string& name, std::uint32_t wei
     lastChurn_ = 0;
   }
   return out;
+}
+
+// --- Operator intent ------------------------------------------------------------
+
+void ControlPlane::report(const std::string& line) {
+  events_.append(now_, "", kEventIntent, line);
+  startupReport_.push_back(line);
+}
+
+void ControlPlane::replayIntent(Millis now) {
+  now_ = now;
+  const bool opened = journal_.open();
+  for (const IntentDamage& d : journal_.damage()) {
+    if (d.kind == IntentDamage::Kind::Unreadable) continue;  // said below
+    report("operator intent: " + std::string(toString(d.kind)) + " in " + d.file + " at byte " +
+           std::to_string(d.offset) + " (" + std::to_string(d.bytes) +
+           " bytes not replayed): " + d.what);
+  }
+  if (!opened) {
+    report("operator intent: " + journal_.error() +
+           "; nothing replayed, and commands that change state are refused until it is fixed");
+    return;
+  }
+  if (!journal_.persistent()) return;
+  if (journal_.replayedRecords() > 0) {
+    report("operator intent: replayed " + std::to_string(journal_.replayedRecords()) +
+           " record(s) from " + journal_.directory() + " (last seq " +
+           std::to_string(journal_.lastSeq()) + ")");
+  }
+  if (journal_.overlay().empty()) return;
+  IntentMerge m =
+      mergeIntent(fileConfig_, journal_.overlay(), wallNow(), fileConfig_.policy.drainTimeout);
+  for (const std::string& d : m.dropped) report("operator intent: " + d);
+  for (const std::string& c : m.conflicts) {
+    report("operator intent: dropped, it conflicts with the file: " + c);
+  }
+  if (!(m.overlay == journal_.overlay())) {
+    if (auto e = journal_.rewrite(m.overlay)) {
+      report("operator intent: cannot save the pruned overrides: " + *e);
+    }
+  }
+  config_ = std::move(m.config);
+  if (auto e = builder_.setConfig(config_)) {
+    report("operator intent: the merged configuration cannot be built (" + *e +
+           "); running the file alone");
+    config_ = fileConfig_;
+    (void)builder_.setConfig(config_);
+  }
+}
+
+// Puts the backends' states where the overlay says (a drain keeps its age).
+// only: one backend's name, else all.
+void ControlPlane::applyIntentStates(Millis now, const std::string* only) {
+  const std::int64_t wall = wallNow();
+  auto age = [&](const IntentStamp& s) -> Millis {
+    return wall > s.wallMs ? static_cast<Millis>(wall - s.wallMs) : 0;
+  };
+  for (const auto& [name, o] : journal_.overlay().backends()) {
+    if (only != nullptr && *only != name) continue;
+    const BackendConfig* b = backendNamed(name);
+    if (b == nullptr) continue;
+    const std::string seq = " (journal seq ";
+    if (o.removed) {
+      (void)states_.remove(b->id, now,
+                           "operator: remove" + seq + std::to_string(o.removed->seq) + ")", false,
+                           age(*o.removed));
+    } else if (o.admin == AdminState::Draining) {
+      (void)states_.drain(b->id, now,
+                          "operator: drain" + seq + std::to_string(o.adminStamp.seq) + ")",
+                          age(o.adminStamp));
+    } else if (o.admin == AdminState::Disabled) {
+      (void)states_.disable(b->id, now,
+                            "operator: disable" + seq + std::to_string(o.adminStamp.seq) + ")");
+    } else if (o.admin == AdminState::Enabled) {
+      const BackendStatus* st = states_.find(b->id);
+      if (st != nullptr && st->admin != AdminState::Enabled) {
+        (void)states_.enable(b->id, now,
+                             "operator: enable" + seq + std::to_string(o.adminStamp.seq) + ")");
+      }
+    }
+  }
+}
+
+std::optional<std::string> ControlPlane::trialBuild(const Config& next) {
+  SnapshotBuilder trial = builder_;
+  if (auto e = trial.setConfig(next)) return e;
+  for (const BackendConfig& b : next.backends) {
+    if (auto s = states_.state(b.id)) trial.setState(b.id, *s);
+  }
+  if (!trial.build(generation_ + 1)) return trial.lastError();
+  return std::nullopt;
+}
+
+std::optional<ApiError> ControlPlane::precheck(IntentOp op, std::uint64_t id) const {
+  const BackendStatus* st = states_.find(id);
+  if (st == nullptr) return ApiError{"not_found", "no backend with id " + std::to_string(id)};
+  const std::string name = "\"" + st->name + "\"";
+  if (st->effective == BackendState::Removed) {
+    return ApiError{"conflict", name + " is removed; add it again first"};
+  }
+  if (op == IntentOp::Drain && st->admin == AdminState::Removing) {
+    return ApiError{"conflict", name + " is being removed (draining already); undrain cancels "
+                                       "the removal"};
+  }
+  if (op == IntentOp::Undrain && st->admin == AdminState::Disabled) {
+    return ApiError{"conflict", name + " is disabled, not draining; use enable"};
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> ControlPlane::journal(IntentRecord& record) {
+  record.wallMs = wallNow();
+  if (auto e = journal_.append(record)) {
+    events_.append(now_, record.backend, kEventIntent,
+                   "operator: " + std::string(toString(record.op)) + " refused: " + *e);
+    return ApiError{"unavailable", "not applied: the change could not be saved: " + *e};
+  }
+  return std::nullopt;
+}
+
+std::uint32_t ControlPlane::fileBaseWeight(const BackendConfig& b) const {
+  if (const BackendOverride* o = journal_.overlay().find(b.name); o && o->added) {
+    return o->added->weight;
+  }
+  for (const BackendConfig& f : fileConfig_.backends) {
+    if (f.name == b.name) return f.weight;
+  }
+  return b.weight;
+}
+
+Json ControlPlane::stampJson(const IntentStamp& s) const {
+  const std::time_t t = static_cast<std::time_t>(s.wallMs / 1000);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%S", &tm);
+  char ms[8];
+  std::snprintf(ms, sizeof ms, ".%03dZ", static_cast<int>(s.wallMs % 1000));
+  return Json{{"source", "runtime"}, {"seq", s.seq}, {"time", std::string(text) + ms}};
+}
+
+std::variant<ControlPlane::ApplyPlan, ApiError> ControlPlane::planApply(
+    Config file, const IntentOverlay& overlay) {
+  ApplyPlan plan;
+  IntentMerge m = mergeIntent(file, overlay, wallNow(), file.policy.drainTimeout);
+  if (!m.conflicts.empty()) {
+    std::string text;
+    for (const std::string& c : m.conflicts) text += (text.empty() ? "" : "; ") + c;
+    return ApiError{"conflict", text + " (keep it out of the file, or clear it first: "
+                                       "spillwayctl config clear-overrides --backend NAME)"};
+  }
+  Config next = std::move(m.config);
+  for (const BackendConfig& b : config_.backends) {
+    const bool named = std::any_of(next.backends.begin(), next.backends.end(),
+                                   [&](const BackendConfig& n) { return n.id == b.id; });
+    if (named) {
+      if (retiring_.count(b.id) != 0) plan.unretire.push_back(b.id);
+      continue;
+    }
+    const BackendStatus* st = states_.find(b.id);
+    if (st == nullptr || st->effective == BackendState::Removed) continue;
+    // It drains: keep it in the next configuration until its flows end.
+    BackendConfig k = b;
+    bool pool = false, port = false, clash = false;
+    for (std::uint32_t p = 0; p < next.pools.size(); ++p) {
+      if (next.pools[p].name == b.pool) k.poolIndex = p, pool = true;
+    }
+    for (std::uint32_t p = 0; p < next.ports.size(); ++p) {
+      if (next.ports[p].name == b.port) k.portIndex = p, port = true;
+    }
+    for (const BackendConfig& n : next.backends) {
+      clash = clash || n.name == b.name || n.address == b.address;
+    }
+    if (port) {
+      const PortConfig& pc = next.ports[k.portIndex];
+      port = (b.address.version == IpVersion::V4 ? pc.address : pc.address6).has_value();
+    }
+    if (!pool || !port || clash) {
+      plan.retireNow.push_back(b.name);
+      continue;
+    }
+    next.backends.push_back(k);
+    if (st->admin != AdminState::Removing) plan.retire.push_back(b.id);
+  }
+  if (auto e = trialBuild(next)) {
+    return ApiError{"invalid", "the new configuration cannot be built: " + *e};
+  }
+  plan.file = std::move(file);
+  plan.next = std::move(next);
+  plan.overlay = std::move(m.overlay);
+  plan.dropped = std::move(m.dropped);
+  return plan;
+}
+
+namespace {
+
+std::vector<VipKey> vipKeysOf(const Config& config) {
+  std::vector<VipKey> keys;
+  for (const VipConfig& v : config.vips) {
+    keys.push_back(VipKey{v.address.bytes, v.address.version,
+                          static_cast<std::uint8_t>(v.protocol), v.port});
+  }
+  return keys;
+}
+
+std::string vipKey(const VipConfig& v) {
+  return formatIpAddress(v.address) + "/" + (v.protocol == IpProto::Udp ? "udp" : "tcp") + "/" +
+         std::to_string(v.port);
+}
+
+}  // namespace
+
+std::optional<ApiError> ControlPlane::commitApply(ApplyPlan& plan, const std::string& cause,
+                                                  Json& changes) {
+  // The fallible steps first; nothing has changed while any can still fail.
+  std::set<std::string> vipsBefore, vipsAfter;
+  for (const VipConfig& v : config_.vips) vipsBefore.insert(vipKey(v));
+  for (const VipConfig& v : plan.next.vips) vipsAfter.insert(vipKey(v));
+  const bool vipsChange = vipsBefore != vipsAfter;
+  if (vipsChange && dataplane_ != nullptr) {
+    if (auto e = dataplane_->syncVips(vipKeysOf(plan.next))) {
+      return ApiError{"unavailable", "the data path's VIP map cannot follow: " + *e};
+    }
+  }
+  if (!(plan.overlay == journal_.overlay())) {
+    if (auto e = journal_.rewrite(plan.overlay)) {
+      if (vipsChange && dataplane_ != nullptr) (void)dataplane_->syncVips(vipKeysOf(config_));
+      return ApiError{"unavailable", "the pruned operator overrides cannot be saved: " + *e};
+    }
+  }
+
+  Json added = Json::array(), draining = Json::array(), removed = Json::array(),
+       weights = Json::array(), vipsAdded = Json::array(), vipsRemoved = Json::array();
+  for (const BackendConfig& n : plan.next.backends) {
+    const BackendConfig* old = nullptr;
+    for (const BackendConfig& o : config_.backends) {
+      if (o.id == n.id) old = &o;
+    }
+    if (old == nullptr) {
+      added.push_back(n.name);
+    } else if (old->weight != n.weight) {
+      weights.push_back({{"backend", n.name}, {"from", old->weight}, {"to", n.weight}});
+    }
+  }
+  for (std::uint64_t id : plan.retire) {
+    for (const BackendConfig& b : config_.backends) {
+      if (b.id == id) draining.push_back(b.name);
+    }
+  }
+  for (const std::string& n : plan.retireNow) removed.push_back(n);
+  for (const VipConfig& v : plan.next.vips) {
+    if (vipsBefore.count(vipKey(v)) == 0) vipsAdded.push_back(v.name);
+  }
+  for (const VipConfig& v : config_.vips) {
+    if (vipsAfter.count(vipKey(v)) == 0) vipsRemoved.push_back(v.name);
+  }
+  changes = Json{{"backends_added", added},
+                 {"backends_draining", draining},
+                 {"backends_removed", removed},
+                 {"weights_changed", weights},
+                 {"vips_added", vipsAdded},
+                 {"vips_removed", vipsRemoved},
+                 {"overrides_kept", journal_.overlay().backends().size()},
+                 {"overrides_dropped", plan.dropped}};
+
+  plan.next.control.stateDir = config_.control.stateDir;  // the journal stays where it is
+  fileConfig_ = std::move(plan.file);
+  reconfigure(std::move(plan.next), now_, cause);
+  for (std::uint64_t id : plan.retire) {
+    (void)states_.remove(id, now_, cause + ": no longer in the file");
+    retiring_.insert(id);
+  }
+  for (std::uint64_t id : plan.unretire) {
+    (void)states_.undrain(id, now_, cause + ": in the file again");
+    retiring_.erase(id);
+  }
+  for (const std::string& d : plan.dropped) {
+    events_.append(now_, "", kEventIntent, "override dropped: " + d);
+  }
+  if (!draining.empty() || !removed.empty() || !plan.unretire.empty()) {
+    for (const BackendConfig& b : config_.backends) {
+      if (auto s = states_.state(b.id)) builder_.setState(b.id, *s);
+    }
+    statesSeen_ = states_.generation();
+    (void)applyPolicy(now_, true);
+  }
+  return std::nullopt;
+}
+
+ApiResult ControlPlane::configClearOverrides(const std::string& backend) {
+  if (!backend.empty() && journal_.overlay().find(backend) == nullptr) {
+    return ApiError{"not_found", "backend '" + backend + "' has no runtime override"};
+  }
+  IntentOverlay after = journal_.overlay();
+  std::vector<std::string> cleared;
+  if (backend.empty()) {
+    for (const auto& [name, o] : after.backends()) cleared.push_back(name);
+    after = IntentOverlay{};
+  } else {
+    after.erase(backend);
+    cleared.push_back(backend);
+  }
+  auto planned = planApply(fileConfig_, after);
+  if (auto* e = std::get_if<ApiError>(&planned)) return *e;
+  ApplyPlan& plan = std::get<ApplyPlan>(planned);
+  IntentRecord r;
+  r.op = IntentOp::ClearOverrides;
+  r.backend = backend;
+  if (auto e = journal(r)) return *e;
+  Json changes;
+  if (auto e = commitApply(plan, "operator: clear-overrides", changes)) return *e;
+  // Cleared backends that stay get the file's state back.
+  for (const std::string& name : cleared) {
+    const BackendConfig* b = backendNamed(name);
+    if (b == nullptr || retiring_.count(b->id) != 0) continue;
+    const BackendStatus* st = states_.find(b->id);
+    if (st == nullptr || st->effective == BackendState::Removed) continue;
+    const bool fileDisabled = b->initialState == BackendState::Disabled;
+    if (fileDisabled && st->admin != AdminState::Disabled) {
+      (void)states_.disable(b->id, now_, "operator: clear-overrides (the file says disabled)");
+    } else if (!fileDisabled && st->admin != AdminState::Enabled) {
+      (void)states_.enable(b->id, now_, "operator: clear-overrides");
+    }
+  }
+  lastChurn_ = 0;
+  return Json{{"cleared", cleared}, {"intent_seq", r.seq}, {"changes", changes}};
 }
 
 // --- Metrics --------------------------------------------------------------------

@@ -20,6 +20,8 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
+#include <variant>
 #include <string>
 #include <vector>
 
@@ -29,6 +31,7 @@
 #include "control/control_api.hpp"
 #include "control/event_log.hpp"
 #include "control/health.hpp"
+#include "control/intent_journal.hpp"
 #include "control/policy.hpp"
 #include "control/scraper.hpp"
 #include "control/snapshot_builder.hpp"
@@ -37,12 +40,24 @@
 namespace spillway {
 
 
+// Operator intent (intent_journal.hpp, intent_merge.hpp): the constructor
+// opens the journal in config.control.stateDir, replays it and lays the
+// overlay over `config` (the file); every accepted mutating command is
+// validated, journaled (durable) and only then applied; a journal that cannot
+// be written rejects the command and changes nothing. `config reload` and
+// `config clear-overrides` build the whole next configuration (file +
+// overlay + backends still draining), trial-build its snapshot and sync the
+// VIP map before changing anything: a failure anywhere changes nothing.
+// A backend the new file no longer names drains (its flows continue) and is
+// removed when its flows end or at the drain deadline.
 class ControlPlane final : public ControlApi {
  public:
   // `dataplane` may be null (no data path attached: stats say so, flows are
   // not counted, nothing is checkpointed); it must outlive this object.
+  // wallClockMs: Unix time in ms (journal records, drain ages and checkpoint
+  // ages across restarts); default the system clock.
   ControlPlane(Config config, std::string configPath, SnapshotBuilder& builder,
-               Dataplane* dataplane, Millis now);
+               Dataplane* dataplane, Millis now, std::function<std::int64_t()> wallClockMs = {});
 
   // Advances checks, states and policy. True when a new snapshot should be
   // built and published (takeSnapshot()).
@@ -57,14 +72,17 @@ class ControlPlane final : public ControlApi {
   [[nodiscard]] std::vector<int> pollFds() const;
   [[nodiscard]] const Config& config() const noexcept { return config_; }
   [[nodiscard]] EventLog& events() noexcept { return events_; }
-  // Wall clock for what is written to disk (Unix ms); the system clock unless
-  // a test injects one.
-  void setWallClock(std::function<std::uint64_t()> unixMs) { wallClock_ = std::move(unixMs); }
   // True while the start-up tables are held (warm-up, see tick()).
   [[nodiscard]] bool warmingUp() const noexcept { return warmup_; }
   // The last checkpoint, from the stopped workers' exceptions (SIGTERM).
   void finalCheckpoint(Millis now, std::vector<ExportedFlow> flows);
   [[nodiscard]] const AffinityKeeper& affinity() const noexcept { return keeper_; }
+  // What the start did with the intent journal (replayed, damage found,
+  // overrides dropped), one line each, for the daemon's log.
+  [[nodiscard]] const std::vector<std::string>& startupReport() const noexcept {
+    return startupReport_;
+  }
+  [[nodiscard]] const IntentJournal& intent() const noexcept { return journal_; }
 
   // ControlApi.
   ApiResult status() override;
@@ -87,7 +105,8 @@ class ControlPlane final : public ControlApi {
   ApiResult events(std::uint64_t after, std::uint32_t limit) override;
   ApiResult configCheck(const std::string& path) override;
   ApiResult configReload(const std::string& path) override;
-  ApiResult configDump() override;
+  ApiResult configDump(bool effective) override;
+  ApiResult configClearOverrides(const std::string& backend) override;
   std::string metricsText() override;
 
  private:
@@ -107,7 +126,32 @@ class ControlPlane final : public ControlApi {
   [[nodiscard]] TablesState tablesState() const;
   [[nodiscard]] std::uint64_t unixNow() const;
 
-  Config config_;
+  // Intent.
+  struct ApplyPlan {
+    Config file;
+    Config next;                        // file + overlay + backends still draining
+    IntentOverlay overlay;              // the overrides that still apply
+    std::vector<std::string> dropped;   // overrides that no longer apply
+    std::vector<std::uint64_t> retire;  // no longer named: drain, then removed
+    std::vector<std::string> retireNow; // no longer named and cannot stay (pool or port gone)
+    std::vector<std::uint64_t> unretire;  // draining because unnamed, named again
+  };
+  std::int64_t wallNow() const { return wallClock_(); }
+  void report(const std::string& line);
+  void replayIntent(Millis now);
+  void applyIntentStates(Millis now, const std::string* only);
+  std::variant<ApplyPlan, ApiError> planApply(Config file, const IntentOverlay& overlay);
+  std::optional<ApiError> commitApply(ApplyPlan& plan, const std::string& cause, Json& changes);
+  std::optional<std::string> trialBuild(const Config& next);
+  // Journals an accepted command before it is applied; an error when it
+  // could not be written (then the command must not be applied).
+  std::optional<ApiError> journal(IntentRecord& record);
+  std::optional<ApiError> precheck(IntentOp op, std::uint64_t id) const;
+  std::uint32_t fileBaseWeight(const BackendConfig& b) const;
+  Json stampJson(const IntentStamp& s) const;
+
+  Config config_;      // running: file + overlay + backends still draining
+  Config fileConfig_;  // the file as last loaded (the base of the overlay)
   std::string configPath_;
   SnapshotBuilder& builder_;
   Dataplane* dataplane_;
@@ -118,6 +162,10 @@ class ControlPlane final : public ControlApi {
   WeightPolicy policy_;
   HealthChecker health_;
   LoadScraper scraper_;
+  std::function<std::int64_t()> wallClock_;
+  IntentJournal journal_;
+  std::set<std::uint64_t> retiring_;  // draining because the file no longer names them
+  std::vector<std::string> startupReport_;
 
   std::uint64_t generation_ = 0;
   bool dirty_ = true;
@@ -138,7 +186,6 @@ class ControlPlane final : public ControlApi {
   std::uint64_t publishes_ = 0;
 
   AffinityKeeper keeper_;
-  std::function<std::uint64_t()> wallClock_;
   // Warm-up: the start-up tables are the last process's (tables.json) and
   // the policy holds them until every backend has a health result and, where
   // its pool scrapes load, a load sample; or until kWarmupLimit.

@@ -25,6 +25,8 @@ constexpr ArgSpec kTableArgs[] = {{"vip", ArgType::String, false}};
 constexpr ArgSpec kEventsArgs[] = {{"after", ArgType::Uint64, false},
                                    {"limit", ArgType::Uint32, false}};
 constexpr ArgSpec kPathArgs[] = {{"path", ArgType::String, false}};
+constexpr ArgSpec kDumpArgs[] = {{"effective", ArgType::Bool, false}};
+constexpr ArgSpec kClearArgs[] = {{"backend", ArgType::String, false}};
 
 constexpr CommandSpec kCommands[] = {
     {"status", Access::Read, {}},
@@ -47,7 +49,8 @@ constexpr CommandSpec kCommands[] = {
     {"events", Access::Read, kEventsArgs},
     {"config.check", Access::Read, kPathArgs},
     {"config.reload", Access::Write, kPathArgs},
-    {"config.dump", Access::Read, {}},
+    {"config.dump", Access::Read, kDumpArgs},
+    {"config.clear-overrides", Access::Write, kClearArgs},
 };
 
 // A request rejected before any ControlApi call.
@@ -341,7 +344,11 @@ ApiResult dispatch(const Validated& request, ControlApi& api) {
   }
   if (name == "config.check") return api.configCheck(stringArg(a, "path"));
   if (name == "config.reload") return api.configReload(stringArg(a, "path"));
-  if (name == "config.dump") return api.configDump();
+  if (name == "config.dump") {
+    const auto effective = a.find("effective");
+    return api.configDump(effective != a.end() && effective->get<bool>());
+  }
+  if (name == "config.clear-overrides") return api.configClearOverrides(stringArg(a, "backend"));
   return ApiError{"internal", "command " + std::string(name) + " has no handler"};
 }
 

@@ -555,7 +555,14 @@ int run(int argc, char** argv) {
       ->add_option("PATH", configPath);
   simple(config, "reload", "config.reload", "load and apply a file (default: the running one's)")
       ->add_option("PATH", configPath);
-  simple(config, "dump", "config.dump", "the running configuration");
+  bool effective = false;
+  simple(config, "dump", "config.dump", "the running configuration")
+      ->add_flag("--effective", effective,
+                 "the file merged with runtime overrides, and where each value comes from");
+  std::string clearBackend;
+  simple(config, "clear-overrides", "config.clear-overrides",
+         "forget runtime overrides (journaled): the file's values apply again")
+      ->add_option("--backend", clearBackend, "only this backend's (default: every backend's)");
 
   try {
     app.parse(argc, argv);
@@ -584,6 +591,8 @@ int run(int argc, char** argv) {
   if ((command == "config.check" || command == "config.reload") && !configPath.empty()) {
     args["path"] = absolutePath(configPath);  // the daemon's working directory is not ours
   }
+  if (command == "config.dump" && effective) args["effective"] = true;
+  if (command == "config.clear-overrides" && !clearBackend.empty()) args["backend"] = clearBackend;
   if (command == "stats" && watchOption->count() > 0) mode = Mode::Watch;
   if (command == "events") mode = Mode::Events;
 

@@ -151,6 +151,7 @@ int runDaemon(const Config& configIn, const DaemonOptions& options) {
         std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count());
   };
   ControlPlane control(config, options.configPath, builder, dataplane.get(), millis());
+  for (const std::string& line : control.startupReport()) log(line);
   auto first = control.takeSnapshot(millis());
   if (!first) return fail(builder.lastError());
   dataplane->publish(std::move(first));

@@ -2,7 +2,7 @@
 """End-to-end tests of Spillway's control plane (meson suite 'e2e').
 
     control_e2e.py TEST SPILLWAYD SPILLWAY_DECAP SPILLWAYCTL
-    TEST: health | spillover | cli
+    TEST: health | spillover | cli | restart
 
 Each builds a scripts/topology estate through spillwayd_e2e.Estate (imported,
 not copied) and drives the running daemon through spillwayctl --json on its
@@ -22,6 +22,12 @@ not copied) and drives the running daemon through spillwayctl --json on its
   cli        every spillwayctl command with --json, parsed and checked
              against the data path; a malformed request on the socket; the
              socket's mode; /metrics (and promtool check metrics if present).
+  restart    operator intent survives a restart: drain one backend, add one,
+             change a weight, SIGTERM, start again on the same --state-dir:
+             the drain, the added backend and the weight are back (tables and
+             new connections agree), `config dump --effective` names each
+             override's journal sequence, `config clear-overrides` ends the
+             drain, and a second restart keeps what is left.
 
 Prints one line per check and "e2e-control-<test>: N passed, M failed".
 Exit 0 when all passed, 1 when any failed, 77 (skipped) without root,
@@ -311,7 +317,7 @@ def projection(ctl):
 
 
 def test_cli(e, ctl_exe):
-    policy = ["[policy]", "churn_budget = 0.05", "churn_interval = 1", "drain_timeout = 3", "",
+    policy = ["[policy]", "churn_budget = 0.05", "churn_interval = 1", "drain_timeout = 30", "",
               "[control]", f'metrics_listen = "{METRICS}"']
     lb, ctl = start_estate(e, ctl_exe, 3, 2, only={"onprem1", "onprem2", "cloud1", "cloud2"},
                            metrics=None, extra=policy)
@@ -519,9 +525,76 @@ def test_cli(e, ctl_exe):
     return None
 
 
+def test_restart(e, ctl_exe):
+    policy = ["[policy]", "drain_timeout = 300", ""]
+    only = {"onprem1", "onprem2", "cloud1"}
+    lb, ctl = start_estate(e, ctl_exe, 3, 1, only=only, tag="first", extra=policy)
+    x, w = "onprem2", "onprem1"
+    z, _, z_addr = [b for b in e.backends if b[0] == "onprem3"][0]
+    d = ctl("backend", "drain", x)
+    a = ctl("backend", "add", z, "--address", z_addr, "--pool", "onprem", "--weight", 100)
+    wt = ctl("backend", "weight", w, 50)
+    e.check("each change is journaled before the reply (intent_seq 1, 2, 3)",
+            (d.get("intent_seq"), a.get("intent_seq"), wt.get("intent_seq")) == (1, 2, 3),
+            f"{d}; {a}; {wt.get('intent_seq')}")
+    wait_until(f"{z} resolved and in the tables", lambda: (
+        lambda b: b and b.get("state") == "active" and b.get("next_hop_resolved"))(
+            ctl.backends().get(z)), 20)
+    rc, took, _ = e.stop_lb(lb)
+    e.check("first spillwayd exited cleanly on SIGTERM", rc == 0, f"exit {rc} after {took:.2f} s")
+
+    lb = e.start_lb("second")
+    e.wait_ready(lb)
+    wait_until("the CLI socket answering", lambda: ctl.raw("status").returncode == 0, 10)
+    bl = ctl.backends()
+    e.check(f"after the restart {x} is still draining", bl.get(x, {}).get("state") == "draining",
+            str({n: b.get("state") for n, b in bl.items()}))
+    e.check(f"after the restart the added {z} is back, active", z in bl and
+            bl[z].get("state") == "active" and bl[z].get("address") == z_addr,
+            str(bl.get(z)))
+    e.check(f"after the restart {w}'s base weight is still 50",
+            bl.get(w, {}).get("base_weight") == 50, str(bl.get(w, {}).get("base_weight")))
+    ok = soon(lambda: all(x not in per and per.get(z, 0) > 0 for per in ctl.entries().values()),
+              timeout=5.0)
+    e.check(f"tables: {x} out, {z} in", ok, str(ctl.entries()))
+    r = e.fanout(VIP_NCCL, 8000, 60, "after-restart")
+    e.check(f"new connections avoid {x} and reach {z}", r["ok"] == 60 and
+            x not in r["per_backend"] and r["per_backend"].get(z, 0) > 0, str(r["per_backend"]))
+    with open(lb.stderr) as f:
+        text = f.read()
+    e.check("the start logs the replay", "replayed 3 record(s)" in text,
+            str([line for line in text.splitlines() if "intent" in line][:3]))
+    dump = ctl("config", "dump", "--effective")
+    src = {b["name"]: b.get("sources", {}) for b in dump.get("backends", [])}
+    e.check("config dump --effective names each override's source",
+            src.get(x, {}).get("admin", {}).get("seq") == 1 and
+            src.get(z, {}).get("definition", {}).get("seq") == 2 and
+            src.get(w, {}).get("weight", {}).get("seq") == 3 and
+            src.get("cloud1", {}).get("weight", {}).get("source") == "file",
+            json.dumps({n: src.get(n) for n in (x, z, w)})[:600])
+    c = ctl("config", "clear-overrides", "--backend", x)
+    e.check(f"config clear-overrides --backend {x}: active again",
+            ctl.backends()[x]["state"] == "active" and c.get("cleared") == [x], str(c))
+    rc, _, _ = e.stop_lb(lb)
+    e.check("second spillwayd exited cleanly", rc == 0, f"exit {rc}")
+
+    lb = e.start_lb("third")
+    e.wait_ready(lb)
+    wait_until("the CLI socket answering", lambda: ctl.raw("status").returncode == 0, 10)
+    bl = ctl.backends()
+    e.check("a second restart keeps the rest: the clear held, the add and the weight stayed",
+            bl.get(x, {}).get("state") == "active" and z in bl and
+            bl.get(w, {}).get("base_weight") == 50,
+            str({n: (b.get("state"), b.get("base_weight")) for n, b in bl.items()}))
+    rc, _, _ = e.stop_lb(lb)
+    e.check("third spillwayd exited cleanly", rc == 0, f"exit {rc}")
+    return None
+
+
 TESTS = {"health": ("e2e-control-health", test_health),
          "spillover": ("e2e-control-spillover", test_spillover),
-         "cli": ("e2e-control-cli", test_cli)}
+         "cli": ("e2e-control-cli", test_cli),
+         "restart": ("e2e-control-restart", test_restart)}
 
 
 def main():

@@ -634,6 +634,9 @@ TEST_F(SpillwayctlTest, CommandsReachTheirCalls) {
       {{"config", "check", "/etc/spillway/next.toml"}, "configCheck(/etc/spillway/next.toml)"},
       {{"config", "reload"}, "configReload()"},
       {{"config", "dump"}, "configDump()"},
+      {{"config", "dump", "--effective"}, "configDump(effective)"},
+      {{"config", "clear-overrides"}, "configClearOverrides()"},
+      {{"config", "clear-overrides", "--backend", "gpu-a1"}, "configClearOverrides(gpu-a1)"},
   };
   for (const Case& c : cases) {
     api_.calls.clear();

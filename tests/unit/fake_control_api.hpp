@@ -149,8 +149,13 @@ class FakeControlApi : public ControlApi {
     return answer("configReload", "configReload(" + path + ")",
                   Json{{"generation", 8}, {"changed", true}});
   }
-  ApiResult configDump() override {
-    return answer("configDump", "configDump()", Json{{"vips", Json::array()}});
+  ApiResult configDump(bool effective) override {
+    return answer("configDump", effective ? "configDump(effective)" : "configDump()",
+                  Json{{"vips", Json::array()}});
+  }
+  ApiResult configClearOverrides(const std::string& backend) override {
+    return answer("configClearOverrides", "configClearOverrides(" + backend + ")",
+                  Json{{"cleared", Json::array()}});
   }
   std::string metricsText() override {
     calls.push_back("metricsText()");

@@ -83,6 +83,10 @@ TEST(Protocol, EveryCommandReachesItsCall) {
       {R"({"v":1,"cmd":"config.reload","args":{"path":"/etc/spillway/new.toml"}})",
        "configReload(/etc/spillway/new.toml)"},
       {R"({"v":1,"cmd":"config.dump"})", "configDump()"},
+      {R"({"v":1,"cmd":"config.dump","args":{"effective":true}})", "configDump(effective)"},
+      {R"({"v":1,"cmd":"config.clear-overrides"})", "configClearOverrides()"},
+      {R"({"v":1,"cmd":"config.clear-overrides","args":{"backend":"gpu-a1"}})",
+       "configClearOverrides(gpu-a1)"},
       // Key order and whitespace do not matter.
       {" {\n \"args\" : { \"name\" : \"gpu-a1\" } , \"cmd\":\"backend.drain\", \"v\":1}\n",
        "backendDrain(gpu-a1)"},
@@ -111,7 +115,7 @@ TEST(Protocol, CommandListIsTheReference) {
                                              "backend.undrain", "backend.disable", "backend.enable",
                                              "backend.weight",  "table.show",      "flows",
                                              "stats",           "health",          "events",
-                                             "config.check",    "config.reload",   "config.dump"}));
+                                             "config.check",    "config.reload",   "config.dump", "config.clear-overrides"}));
   EXPECT_EQ(findCommand("backend.drain")->access, Access::Write);
   EXPECT_EQ(findCommand("backend.list")->access, Access::Read);
   EXPECT_EQ(findCommand("nope"), nullptr);

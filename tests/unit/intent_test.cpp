@@ -1,0 +1,866 @@
+// Operator intent: the journal's format and replay (every command, torn tail,
+// corrupt record, compaction), the overlay and its merge with the file, and
+// the control plane's use of both: replay at start, atomic reload that keeps
+// intent, clear-overrides, and a journal that cannot be written.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "control/control_plane.hpp"
+#include "fake_dataplane.hpp"
+#include "control/intent_journal.hpp"
+#include "control/intent_merge.hpp"
+
+namespace spillway {
+namespace {
+
+namespace fs = std::filesystem;
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (fs::temp_directory_path() / "spillway-intent-XXXXXX").string();
+    path_ = ::mkdtemp(pattern.data());
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  [[nodiscard]] const std::string& path() const { return path_; }
+  [[nodiscard]] std::string operator/(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+std::string readAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+void writeAll(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+}
+
+IntentRecord record(IntentOp op, std::string name, std::uint64_t id = 7) {
+  IntentRecord r;
+  r.op = op;
+  r.backend = std::move(name);
+  r.id = id;
+  r.wallMs = 1'700'000'000'000;
+  return r;
+}
+
+IntentRecord addRecord(std::string name, std::string address, bool mac) {
+  IntentRecord r = record(IntentOp::Add, std::move(name), 4242);
+  r.address = parseIpAddress(address).value();
+  r.pool = "a";
+  r.port = "p0";
+  r.weight = 70;
+  if (mac) r.mac = parseMacAddress("02:00:00:00:00:42").value();
+  return r;
+}
+
+// One record of every kind a command can write.
+std::vector<IntentRecord> everyCommand() {
+  std::vector<IntentRecord> v;
+  v.push_back(addRecord("b5", "10.0.0.15", true));
+  v.push_back(addRecord("b6", "2001:db8::6", false));
+  v.push_back(record(IntentOp::Drain, "b1"));
+  v.push_back(record(IntentOp::Disable, "b2"));
+  v.push_back(record(IntentOp::Enable, "b2"));
+  v.push_back(record(IntentOp::Drain, "b3"));
+  v.push_back(record(IntentOp::Undrain, "b3"));
+  IntentRecord w = record(IntentOp::Weight, "b4");
+  w.weight = 250;
+  w.baseWeight = 100;
+  v.push_back(w);
+  v.push_back(record(IntentOp::Remove, "b6"));
+  v.push_back(record(IntentOp::Remove, "b7"));
+  v.push_back(record(IntentOp::Drain, "b8"));
+  v.push_back(record(IntentOp::ClearOverrides, "b8"));
+  return v;
+}
+
+TEST(IntentRecord, EncodeDecodeRoundTripEveryOp) {
+  std::string bytes;
+  std::vector<IntentRecord> records = everyCommand();
+  records.push_back(record(IntentOp::ClearOverrides, ""));
+  std::uint64_t seq = 1;
+  for (IntentRecord& r : records) {
+    r.seq = seq++;
+    bytes += encodeIntentRecord(r);
+  }
+  const IntentDecoded d =
+      decodeIntentRecords({reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()}, "x");
+  EXPECT_FALSE(d.damage);
+  EXPECT_EQ(d.goodBytes, bytes.size());
+  EXPECT_EQ(d.records, records);
+  // The layout the header's design note states.
+  EXPECT_EQ(encodeIntentRecord(record(IntentOp::Drain, "gpu-a1")).size(), 54u);
+}
+
+TEST(IntentOverlay, FoldRules) {
+  IntentOverlay o;
+  std::uint64_t seq = 1;
+  for (IntentRecord r : everyCommand()) {
+    r.seq = seq++;
+    o.apply(r);
+  }
+  ASSERT_NE(o.find("b1"), nullptr);
+  EXPECT_EQ(o.find("b1")->admin, AdminState::Draining);
+  EXPECT_EQ(o.find("b2")->admin, AdminState::Enabled);
+  EXPECT_EQ(o.find("b3")->admin, AdminState::Enabled);
+  EXPECT_EQ(o.find("b4")->weight, 250u);
+  EXPECT_EQ(o.find("b4")->weightReplaced, 100u);
+  ASSERT_TRUE(o.find("b5")->added);
+  EXPECT_TRUE(o.find("b5")->added->mac);
+  EXPECT_TRUE(o.find("b6")->added && o.find("b6")->removed);  // removal may still drain
+  EXPECT_TRUE(o.find("b7")->removed);
+  EXPECT_EQ(o.find("b8"), nullptr);  // cleared
+  // Its records fold into the same overlay.
+  IntentOverlay again;
+  for (const IntentRecord& r : o.toRecords()) again.apply(r);
+  EXPECT_EQ(again, o);
+}
+
+TEST(IntentJournal, AppendReplayEveryCommand) {
+  TempDir dir;
+  IntentOverlay expected;
+  {
+    IntentJournal j(dir.path());
+    ASSERT_TRUE(j.open()) << j.error();
+    for (IntentRecord r : everyCommand()) {
+      ASSERT_FALSE(j.append(r));
+      expected.apply(r);
+    }
+    EXPECT_EQ(j.lastSeq(), everyCommand().size());
+    EXPECT_EQ(j.overlay(), expected);
+  }
+  IntentJournal j(dir.path());
+  ASSERT_TRUE(j.open()) << j.error();
+  EXPECT_TRUE(j.damage().empty());
+  EXPECT_EQ(j.replayedRecords(), everyCommand().size());
+  EXPECT_EQ(j.lastSeq(), everyCommand().size());
+  EXPECT_EQ(j.overlay(), expected);
+  // Sequence numbers continue after a restart.
+  IntentRecord r = record(IntentOp::Drain, "b9");
+  ASSERT_FALSE(j.append(r));
+  EXPECT_EQ(r.seq, everyCommand().size() + 1);
+}
+
+TEST(IntentJournal, TornTailIsIgnoredAndCutOff) {
+  TempDir dir;
+  {
+    IntentJournal j(dir.path());
+    ASSERT_TRUE(j.open());
+    for (const char* name : {"b1", "b2", "b3"}) {
+      IntentRecord r = record(IntentOp::Drain, name);
+      ASSERT_FALSE(j.append(r));
+    }
+  }
+  const std::string path = dir / "intent.journal";
+  const std::string whole = readAll(path);
+  // A crash in the middle of the third record's write.
+  ASSERT_EQ(::truncate(path.c_str(), static_cast<off_t>(whole.size() - 10)), 0);
+  {
+    IntentJournal j(dir.path());
+    ASSERT_TRUE(j.open()) << j.error();
+    ASSERT_EQ(j.damage().size(), 1u);
+    EXPECT_EQ(j.damage()[0].kind, IntentDamage::Kind::TornTail);
+    EXPECT_EQ(j.replayedRecords(), 2u);
+    EXPECT_NE(j.overlay().find("b2"), nullptr);
+    EXPECT_EQ(j.overlay().find("b3"), nullptr);
+    EXPECT_EQ(readAll(path).size(), whole.size() / 3 * 2);  // cut back to the whole records
+    IntentRecord r = record(IntentOp::Drain, "b4");
+    ASSERT_FALSE(j.append(r));
+    EXPECT_EQ(r.seq, 3u);
+  }
+  IntentJournal j(dir.path());
+  ASSERT_TRUE(j.open());
+  EXPECT_TRUE(j.damage().empty());
+  EXPECT_EQ(j.replayedRecords(), 3u);
+  EXPECT_NE(j.overlay().find("b4"), nullptr);
+}
+
+TEST(IntentJournal, ZeroFilledTailIsTorn) {
+  TempDir dir;
+  {
+    IntentJournal j(dir.path());
+    ASSERT_TRUE(j.open());
+    IntentRecord r = record(IntentOp::Drain, "b1");
+    ASSERT_FALSE(j.append(r));
+  }
+  std::ofstream(dir / "intent.journal", std::ios::binary | std::ios::app) << std::string(40, '\0');
+  IntentJournal j(dir.path());
+  ASSERT_TRUE(j.open());
+  ASSERT_EQ(j.damage().size(), 1u);
+  EXPECT_EQ(j.damage()[0].kind, IntentDamage::Kind::TornTail);
+  EXPECT_EQ(j.replayedRecords(), 1u);
+}
+
+TEST(IntentJournal, CorruptRecordIsReportedAndSetAside) {
+  TempDir dir;
+  {
+    IntentJournal j(dir.path());
+    ASSERT_TRUE(j.open());
+    for (const char* name : {"b1", "b2", "b3"}) {
+      IntentRecord r = record(IntentOp::Disable, name);
+      ASSERT_FALSE(j.append(r));
+    }
+  }
+  const std::string path = dir / "intent.journal";
+  std::string bytes = readAll(path);
+  const std::size_t recordBytes = bytes.size() / 3;
+  bytes[recordBytes + kIntentHeaderBytes + 20] ^= 0x5A;  // the second record's name
+  writeAll(path, bytes);
+  {
+    IntentJournal j(dir.path());
+    ASSERT_TRUE(j.open()) << j.error();
+    ASSERT_EQ(j.damage().size(), 1u);
+    EXPECT_EQ(j.damage()[0].kind, IntentDamage::Kind::Corrupt);
+    EXPECT_EQ(j.damage()[0].offset, recordBytes);
+    EXPECT_EQ(j.replayedRecords(), 1u);
+    EXPECT_NE(j.overlay().find("b1"), nullptr);
+    EXPECT_EQ(j.overlay().find("b3"), nullptr);
+    bool aside = false;
+    for (const auto& e : fs::directory_iterator(dir.path())) {
+      aside = aside || e.path().filename().string().starts_with("intent.journal.damaged-");
+    }
+    EXPECT_TRUE(aside);
+    EXPECT_EQ(readAll(path).size(), 0u);  // compacted into the snapshot
+    IntentRecord r = record(IntentOp::Drain, "b4");
+    ASSERT_FALSE(j.append(r));
+    EXPECT_EQ(r.seq, 2u);
+  }
+  IntentJournal j(dir.path());
+  ASSERT_TRUE(j.open());
+  EXPECT_TRUE(j.damage().empty());
+  EXPECT_NE(j.overlay().find("b1"), nullptr);
+  EXPECT_NE(j.overlay().find("b4"), nullptr);
+}
+
+TEST(IntentJournal, RandomDamageNeverCrashes) {
+  TempDir dir;
+  std::string good;
+  {
+    IntentJournal j(dir.path());
+    ASSERT_TRUE(j.open());
+    for (IntentRecord r : everyCommand()) ASSERT_FALSE(j.append(r));
+    good = readAll(dir / "intent.journal");
+  }
+  std::mt19937 rng(1);
+  for (int i = 0; i < 50; ++i) {
+    std::string bytes = good;
+    for (int k = 0; k < 3; ++k) bytes[rng() % bytes.size()] = static_cast<char>(rng());
+    bytes.resize(rng() % (bytes.size() + 1));
+    std::error_code ec;
+    fs::remove(dir / "intent.snapshot", ec);
+    writeAll(dir / "intent.journal", bytes);
+    IntentJournal j(dir.path());
+    EXPECT_TRUE(j.open()) << j.error();
+    EXPECT_LE(j.replayedRecords(), everyCommand().size());
+  }
+}
+
+TEST(IntentJournal, CompactionKeepsTheOverlay) {
+  TempDir dir;
+  IntentOverlay expected;
+  std::string before;
+  {
+    IntentJournal j(dir.path());
+    ASSERT_TRUE(j.open());
+    for (IntentRecord r : everyCommand()) {
+      ASSERT_FALSE(j.append(r));
+      expected.apply(r);
+    }
+    before = readAll(dir / "intent.journal");
+    ASSERT_FALSE(j.compact());
+    EXPECT_EQ(j.journalRecords(), 0u);
+    EXPECT_EQ(readAll(dir / "intent.journal").size(), 0u);
+    EXPECT_FALSE(fs::exists(dir / "intent.snapshot.tmp"));
+  }
+  {
+    IntentJournal j(dir.path());
+    ASSERT_TRUE(j.open());
+    EXPECT_TRUE(j.damage().empty());
+    EXPECT_EQ(j.overlay(), expected);
+    EXPECT_EQ(j.lastSeq(), everyCommand().size());
+  }
+  // A crash between the snapshot's rename and the journal's truncate: the
+  // old records are covered by the snapshot and not applied twice.
+  writeAll(dir / "intent.journal", before);
+  IntentJournal j(dir.path());
+  ASSERT_TRUE(j.open());
+  EXPECT_EQ(j.overlay(), expected);
+  EXPECT_EQ(j.lastSeq(), everyCommand().size());
+}
+
+TEST(IntentJournal, CompactsAutomatically) {
+  TempDir dir;
+  IntentJournal j(dir.path());
+  ASSERT_TRUE(j.open());
+  for (std::size_t i = 0; i < kCompactRecords; ++i) {
+    IntentRecord r = record(i % 2 ? IntentOp::Drain : IntentOp::Undrain, "b1");
+    ASSERT_FALSE(j.append(r));
+  }
+  EXPECT_EQ(j.journalRecords(), 0u);
+  EXPECT_TRUE(fs::exists(dir / "intent.snapshot"));
+  IntentJournal again(dir.path());
+  ASSERT_TRUE(again.open());
+  EXPECT_EQ(again.overlay(), j.overlay());
+  EXPECT_EQ(again.lastSeq(), kCompactRecords);
+}
+
+TEST(IntentJournal, CorruptSnapshotIsReported) {
+  TempDir dir;
+  {
+    IntentJournal j(dir.path());
+    ASSERT_TRUE(j.open());
+    IntentRecord r = record(IntentOp::Drain, "b1");
+    ASSERT_FALSE(j.append(r));
+    ASSERT_FALSE(j.compact());
+    IntentRecord r2 = record(IntentOp::Drain, "b2");
+    ASSERT_FALSE(j.append(r2));
+  }
+  std::string snap = readAll(dir / "intent.snapshot");
+  snap[snap.size() - 3] ^= 1;
+  writeAll(dir / "intent.snapshot", snap);
+  IntentJournal j(dir.path());
+  ASSERT_TRUE(j.open());
+  ASSERT_EQ(j.damage().size(), 1u);
+  EXPECT_EQ(j.damage()[0].kind, IntentDamage::Kind::CorruptSnapshot);
+  EXPECT_EQ(j.overlay().find("b1"), nullptr);  // lost, and said so
+  EXPECT_NE(j.overlay().find("b2"), nullptr);
+}
+
+TEST(IntentJournal, UnusableDirectoryRefusesEveryAppend) {
+  TempDir dir;
+  writeAll(dir / "file", "x");
+  IntentJournal j(dir / "file/state");
+  EXPECT_FALSE(j.open());
+  EXPECT_FALSE(j.usable());
+  IntentRecord r = record(IntentOp::Drain, "b1");
+  const auto e = j.append(r);
+  ASSERT_TRUE(e);
+  EXPECT_NE(e->find("cannot be saved"), std::string::npos) << *e;
+  EXPECT_TRUE(j.overlay().empty());
+}
+
+TEST(IntentJournal, EmptyDirectoryKeepsIntentInMemory) {
+  IntentJournal j("");
+  ASSERT_TRUE(j.open());
+  IntentRecord r = record(IntentOp::Drain, "b1");
+  ASSERT_FALSE(j.append(r));
+  EXPECT_EQ(r.seq, 1u);
+  EXPECT_NE(j.overlay().find("b1"), nullptr);
+}
+
+// --- Control plane ---------------------------------------------------------------
+
+std::string configText(const std::string& stateDir, const std::string& extra = {},
+                       const std::string& b2Weight = "100", bool withB3 = true) {
+  std::string t = R"([dataplane]
+lcores = [1]
+hash_seed = 42
+
+[control]
+state_dir = ")" + stateDir +
+                  R"("
+
+[policy]
+drain_timeout = 60
+
+[[port]]
+name = "p0"
+devargs = "net_null0"
+address = "10.0.0.1"
+next_hop_mac = "02:00:00:00:00:01"
+
+[[pool]]
+name = "a"
+site = "onprem"
+
+[[vip]]
+name = "v"
+address = "192.0.2.1"
+protocol = "tcp"
+table_size = 251
+pools = ["a"]
+
+[[backend]]
+name = "b1"
+address = "10.0.0.11"
+pool = "a"
+
+[[backend]]
+name = "b2"
+address = "10.0.0.12"
+pool = "a"
+weight = )" + b2Weight +
+                  "\n";
+  if (withB3) {
+    t += R"(
+[[backend]]
+name = "b3"
+address = "10.0.0.13"
+pool = "a"
+)";
+  }
+  t += R"(
+[[backend]]
+name = "b4"
+address = "10.0.0.14"
+pool = "a"
+)";
+  return t + extra;
+}
+
+constexpr const char* kSecondVip = R"(
+[[vip]]
+name = "w"
+address = "192.0.2.2"
+protocol = "tcp"
+table_size = 251
+pools = ["a"]
+)";
+
+const std::string& okJson(const ApiResult& r, std::string& storage) {
+  if (const auto* e = std::get_if<ApiError>(&r)) {
+    ADD_FAILURE() << e->code << ": " << e->message;
+    storage.clear();
+    return storage;
+  }
+  storage = std::get<Json>(r).dump();
+  return storage;
+}
+
+#define EXPECT_OK(call)       \
+  do {                        \
+    std::string s_;           \
+    (void)okJson((call), s_); \
+  } while (false)
+
+// A control plane on a file in a temporary directory, with a fake wall
+// clock and flow counts of 0 from a fake data path.
+class Daemon {
+ public:
+  Daemon(const TempDir& dir, const std::string& text, std::int64_t* wall, Millis now = 1000)
+      : path_(dir / "spillway.toml") {
+    writeAll(path_, text);
+    auto loaded = loadConfig(path_);
+    EXPECT_TRUE(loaded.ok()) << formatErrors(loaded.errors());
+    Config c = std::move(loaded).value();
+    EXPECT_FALSE(builder_.setConfig(c));
+    setFlows(0);
+    cp_ = std::make_unique<ControlPlane>(std::move(c), path_, builder_, &dp_, now,
+                                         [wall] { return *wall; });
+    (void)cp_->takeSnapshot(now);
+  }
+
+  ControlPlane& cp() { return *cp_; }
+  SnapshotBuilder& builder() { return builder_; }
+  const std::string& path() const { return path_; }
+  void rewrite(const std::string& text) { writeAll(path_, text); }
+  const BackendConfig* backend(const std::string& name) const {
+    for (const BackendConfig& b : cp_->config().backends) {
+      if (b.name == name) return &b;
+    }
+    return nullptr;
+  }
+  std::optional<std::string> state(const std::string& name) {
+    const ApiResult r = cp_->backendList();
+    for (const Json& b : std::get<Json>(r)) {
+      if (b["name"] == name) return b["state"].get<std::string>();
+    }
+    return std::nullopt;
+  }
+  // Ticks until the flow count (0) reached the states, within a bound.
+  void settleFlows(Millis& now) {
+    for (int i = 0; i < 5; ++i) {
+      now += 1100;
+      (void)cp_->tick(now);
+      (void)cp_->tick(now);
+    }
+  }
+
+  // Live flows per backend the fake data path reports from now on.
+  void setFlows(std::uint64_t n) {
+    dp_.flowCounts = {LcoreFlowCounts{1u, std::vector<std::uint64_t>(4096, n)}};
+  }
+  [[nodiscard]] std::size_t vipSyncs() const { return dp_.vipSyncs.size(); }
+  [[nodiscard]] std::size_t vipCount() const {
+    return dp_.vipSyncs.empty() ? 0 : dp_.vipSyncs.back().size();
+  }
+  void failVipSync(bool fail) {
+    dp_.vipSyncError = fail ? std::optional<std::string>("bpf map update failed") : std::nullopt;
+  }
+
+ private:
+  std::string path_;
+  SnapshotBuilder builder_;
+  test::FakeDataplane dp_;
+  std::unique_ptr<ControlPlane> cp_;
+};
+
+BackendSpec spec(std::string name, std::string address, std::uint32_t weight = 100) {
+  BackendSpec s;
+  s.name = std::move(name);
+  s.address = std::move(address);
+  s.pool = "a";
+  s.weight = weight;
+  return s;
+}
+
+TEST(ControlIntent, ReplayRestoresEveryCommand) {
+  TempDir dir;
+  std::int64_t wall = 1'700'000'000'000;
+  const std::string text = configText(dir / "state");
+  {
+    Daemon d(dir, text, &wall);
+    d.setFlows(3);  // the drain has flows to wait for
+    EXPECT_OK(d.cp().backendDrain("b1"));
+    EXPECT_OK(d.cp().backendDisable("b2"));
+    EXPECT_OK(d.cp().backendWeight("b3", 250, false));
+    EXPECT_OK(d.cp().backendAdd(spec("b5", "10.0.0.15", 70)));
+    EXPECT_OK(d.cp().backendRemove("b4"));
+    EXPECT_EQ(d.cp().intent().lastSeq(), 5u);
+  }
+  wall += 10'000;  // the restart took 10 s
+  Daemon d(dir, text, &wall, 500);
+  EXPECT_EQ(d.state("b1"), "draining");
+  EXPECT_EQ(d.state("b2"), "disabled");
+  EXPECT_EQ(d.state("b3"), "active");
+  ASSERT_NE(d.backend("b3"), nullptr);
+  EXPECT_EQ(d.backend("b3")->weight, 250u);
+  ASSERT_NE(d.backend("b5"), nullptr);
+  EXPECT_EQ(d.backend("b5")->weight, 70u);
+  EXPECT_EQ(d.backend("b5")->address, parseIpAddress("10.0.0.15").value());
+  EXPECT_EQ(d.state("b5"), "active");
+  // b4's removal was journaled; with no live flows after the restart it
+  // completes, and b4 stays out.
+  Millis now = 500;
+  d.settleFlows(now);
+  EXPECT_EQ(d.backend("b4"), nullptr);
+  // The drain kept its clock: 60 s deadline, 10 s already spent.
+  const BackendConfig* b1 = d.backend("b1");
+  ASSERT_NE(b1, nullptr);
+  const auto& report = d.cp().startupReport();
+  ASSERT_FALSE(report.empty());
+  EXPECT_NE(report[0].find("replayed 5 record(s)"), std::string::npos) << report[0];
+  const Json dump = std::get<Json>(d.cp().configDump(true));
+  bool sawDrain = false;
+  for (const Json& b : dump["backends"]) {
+    if (b["name"] == "b1") {
+      sawDrain = true;
+      EXPECT_EQ(b["sources"]["admin"]["source"], "runtime");
+      EXPECT_EQ(b["sources"]["admin"]["seq"], 1);
+      EXPECT_EQ(b["sources"]["weight"]["source"], "file");
+    }
+    if (b["name"] == "b3") {
+      EXPECT_EQ(b["sources"]["weight"]["seq"], 3);
+    }
+    if (b["name"] == "b5") {
+      EXPECT_EQ(b["sources"]["definition"]["seq"], 4);
+    }
+    if (b["name"] == "b4") {
+      EXPECT_EQ(b["state"], "removed");
+    }
+  }
+  EXPECT_TRUE(sawDrain);
+}
+
+TEST(ControlIntent, ReplayedDrainKeepsItsDeadline) {
+  TempDir dir;
+  std::int64_t wall = 1'700'000'000'000;
+  const std::string text = configText(dir / "state");
+  {
+    Daemon d(dir, text, &wall);
+    EXPECT_OK(d.cp().backendDrain("b1"));
+  }
+  wall += 50'000;  // 50 of the 60 s spent
+  Daemon d(dir, text, &wall, 100);
+  d.setFlows(5);
+  Millis now = 100;
+  d.settleFlows(now);  // 5.5 s
+  EXPECT_EQ(d.state("b1"), "draining");
+  now += 5'000;  // past the replayed deadline, flows still live
+  (void)d.cp().tick(now);
+  EXPECT_EQ(d.state("b1"), "failed");
+}
+
+TEST(ControlIntent, WriteFailureRejectsAndChangesNothing) {
+  TempDir dir;
+  writeAll(dir / "not-a-dir", "x");
+  std::int64_t wall = 1'700'000'000'000;
+  Daemon d(dir, configText(dir / "not-a-dir/state"), &wall);
+  const std::uint64_t generation = d.cp().generation();
+  for (const ApiResult& r :
+       {d.cp().backendDrain("b1"), d.cp().backendDisable("b2"), d.cp().backendRemove("b3"),
+        d.cp().backendWeight("b4", 7, false), d.cp().backendAdd(spec("b5", "10.0.0.15"))}) {
+    ASSERT_TRUE(std::holds_alternative<ApiError>(r));
+    EXPECT_EQ(std::get<ApiError>(r).code, "unavailable");
+    EXPECT_NE(std::get<ApiError>(r).message.find("not applied"), std::string::npos);
+  }
+  for (const char* name : {"b1", "b2", "b3", "b4"}) EXPECT_EQ(d.state(name), "active") << name;
+  EXPECT_EQ(d.backend("b4")->weight, 100u);
+  EXPECT_EQ(d.backend("b5"), nullptr);
+  EXPECT_FALSE(d.cp().tick(2000));
+  EXPECT_EQ(d.cp().generation(), generation);
+  // A dry run changes nothing and needs no journal.
+  EXPECT_OK(d.cp().backendWeight("b4", 7, true));
+}
+
+TEST(ControlIntent, AppendFailureAfterOpenRejects) {
+  TempDir dir;
+  std::int64_t wall = 1'700'000'000'000;
+  Daemon d(dir, configText(dir / "state"), &wall);
+  EXPECT_OK(d.cp().backendDrain("b1"));
+  // The disk is full (as far as this process may write).
+  rlimit old{};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  const auto previous = std::signal(SIGXFSZ, SIG_IGN);
+  rlimit tight = old;
+  tight.rlim_cur = static_cast<rlim_t>(d.cp().intent().journalBytes());
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &tight), 0);
+  const ApiResult r = d.cp().backendDisable("b2");
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &old), 0);
+  std::signal(SIGXFSZ, previous);
+  ASSERT_TRUE(std::holds_alternative<ApiError>(r));
+  EXPECT_EQ(std::get<ApiError>(r).code, "unavailable");
+  EXPECT_EQ(d.state("b2"), "active");
+  EXPECT_EQ(d.cp().intent().lastSeq(), 1u);
+  // The next command goes through, and the journal holds just the two.
+  EXPECT_OK(d.cp().backendDisable("b2"));
+  IntentJournal j(dir / "state");
+  ASSERT_TRUE(j.open());
+  EXPECT_TRUE(j.damage().empty());
+  EXPECT_EQ(j.replayedRecords(), 2u);
+}
+
+TEST(ControlIntent, ReloadKeepsIntentAndSaysWhatChanged) {
+  TempDir dir;
+  std::int64_t wall = 1'700'000'000'000;
+  Daemon d(dir, configText(dir / "state"), &wall);
+  EXPECT_OK(d.cp().backendDrain("b1"));
+  EXPECT_OK(d.cp().backendWeight("b2", 300, false));
+  EXPECT_OK(d.cp().backendAdd(spec("b5", "10.0.0.15")));
+  d.rewrite(configText(dir / "state", kSecondVip));
+  const ApiResult r = d.cp().configReload("");
+  std::string s;
+  ASSERT_FALSE(okJson(r, s).empty());
+  const Json j = std::get<Json>(r);
+  EXPECT_EQ(j["applied"], true);
+  EXPECT_EQ(j["changes"]["vips_added"], Json::array({"w"}));
+  EXPECT_EQ(j["changes"]["backends_added"], Json::array());
+  EXPECT_EQ(j["changes"]["backends_draining"], Json::array());
+  EXPECT_EQ(d.vipSyncs(), 1u);
+  EXPECT_EQ(d.vipCount(), 2u);
+  EXPECT_EQ(d.state("b1"), "draining");
+  EXPECT_EQ(d.backend("b2")->weight, 300u);
+  EXPECT_NE(d.backend("b5"), nullptr);
+  EXPECT_EQ(d.cp().config().vips.size(), 2u);
+}
+
+TEST(ControlIntent, ReloadFileWinsOnAChangedWeight) {
+  TempDir dir;
+  std::int64_t wall = 1'700'000'000'000;
+  Daemon d(dir, configText(dir / "state"), &wall);
+  EXPECT_OK(d.cp().backendWeight("b2", 300, false));
+  d.rewrite(configText(dir / "state", "", "150"));
+  const Json j = std::get<Json>(d.cp().configReload(""));
+  ASSERT_EQ(j["changes"]["overrides_dropped"].size(), 1u);
+  EXPECT_EQ(j["changes"]["weights_changed"][0]["to"], 150);
+  EXPECT_EQ(d.backend("b2")->weight, 150u);
+  EXPECT_TRUE(d.cp().intent().overlay().empty());
+}
+
+TEST(ControlIntent, ReloadDroppingABackendDrainsIt) {
+  TempDir dir;
+  std::int64_t wall = 1'700'000'000'000;
+  Daemon d(dir, configText(dir / "state"), &wall);
+  Millis now = 1000;
+  d.setFlows(4);
+  d.settleFlows(now);
+  d.rewrite(configText(dir / "state", "", "100", false));
+  const Json j = std::get<Json>(d.cp().configReload(""));
+  EXPECT_EQ(j["changes"]["backends_draining"], Json::array({"b3"}));
+  EXPECT_EQ(d.state("b3"), "draining");
+  ASSERT_NE(d.backend("b3"), nullptr);  // its flows continue
+  // Its table entries are gone, its index stays for the tracked flows.
+  (void)d.cp().tick(now);
+  ASSERT_TRUE(d.cp().takeSnapshot(now));
+  const Json table = std::get<Json>(d.cp().tableShow("v"));
+  for (const Json& b : table["tables"][0]["backends"]) EXPECT_NE(b["backend"], "b3");
+  // The flows end: it is removed.
+  d.setFlows(0);
+  d.settleFlows(now);
+  EXPECT_EQ(d.backend("b3"), nullptr);
+}
+
+TEST(ControlIntent, RejectedReloadChangesNothing) {
+  TempDir dir;
+  std::int64_t wall = 1'700'000'000'000;
+  Daemon d(dir, configText(dir / "state"), &wall);
+  EXPECT_OK(d.cp().backendAdd(spec("b5", "10.0.0.15")));
+  EXPECT_OK(d.cp().backendDrain("b1"));
+  Millis now = 2000;
+  (void)d.cp().tick(now);
+  (void)d.cp().tick(now);  // the flow count asked by the first tick arrives
+  ASSERT_TRUE(d.cp().takeSnapshot(now));
+  const std::uint64_t generation = d.cp().generation();
+  const std::string backends = std::get<Json>(d.cp().backendList()).dump();
+  const std::string tables = std::get<Json>(d.cp().tableShow("")).dump();
+  const std::string dump = std::get<Json>(d.cp().configDump(true)).dump();
+  const IntentOverlay overlay = d.cp().intent().overlay();
+  auto unchanged = [&](const char* why) {
+    EXPECT_FALSE(d.cp().tick(now)) << why;
+    EXPECT_EQ(d.cp().generation(), generation) << why;
+    EXPECT_EQ(std::get<Json>(d.cp().backendList()).dump(), backends) << why;
+    EXPECT_EQ(std::get<Json>(d.cp().tableShow("")).dump(), tables) << why;
+    EXPECT_EQ(std::get<Json>(d.cp().configDump(true)).dump(), dump) << why;
+    EXPECT_EQ(d.cp().intent().overlay(), overlay) << why;
+  };
+  // 1. Does not parse.
+  d.rewrite("[dataplane\n");
+  ASSERT_TRUE(std::holds_alternative<ApiError>(d.cp().configReload("")));
+  unchanged("syntax error");
+  // 2. The VIP map cannot follow the new VIP set.
+  d.failVipSync(true);
+  d.rewrite(configText(dir / "state", kSecondVip, "100", false));
+  const ApiResult r = d.cp().configReload("");
+  ASSERT_TRUE(std::holds_alternative<ApiError>(r));
+  EXPECT_NE(std::get<ApiError>(r).message.find("VIP map"), std::string::npos);
+  unchanged("vip sync failed");
+  d.failVipSync(false);
+  // 3. The file takes the address of a backend the operator added.
+  d.rewrite(configText(dir / "state", R"(
+[[backend]]
+name = "other"
+address = "10.0.0.15"
+pool = "a"
+)"));
+  const ApiResult c = d.cp().configReload("");
+  ASSERT_TRUE(std::holds_alternative<ApiError>(c));
+  EXPECT_EQ(std::get<ApiError>(c).code, "conflict");
+  EXPECT_NE(std::get<ApiError>(c).message.find("b5"), std::string::npos);
+  unchanged("conflict with a runtime backend");
+  // 4. Not a regular file.
+  const ApiResult z = d.cp().configReload("/dev/zero");
+  ASSERT_TRUE(std::holds_alternative<ApiError>(z));
+  EXPECT_NE(std::get<ApiError>(z).message.find("not a regular file"), std::string::npos);
+  unchanged("/dev/zero");
+}
+
+TEST(ControlIntent, FileDefiningARuntimeBackendWins) {
+  TempDir dir;
+  std::int64_t wall = 1'700'000'000'000;
+  Daemon d(dir, configText(dir / "state"), &wall);
+  EXPECT_OK(d.cp().backendAdd(spec("b5", "10.0.0.15", 70)));
+  EXPECT_OK(d.cp().backendDrain("b5"));
+  d.rewrite(configText(dir / "state", R"(
+[[backend]]
+name = "b5"
+address = "10.0.0.15"
+pool = "a"
+weight = 90
+)"));
+  const Json j = std::get<Json>(d.cp().configReload(""));
+  EXPECT_EQ(j["changes"]["overrides_dropped"].size(), 1u);
+  EXPECT_EQ(d.backend("b5")->weight, 90u);
+  EXPECT_EQ(d.state("b5"), "draining");  // the drain stays
+  const BackendOverride* o = d.cp().intent().overlay().find("b5");
+  ASSERT_NE(o, nullptr);
+  EXPECT_FALSE(o->added);
+  EXPECT_EQ(o->admin, AdminState::Draining);
+}
+
+TEST(ControlIntent, ClearOverrides) {
+  TempDir dir;
+  std::int64_t wall = 1'700'000'000'000;
+  const std::string text = configText(dir / "state");
+  Daemon d(dir, text, &wall);
+  EXPECT_OK(d.cp().backendDrain("b1"));
+  EXPECT_OK(d.cp().backendWeight("b2", 300, false));
+  EXPECT_OK(d.cp().backendAdd(spec("b5", "10.0.0.15")));
+  EXPECT_OK(d.cp().backendRemove("b4"));
+  ASSERT_TRUE(std::holds_alternative<ApiError>(d.cp().configClearOverrides("b3")));
+
+  EXPECT_OK(d.cp().configClearOverrides("b1"));
+  EXPECT_EQ(d.state("b1"), "active");
+  EXPECT_EQ(d.backend("b2")->weight, 300u);
+
+  const Json j = std::get<Json>(d.cp().configClearOverrides(""));
+  EXPECT_EQ(j["changes"]["backends_draining"], Json::array({"b5"}));  // not in the file
+  EXPECT_EQ(d.backend("b2")->weight, 100u);
+  EXPECT_EQ(d.state("b4"), "active");  // the removal is cancelled
+  EXPECT_TRUE(d.cp().intent().overlay().empty());
+  EXPECT_EQ(d.cp().intent().lastSeq(), 6u);  // both clears are journaled
+
+  // After a restart nothing comes back.
+  wall += 1000;
+  Daemon again(dir, text, &wall);
+  EXPECT_EQ(again.state("b1"), "active");
+  EXPECT_EQ(again.backend("b2")->weight, 100u);
+  EXPECT_EQ(again.backend("b5"), nullptr);
+  EXPECT_NE(again.backend("b4"), nullptr);
+}
+
+TEST(ControlIntent, DamagedJournalIsReportedAtStart) {
+  TempDir dir;
+  std::int64_t wall = 1'700'000'000'000;
+  const std::string text = configText(dir / "state");
+  {
+    Daemon d(dir, text, &wall);
+    EXPECT_OK(d.cp().backendDrain("b1"));
+    EXPECT_OK(d.cp().backendDisable("b2"));
+  }
+  const std::string path = dir / "state/intent.journal";
+  ASSERT_EQ(::truncate(path.c_str(), static_cast<off_t>(readAll(path).size() - 3)), 0);
+  Daemon d(dir, text, &wall);
+  EXPECT_EQ(d.state("b1"), "draining");
+  EXPECT_EQ(d.state("b2"), "active");
+  bool reported = false;
+  for (const std::string& line : d.cp().startupReport()) {
+    reported = reported || line.find("torn_tail") != std::string::npos;
+  }
+  EXPECT_TRUE(reported);
+  const Json events = std::get<Json>(d.cp().events(0, 1000));
+  bool event = false;
+  for (const Json& e : events["events"]) {
+    event = event || (e["kind"] == "intent" &&
+                      e["cause"].get<std::string>().find("torn_tail") != std::string::npos);
+  }
+  EXPECT_TRUE(event);
+}
+
+TEST(ConfigFile, OnlyABoundedRegularFileIsRead) {
+  TempDir dir;
+  const std::string fifo = dir / "fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  for (const std::string& path : {fifo, std::string("/dev/zero"), dir.path()}) {
+    const ConfigResult r = loadConfig(path);  // returns at once, no writer needed
+    ASSERT_FALSE(r.ok()) << path;
+    EXPECT_NE(formatErrors(r.errors()).find("not a regular file"), std::string::npos)
+        << formatErrors(r.errors());
+  }
+  const std::string big = dir / "big.toml";
+  writeAll(big, std::string(kMaxConfigBytes + 1, '#'));
+  const ConfigResult r = loadConfig(big);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(formatErrors(r.errors()).find("more than"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace spillway
