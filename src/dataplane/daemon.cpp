@@ -19,6 +19,7 @@
 #include "ports.hpp"
 #include "spillway/rcu.hpp"
 #include "spillway/snapshot.hpp"
+#include "stale_redirect.hpp"
 #include "worker.hpp"
 #include "xdp_vip_map.hpp"
 
@@ -210,6 +211,11 @@ int runDaemon(const Config& configIn, const DaemonOptions& options) {
         devargs += ",xdp_prog=" + prog;
       }
       xdpInterface = interfaceOf(devargs);
+      // A program a killed spillwayd left attached would make the PMD fail.
+      if (auto busy = takeOverStaleRedirect(xdpInterface, log)) {
+        std::fprintf(stderr, "spillwayd: port %s: %s\n", p.name.c_str(), busy->c_str());
+        return 1;
+      }
     }
     afXdpInterfaces.push_back(xdpInterface);
     specs.push_back(PortSpec{p.name, devargs, p.mtu, p.exception == ExceptionMode::Tap,
