@@ -25,7 +25,8 @@
 // must be that backend's address (a mismatch is counted and reported).
 //
 // Thread contract: one lcore (the main one) sends and receives; nothing else
-// runs. Results go to stdout as one JSON object (--json) or text.
+// runs. Results go to stdout as one JSON object (--json, nlohmann-json) or
+// text. Arguments after the EAL's "--" through CLI11; usage errors exit 2.
 #include <rte_cycles.h>
 #include <rte_eal.h>
 #include <rte_errno.h>
@@ -37,6 +38,7 @@
 #include <array>
 #include <atomic>
 #include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <csignal>
 #include <cstdint>
@@ -47,6 +49,9 @@
 #include <optional>
 #include <string>
 #include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include "control/config.hpp"
 #include "control/control_plane.hpp"
@@ -94,38 +99,8 @@ struct Options {
 };
 
 [[noreturn]] void usage(const std::string& error) {
-  std::fprintf(stderr,
-               "spillway-pktgen: %s\n"
-               "usage: spillway-pktgen [EAL options] -- [--config FILE] [--vip A.B.C.D:PORT]\n"
-               "         [--flows N (1..10000000)] [--syn-share F (0..1)] [--size B (64..1514)]\n"
-               "         [--verify maglev|none] [--sample-every N] [--warm] [--warm-passes 1|2]\n"
-               "         [--duration S] [--warmup S] [--latency-duration S (0: none)]\n"
-               "         [--latency-share F] [--link-timeout S] [--json]\n",
-               error.c_str());
+  std::fprintf(stderr, "spillway-pktgen: %s (see -- --help)\n", error.c_str());
   std::exit(2);
-}
-
-double parseDouble(const std::string& name, const char* text, double lo, double hi) {
-  char* end = nullptr;
-  errno = 0;
-  const double v = std::strtod(text, &end);
-  if (errno != 0 || end == text || *end != '\0' || !(v >= lo && v <= hi)) {
-    usage(name + " = \"" + text + "\": expected a number in [" + std::to_string(lo) + ", " +
-          std::to_string(hi) + "]");
-  }
-  return v;
-}
-
-std::uint64_t parseInt(const std::string& name, const char* text, std::uint64_t lo,
-                       std::uint64_t hi) {
-  char* end = nullptr;
-  errno = 0;
-  const unsigned long long v = std::strtoull(text, &end, 10);
-  if (errno != 0 || end == text || *end != '\0' || text[0] == '-' || v < lo || v > hi) {
-    usage(name + " = \"" + text + "\": expected an integer in [" + std::to_string(lo) + ", " +
-          std::to_string(hi) + "]");
-  }
-  return v;
 }
 
 std::optional<std::uint32_t> parseIpv4(const std::string& s) {
@@ -138,56 +113,69 @@ std::optional<std::uint32_t> parseIpv4(const std::string& s) {
   return (a << 24) | (b << 16) | (c << 8) | d;
 }
 
+// The generator's options, after the EAL's "--". Usage errors exit 2.
 Options parseOptions(int argc, char** argv) {
   Options o;
-  for (int i = 0; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> const char* {
-      if (i + 1 >= argc) usage(a + " needs a value");
-      return argv[++i];
-    };
-    if (a == "--flows") {
-      o.flows = parseInt(a, value(), 1, 10'000'000);
-    } else if (a == "--syn-share") {
-      o.synShare = parseDouble(a, value(), 0.0, 1.0);
-    } else if (a == "--size") {
-      o.size = parseInt(a, value(), kMinFrame, kMaxFrame);
-    } else if (a == "--config") {
-      o.configPath = value();
-    } else if (a == "--verify") {
-      o.verify = value();
-      if (o.verify != "maglev" && o.verify != "none") usage("--verify: maglev or none");
-    } else if (a == "--sample-every") {
-      o.sampleEvery = static_cast<unsigned>(parseInt(a, value(), 1, 1'000'000));
-    } else if (a == "--warm") {
-      o.warm = true;
-    } else if (a == "--warm-passes") {
-      o.warmPasses = static_cast<unsigned>(parseInt(a, value(), 1, 2));
-    } else if (a == "--duration") {
-      o.duration = parseDouble(a, value(), 0.1, 3600);
-    } else if (a == "--warmup") {
-      o.warmupSeconds = parseDouble(a, value(), 0.0, 3600);
-    } else if (a == "--latency-duration") {
-      o.latencyDuration = parseDouble(a, value(), 0.0, 3600);
-    } else if (a == "--latency-share") {
-      o.latencyShare = parseDouble(a, value(), 0.01, 1.0);
-    } else if (a == "--link-timeout") {
-      o.linkTimeout = parseDouble(a, value(), 0.1, 3600);
-    } else if (a == "--json") {
-      o.json = true;
-    } else if (a == "--vip") {
-      const std::string v = value();
-      const auto colon = v.rfind(':');
-      if (colon == std::string::npos) usage("--vip = \"" + v + "\": expected A.B.C.D:PORT");
-      o.vipAddress = parseIpv4(v.substr(0, colon));
-      if (!o.vipAddress) usage("--vip = \"" + v + "\": not an IPv4 address");
-      o.vipPort = static_cast<std::uint16_t>(
-          parseInt("--vip port", v.substr(colon + 1).c_str(), 1, 65535));
-    } else if (a == "--help" || a == "-h") {
-      usage("help");
-    } else {
-      usage("unknown option \"" + a + "\"");
+  std::string vip;
+  CLI::App app("spillway-pktgen: TCP traffic to a VIP through one DPDK port; "
+               "EAL options first, then --, then these",
+               "spillway-pktgen [EAL options] --");
+  app.add_option("--config", o.configPath, "spillwayd's configuration (VIP, Maglev tables)");
+  app.add_option("--vip", vip, "A.B.C.D:PORT to send to (default: the first IPv4 TCP VIP)");
+  app.add_option("--flows", o.flows, "established flows, cycled")
+      ->capture_default_str()
+      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{10'000'000}));
+  app.add_option("--syn-share", o.synShare, "share of SYNs opening new flows")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--size", o.size, "frame size in bytes")
+      ->capture_default_str()
+      ->check(CLI::Range(kMinFrame, kMaxFrame));
+  app.add_option("--verify", o.verify, "check returned frames against the Maglev table")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"maglev", "none"}));
+  app.add_option("--sample-every", o.sampleEvery, "decode every N-th returned frame")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 1'000'000u));
+  app.add_flag("--warm", o.warm, "establish the flows losslessly first");
+  app.add_option("--warm-passes", o.warmPasses, "1: SYNs only; 2: SYN then ACK")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 2u));
+  app.add_option("--duration", o.duration, "throughput window, seconds")
+      ->capture_default_str()
+      ->check(CLI::Range(0.1, 3600.0));
+  app.add_option("--warmup", o.warmupSeconds, "seconds before the window")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 3600.0));
+  app.add_option("--latency-duration", o.latencyDuration, "latency phase, seconds (0: none)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 3600.0));
+  app.add_option("--latency-share", o.latencyShare, "latency rate as a share of the measured")
+      ->capture_default_str()
+      ->check(CLI::Range(0.01, 1.0));
+  app.add_option("--link-timeout", o.linkTimeout, "seconds to wait for the link")
+      ->capture_default_str()
+      ->check(CLI::Range(0.1, 3600.0));
+  app.add_flag("--json", o.json, "results as one JSON object");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& help) {
+    std::exit(app.exit(help));
+  } catch (const CLI::ParseError& error) {
+    usage(error.what());
+  }
+  if (!vip.empty()) {
+    const auto colon = vip.rfind(':');
+    if (colon == std::string::npos) usage("--vip = \"" + vip + "\": expected A.B.C.D:PORT");
+    o.vipAddress = parseIpv4(vip.substr(0, colon));
+    if (!o.vipAddress) usage("--vip = \"" + vip + "\": not an IPv4 address");
+    const std::string port = vip.substr(colon + 1);
+    unsigned value = 0;
+    const auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), value);
+    if (ec != std::errc() || end != port.data() + port.size() || value == 0 || value > 65535) {
+      usage("--vip = \"" + vip + "\": port not in [1, 65535]");
     }
+    o.vipPort = static_cast<std::uint16_t>(value);
   }
   if (o.verify == "maglev" && o.configPath.empty()) {
     usage("--verify maglev needs --config (the configuration spillwayd runs)");
@@ -611,23 +599,28 @@ int runTraffic(void* arg) {
       const double p50 = gen.histogram().percentileUs(0.50);
       const double p99 = gen.histogram().percentileUs(0.99);
       if (o.json) {
-        std::printf(
-            "{\"flows\":%llu,\"syn_share\":%.4f,\"size\":%zu,\"mpps\":%.4f,\"offered_mpps\":%.4f,"
-            "\"window_s\":%.3f,\"p50_us\":%.3f,\"p99_us\":%.3f,\"latency_rate_mpps\":%.4f,"
-            "\"latency_samples\":%llu,\"tx\":%llu,\"rx\":%llu,\"tx_stalls\":%llu,"
-            "\"warm_tx\":%llu,\"encapsulated\":%llu,\"sampled\":%llu,\"matched\":%llu,"
-            "\"mismatched\":%llu,\"undecodable\":%llu,\"unknown_flow\":%llu}\n",
-            static_cast<unsigned long long>(o.flows), o.synShare, o.size, rate / 1e6, txRate / 1e6,
-            gen.windowSeconds_, p50, p99, o.latencyDuration > 0 ? rate * o.latencyShare / 1e6 : 0.0,
-            static_cast<unsigned long long>(gen.histogram().count),
-            static_cast<unsigned long long>(c.tx), static_cast<unsigned long long>(c.rx),
-            static_cast<unsigned long long>(c.txRefused),
-            static_cast<unsigned long long>(warmCounters.tx),
-            static_cast<unsigned long long>(c.encapsulated),
-            static_cast<unsigned long long>(c.sampled), static_cast<unsigned long long>(c.matched),
-            static_cast<unsigned long long>(c.mismatched),
-            static_cast<unsigned long long>(c.undecodable),
-            static_cast<unsigned long long>(c.unknownFlow));
+        const nlohmann::ordered_json out = {
+            {"flows", o.flows},
+            {"syn_share", o.synShare},
+            {"size", o.size},
+            {"mpps", rate / 1e6},
+            {"offered_mpps", txRate / 1e6},
+            {"window_s", gen.windowSeconds_},
+            {"p50_us", p50},
+            {"p99_us", p99},
+            {"latency_rate_mpps", o.latencyDuration > 0 ? rate * o.latencyShare / 1e6 : 0.0},
+            {"latency_samples", gen.histogram().count},
+            {"tx", c.tx},
+            {"rx", c.rx},
+            {"tx_stalls", c.txRefused},
+            {"warm_tx", warmCounters.tx},
+            {"encapsulated", c.encapsulated},
+            {"sampled", c.sampled},
+            {"matched", c.matched},
+            {"mismatched", c.mismatched},
+            {"undecodable", c.undecodable},
+            {"unknown_flow", c.unknownFlow}};
+        std::printf("%s\n", out.dump().c_str());
       } else {
         std::printf(
             "returned %.3f Mpps (offered %.3f Mpps) over %.2f s; latency at %.3f Mpps: p50 %.2f us, "
@@ -661,7 +654,8 @@ int runGenerator(int argc, char** argv) {
     }
   }
   if (split < 0) usage("no \"--\": EAL options, then --, then generator options");
-  const Options o = parseOptions(argc - split - 1, argv + split + 1);
+  // CLI11 takes argv[0] as the program name: the "--" stands in for it.
+  const Options o = parseOptions(argc - split, argv + split);
 
   std::optional<Config> config;
   std::optional<Predictor> predictor;
