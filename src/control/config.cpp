@@ -15,6 +15,8 @@
 #include <sstream>
 #include <utility>
 
+#include "spillway/errno_text.hpp"
+
 namespace spillway {
 
 std::optional<IpAddress> parseIpAddress(std::string_view text) {
@@ -1446,7 +1448,7 @@ ConfigResult loadConfig(const std::string& path) noexcept {
     if (!in) {
       const int err = errno;
       return ConfigResult(std::vector<ConfigError>{
-          ConfigError{path, 0, 0, "", "", "cannot open: "s + std::strerror(err)}});
+          ConfigError{path, 0, 0, "", "", "cannot open: " + errnoText(err)}});
     }
     std::ostringstream text;
     text << in.rdbuf();

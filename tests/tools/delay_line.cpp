@@ -78,6 +78,10 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "spillway/errno_text.hpp"
+
 namespace spillway {
 namespace {
 
@@ -98,10 +102,6 @@ constexpr int kReadBatch = 64;
 constexpr int kReplyTimeoutMs = 2000;
 constexpr std::size_t kMaxDatagramBytes = 4096;
 constexpr std::uint16_t kVlanTpid = 0x8100;
-
-std::string errnoText(int error) {
-  return std::generic_category().message(error);
-}
 
 std::int64_t monotonicNs() {
   timespec now{};
@@ -453,29 +453,21 @@ class DelayLine {
 std::string DelayLine::showJson() const {
   const DirectionCounters& ab = ab_->counters();
   const DirectionCounters& ba = ba_->counters();
-  std::string json = "{";
-  const auto field = [&json](std::string_view key, const std::string& value) {
-    if (json.size() > 1) json += ",";
-    json += "\"";
-    json += key;
-    json += "\":";
-    json += value;
-  };
-  field("delay_ms", formatNumber(settings_.delayMs));
-  field("jitter_ms", formatNumber(settings_.jitterMs));
-  field("loss", formatNumber(settings_.loss));
-  field("forwarded_ab", std::to_string(ab.forwarded));
-  field("forwarded_ba", std::to_string(ba.forwarded));
-  field("lost_ab", std::to_string(ab.lost));
-  field("lost_ba", std::to_string(ba.lost));
-  field("queue_drops", std::to_string(ab.queueDrops + ba.queueDrops));
-  field("send_errors", std::to_string(ab.sendErrors + ba.sendErrors));
-  field("queued_ab", std::to_string(ab_->queued()));
-  field("queued_ba", std::to_string(ba_->queued()));
-  field("oversize_drops", std::to_string(ab.oversizeDrops + ba.oversizeDrops));
-  field("rx_drops", std::to_string(rxDrops_));
-  json += "}";
-  return json;
+  const nlohmann::ordered_json json = {
+      {"delay_ms", settings_.delayMs},
+      {"jitter_ms", settings_.jitterMs},
+      {"loss", settings_.loss},
+      {"forwarded_ab", ab.forwarded},
+      {"forwarded_ba", ba.forwarded},
+      {"lost_ab", ab.lost},
+      {"lost_ba", ba.lost},
+      {"queue_drops", ab.queueDrops + ba.queueDrops},
+      {"send_errors", ab.sendErrors + ba.sendErrors},
+      {"queued_ab", ab_->queued()},
+      {"queued_ba", ba_->queued()},
+      {"oversize_drops", ab.oversizeDrops + ba.oversizeDrops},
+      {"rx_drops", rxDrops_}};
+  return json.dump();
 }
 
 // Reads up to a batch of frames, restoring an 802.1Q tag the kernel moved

@@ -19,6 +19,9 @@
 // /var/run/dpdk/<prefix> (their locks died with it), and the CLI socket's
 // stale file is removed by CliServer after a refused connect.
 //
+// Liveness is judged from this PID namespace's /proc: run spillwayd where it
+// sees every process that could own the interface (the host's, or the
+// container's that owns the network namespace).
 // Start-up code, single-threaded, no DPDK. nullopt: the interface is free
 // for the PMD; otherwise the reason it is not, one line.
 #pragma once
