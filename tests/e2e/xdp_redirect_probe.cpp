@@ -24,6 +24,7 @@
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
 
+#include <CLI/CLI.hpp>
 #include <cerrno>
 #include <cstdarg>
 #include <cstdint>
@@ -31,12 +32,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 
 #include "stale_redirect.hpp"
 #include "xdp_attach.hpp"
@@ -152,8 +151,7 @@ int attach(const Options& options) {
     bpf_object__close(object);
     return fail(path + " lacks a program or the xsks_map the PMD needs");
   }
-  const bool attached =
-      attachXdp(*where, bpf_program__fd(program), XdpMode::Auto, nullptr, error);
+  const bool attached = attachXdp(*where, bpf_program__fd(program), XdpMode::Auto, nullptr, error);
   // The attachment holds the program and its maps after the object closes.
   bpf_object__close(object);
   if (!attached) return fail(error);
@@ -173,9 +171,8 @@ int detach(const Options& options) {
 }
 
 int takeover(const Options& options) {
-  if (auto busy = takeOverStaleRedirect(options.device, [](const std::string& line) {
-        std::cout << line << '\n';
-      })) {
+  if (auto busy = takeOverStaleRedirect(
+          options.device, [](const std::string& line) { std::cout << line << '\n'; })) {
     return fail(*busy);
   }
   std::cout << options.device << " is free for the AF_XDP PMD\n";
@@ -219,16 +216,15 @@ int run(const Options& options) {
   if (options.command == "counters") {
     const auto counters = map->counters(error);
     if (!counters) return fail(error);
-    const nlohmann::ordered_json out = {
-        {"prog_id", map->programId()},
-        {"redirected", counters->redirected},
-        {"passed", counters->passed()},
-        {"passed_no_socket", counters->passedNoSocket},
-        {"passed_not_vip", counters->passedNotVip},
-        {"passed_non_ip", counters->passedNonIp},
-        {"passed_malformed", counters->passedMalformed},
-        {"redirected_bytes", counters->redirectedBytes},
-        {"passed_bytes", counters->passedBytes}};
+    const nlohmann::ordered_json out = {{"prog_id", map->programId()},
+                                        {"redirected", counters->redirected},
+                                        {"passed", counters->passed()},
+                                        {"passed_no_socket", counters->passedNoSocket},
+                                        {"passed_not_vip", counters->passedNotVip},
+                                        {"passed_non_ip", counters->passedNonIp},
+                                        {"passed_malformed", counters->passedMalformed},
+                                        {"redirected_bytes", counters->redirectedBytes},
+                                        {"passed_bytes", counters->passedBytes}};
     std::cout << out.dump() << '\n';
     return 0;
   }

@@ -68,6 +68,7 @@
 #include <deque>
 #include <filesystem>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
 #include <span>
@@ -77,8 +78,6 @@
 #include <system_error>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "spillway/errno_text.hpp"
 
@@ -453,20 +452,19 @@ class DelayLine {
 std::string DelayLine::showJson() const {
   const DirectionCounters& ab = ab_->counters();
   const DirectionCounters& ba = ba_->counters();
-  const nlohmann::ordered_json json = {
-      {"delay_ms", settings_.delayMs},
-      {"jitter_ms", settings_.jitterMs},
-      {"loss", settings_.loss},
-      {"forwarded_ab", ab.forwarded},
-      {"forwarded_ba", ba.forwarded},
-      {"lost_ab", ab.lost},
-      {"lost_ba", ba.lost},
-      {"queue_drops", ab.queueDrops + ba.queueDrops},
-      {"send_errors", ab.sendErrors + ba.sendErrors},
-      {"queued_ab", ab_->queued()},
-      {"queued_ba", ba_->queued()},
-      {"oversize_drops", ab.oversizeDrops + ba.oversizeDrops},
-      {"rx_drops", rxDrops_}};
+  const nlohmann::ordered_json json = {{"delay_ms", settings_.delayMs},
+                                       {"jitter_ms", settings_.jitterMs},
+                                       {"loss", settings_.loss},
+                                       {"forwarded_ab", ab.forwarded},
+                                       {"forwarded_ba", ba.forwarded},
+                                       {"lost_ab", ab.lost},
+                                       {"lost_ba", ba.lost},
+                                       {"queue_drops", ab.queueDrops + ba.queueDrops},
+                                       {"send_errors", ab.sendErrors + ba.sendErrors},
+                                       {"queued_ab", ab_->queued()},
+                                       {"queued_ba", ba_->queued()},
+                                       {"oversize_drops", ab.oversizeDrops + ba.oversizeDrops},
+                                       {"rx_drops", rxDrops_}};
   return json.dump();
 }
 

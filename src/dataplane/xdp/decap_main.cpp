@@ -34,6 +34,7 @@
 #include <sys/statfs.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <array>
 #include <cerrno>
 #include <cstdarg>
@@ -44,6 +45,7 @@
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
@@ -51,9 +53,6 @@
 #include <string_view>
 #include <utility>
 #include <vector>
-
-#include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 
 #include "spillway/errno_text.hpp"
 #include "spillway_decap_abi.h"
@@ -393,10 +392,9 @@ int attach(const Options& options) {
   bpf_prog_info info{};
   std::uint32_t length = sizeof(info);
   bpf_obj_get_info_by_fd(progFd, &info, &length);
-  std::cout << "spillway-decap: attached to " << options.device << " ("
-            << xdpModeName(options.mode) << ", prog id " << info.id
-            << (sameMode != nullptr ? ", replaced an earlier one" : "") << "), GUE port "
-            << options.guePort << ", addresses:";
+  std::cout << "spillway-decap: attached to " << options.device << " (" << xdpModeName(options.mode)
+            << ", prog id " << info.id << (sameMode != nullptr ? ", replaced an earlier one" : "")
+            << "), GUE port " << options.guePort << ", addresses:";
   for (const auto& key : keys) std::cout << ' ' << formatAddress(key);
   std::cout << '\n';
   return 0;
@@ -503,15 +501,14 @@ int stats(const Options& options) {
   if (options.json) {
     nlohmann::ordered_json counters = nlohmann::ordered_json::object();
     for (std::uint32_t index = 0; index < kDecapCounterCount; ++index) {
-      counters[std::string(kCounterNames[index])] = {
-          {"packets", snapshot.counters[index].packets},
-          {"bytes", snapshot.counters[index].bytes}};
+      counters[std::string(kCounterNames[index])] = {{"packets", snapshot.counters[index].packets},
+                                                     {"bytes", snapshot.counters[index].bytes}};
     }
     const nlohmann::ordered_json out = {
-        {"device", options.device},         {"prog_id", snapshot.progId},
-        {"mode", snapshot.mode},            {"gue_port", snapshot.guePort},
-        {"addresses", snapshot.addresses},  {"counters", counters},
-        {"decapsulated", decapsulated},     {"passed", passed}};
+        {"device", options.device},        {"prog_id", snapshot.progId},
+        {"mode", snapshot.mode},           {"gue_port", snapshot.guePort},
+        {"addresses", snapshot.addresses}, {"counters", counters},
+        {"decapsulated", decapsulated},    {"passed", passed}};
     std::cout << out.dump() << '\n';
     return 0;
   }

@@ -13,7 +13,7 @@ bool isSpillwayRedirect(const XdpProgram& program) {
 }
 
 std::string removalHint(const std::string& ifname, const XdpProgram& program) {
-  const char* off = program.mode == XdpMode::Generic  ? "xdpgeneric off"
+  const char* off = program.mode == XdpMode::Generic   ? "xdpgeneric off"
                     : program.mode == XdpMode::Offload ? "xdpoffload off"
                                                        : "xdpdrv off";
   std::string hint = "remove it with `ip link set dev " + ifname + " " + off + "`";
@@ -44,8 +44,8 @@ std::optional<std::string> takeOverStaleRedirect(
     if (!holders.empty()) {
       std::string who;
       for (const BpfHolder& holder : holders) {
-        who += (who.empty() ? "" : ", ") + std::string("pid ") + std::to_string(holder.pid) +
-               " (" + holder.command + ")";
+        who += (who.empty() ? "" : ", ") + std::string("pid ") + std::to_string(holder.pid) + " (" +
+               holder.command + ")";
       }
       return ifname + " runs Spillway's AF_XDP redirect program " + program.describe() +
              " for a live process: " + who +

@@ -206,8 +206,9 @@ bool attachXdp(const XdpAttachment& where, int progFd, XdpMode mode, const XdpPr
     if (err == -EOPNOTSUPP || (err == -EINVAL && mode == XdpMode::Native)) {
       hint = " (does the driver of " + where.ifname + " support native XDP? try generic mode)";
     } else if (err == -EBUSY || err == -EEXIST) {
-      hint = " (another XDP program is attached; it was attached meanwhile or runs in the other "
-             "mode)";
+      hint =
+          " (another XDP program is attached; it was attached meanwhile or runs in the other "
+          "mode)";
     } else if (err == -ERANGE) {
       hint = " (MTU too large for native XDP on this device)";
     }
@@ -257,7 +258,8 @@ std::vector<BpfHolder> processesHolding(const XdpProgram& program) {
       const bool isMap = target == "anon_inode:bpf-map";
       if (linkEc || (!isProg && !isMap)) continue;
       std::ifstream in(process.path() / "fdinfo" / fd.path().filename());
-      const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      const std::string text((std::istreambuf_iterator<char>(in)),
+                             std::istreambuf_iterator<char>());
       const auto id = fdinfoField(text, isProg ? "prog_id:" : "map_id:");
       if (!id) continue;
       holds = isProg ? *id == program.id

@@ -34,6 +34,7 @@
 #include <rte_lcore.h>
 #include <rte_mbuf.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -46,12 +47,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 
 #include "control/config.hpp"
 #include "control/control_plane.hpp"
@@ -63,13 +62,15 @@ namespace spillway {
 namespace {
 
 std::atomic<bool> gStop{false};
-void onSignal(int) { gStop.store(true); }
+void onSignal(int) {
+  gStop.store(true);
+}
 
 constexpr std::uint16_t kBurst = 32;
 constexpr std::uint16_t kPacedBurst = 4;
 constexpr unsigned kTxMbufs = 8191;
 constexpr unsigned kRxMbufs = 8191;
-constexpr std::size_t kMinFrame = 64;   // Ethernet + IPv4 + TCP + 10 bytes (TSC)
+constexpr std::size_t kMinFrame = 64;  // Ethernet + IPv4 + TCP + 10 bytes (TSC)
 constexpr std::size_t kMaxFrame = 1514;
 constexpr std::size_t kHeaders = 14 + 20 + 20;
 constexpr std::uint32_t kFlowsPerSource = 50000;
@@ -106,8 +107,8 @@ struct Options {
 std::optional<std::uint32_t> parseIpv4(const std::string& s) {
   unsigned a, b, c, d;
   char tail;
-  if (std::sscanf(s.c_str(), "%u.%u.%u.%u%c", &a, &b, &c, &d, &tail) != 4 || a > 255 ||
-      b > 255 || c > 255 || d > 255) {
+  if (std::sscanf(s.c_str(), "%u.%u.%u.%u%c", &a, &b, &c, &d, &tail) != 4 || a > 255 || b > 255 ||
+      c > 255 || d > 255) {
     return std::nullopt;
   }
   return (a << 24) | (b << 16) | (c << 8) | d;
@@ -117,9 +118,10 @@ std::optional<std::uint32_t> parseIpv4(const std::string& s) {
 Options parseOptions(int argc, char** argv) {
   Options o;
   std::string vip;
-  CLI::App app("spillway-pktgen: TCP traffic to a VIP through one DPDK port; "
-               "EAL options first, then --, then these",
-               "spillway-pktgen [EAL options] --");
+  CLI::App app(
+      "spillway-pktgen: TCP traffic to a VIP through one DPDK port; "
+      "EAL options first, then --, then these",
+      "spillway-pktgen [EAL options] --");
   app.add_option("--config", o.configPath, "spillwayd's configuration (VIP, Maglev tables)");
   app.add_option("--vip", vip, "A.B.C.D:PORT to send to (default: the first IPv4 TCP VIP)");
   app.add_option("--flows", o.flows, "established flows, cycled")
@@ -378,7 +380,8 @@ class Generator {
         predictor_(predictor),
         hz_(rte_get_tsc_hz()),
         synEvery_(o.synShare <= 0 ? 0
-                                  : static_cast<std::uint64_t>(std::llround(1024.0 * o.synShare))) {}
+                                  : static_cast<std::uint64_t>(std::llround(1024.0 * o.synShare))) {
+  }
 
   // Every buffer of the TX pool gets the whole frame once; later frames only
   // rewrite headers and the timestamp.
@@ -398,8 +401,8 @@ class Generator {
       std::uint64_t next = 0;
       std::array<rte_mbuf*, kBurst> m;
       while (next < o_.flows && !gStop.load()) {
-        const std::uint16_t n = static_cast<std::uint16_t>(
-            std::min<std::uint64_t>(kBurst, o_.flows - next));
+        const std::uint16_t n =
+            static_cast<std::uint16_t>(std::min<std::uint64_t>(kBurst, o_.flows - next));
         if (rte_pktmbuf_alloc_bulk(txPool_, m.data(), n) != 0) {
           drainRx(false);
           continue;
@@ -408,13 +411,14 @@ class Generator {
         for (std::uint16_t i = 0; i < n; ++i) {
           m[i]->data_len = static_cast<std::uint16_t>(kMinFrame);
           m[i]->pkt_len = static_cast<std::uint32_t>(kMinFrame);
-          warmWriter_.write(rte_pktmbuf_mtod(m[i], std::uint8_t*), establishedFlow(next + i),
-                            flags, tsc);
+          warmWriter_.write(rte_pktmbuf_mtod(m[i], std::uint8_t*), establishedFlow(next + i), flags,
+                            tsc);
         }
         std::uint16_t sent = 0;
         while (sent < n && !gStop.load()) {
           sent = static_cast<std::uint16_t>(
-              sent + rte_eth_tx_burst(port_, 0, m.data() + sent, static_cast<std::uint16_t>(n - sent)));
+              sent +
+              rte_eth_tx_burst(port_, 0, m.data() + sent, static_cast<std::uint16_t>(n - sent)));
           drainRx(false);
         }
         if (sent < n) rte_pktmbuf_free_bulk(m.data() + sent, n - sent);
@@ -475,7 +479,8 @@ class Generator {
   // sets the pace, and no frame is built twice); new ones are built only when
   // none wait, and when paced, only at their time.
   void run(double seconds, double pps, bool recordLatency) {
-    const std::uint64_t end = rte_rdtsc() + static_cast<std::uint64_t>(seconds * static_cast<double>(hz_));
+    const std::uint64_t end =
+        rte_rdtsc() + static_cast<std::uint64_t>(seconds * static_cast<double>(hz_));
     const std::uint16_t burst = pps > 0 ? kPacedBurst : kBurst;
     const double tscPerBurst = pps > 0 ? static_cast<double>(hz_) * burst / pps : 0;
     double nextSend = static_cast<double>(rte_rdtsc());
@@ -515,8 +520,8 @@ class Generator {
     for (std::uint16_t i = 0; i < n; ++i) {
       const auto* p = rte_pktmbuf_mtod(m[i], const std::uint8_t*);
       const std::uint16_t len = m[i]->data_len;
-      const bool encapsulated = len >= 14 + 20 + kHeaders - 14 && p[12] == 0x08 &&
-                                p[13] == 0x00 && p[14 + 9] == 4;
+      const bool encapsulated =
+          len >= 14 + 20 + kHeaders - 14 && p[12] == 0x08 && p[13] == 0x00 && p[14 + 9] == 4;
       c_.encapsulated += encapsulated;
       if (recordLatency && len >= 8) {
         std::uint64_t sent;
@@ -545,9 +550,10 @@ class Generator {
     }
     const std::uint32_t src = get32(inner + 12), dst = get32(inner + 16);
     const std::uint16_t srcPort = get16(inner + 20), dstPort = get16(inner + 22);
-    const bool ours = (src >= kEstablishedBase &&
-                       src < kEstablishedBase + (o_.flows + kFlowsPerSource - 1) / kFlowsPerSource) ||
-                      (src >> 23) == (kSynBase >> 23);
+    const bool ours =
+        (src >= kEstablishedBase &&
+         src < kEstablishedBase + (o_.flows + kFlowsPerSource - 1) / kFlowsPerSource) ||
+        (src >> 23) == (kSynBase >> 23);
     if (!ours || srcPort < kFirstPort) {
       ++c_.unknownFlow;
       return;
@@ -588,56 +594,56 @@ int runTraffic(void* arg) {
   const Options& o = ctx.o;
   int rc = 0;
   {
-      Generator gen(o, ctx.port, ctx.txPool, ctx.dst, ctx.dstPort, ctx.predictor);
-      gen.prefill();
-      if (o.warm) gen.warm();
-      const Counters warmCounters = gen.counters();
-      const double rate = gen.throughput(o.warmupSeconds, o.duration);
-      const double txRate = static_cast<double>(gen.windowTx_) / gen.windowSeconds_;
-      if (o.latencyDuration > 0 && rate > 0) gen.latency(o.latencyDuration, rate * o.latencyShare);
-      const Counters& c = gen.counters();
-      const double p50 = gen.histogram().percentileUs(0.50);
-      const double p99 = gen.histogram().percentileUs(0.99);
-      if (o.json) {
-        const nlohmann::ordered_json out = {
-            {"flows", o.flows},
-            {"syn_share", o.synShare},
-            {"size", o.size},
-            {"mpps", rate / 1e6},
-            {"offered_mpps", txRate / 1e6},
-            {"window_s", gen.windowSeconds_},
-            {"p50_us", p50},
-            {"p99_us", p99},
-            {"latency_rate_mpps", o.latencyDuration > 0 ? rate * o.latencyShare / 1e6 : 0.0},
-            {"latency_samples", gen.histogram().count},
-            {"tx", c.tx},
-            {"rx", c.rx},
-            {"tx_stalls", c.txRefused},
-            {"warm_tx", warmCounters.tx},
-            {"encapsulated", c.encapsulated},
-            {"sampled", c.sampled},
-            {"matched", c.matched},
-            {"mismatched", c.mismatched},
-            {"undecodable", c.undecodable},
-            {"unknown_flow", c.unknownFlow}};
-        std::printf("%s\n", out.dump().c_str());
-      } else {
-        std::printf(
-            "returned %.3f Mpps (offered %.3f Mpps) over %.2f s; latency at %.3f Mpps: p50 %.2f us, "
-            "p99 %.2f us (%llu samples)\n"
-            "tx %llu rx %llu encapsulated %llu; sampled %llu: matched %llu, mismatched %llu, "
-            "undecodable %llu, unknown %llu\n",
-            rate / 1e6, txRate / 1e6, gen.windowSeconds_, rate * o.latencyShare / 1e6, p50, p99,
-            static_cast<unsigned long long>(gen.histogram().count),
-            static_cast<unsigned long long>(c.tx), static_cast<unsigned long long>(c.rx),
-            static_cast<unsigned long long>(c.encapsulated),
-            static_cast<unsigned long long>(c.sampled), static_cast<unsigned long long>(c.matched),
-            static_cast<unsigned long long>(c.mismatched),
-            static_cast<unsigned long long>(c.undecodable),
-            static_cast<unsigned long long>(c.unknownFlow));
-      }
-      std::fflush(stdout);
-      if (gStop.load()) rc = 130;
+    Generator gen(o, ctx.port, ctx.txPool, ctx.dst, ctx.dstPort, ctx.predictor);
+    gen.prefill();
+    if (o.warm) gen.warm();
+    const Counters warmCounters = gen.counters();
+    const double rate = gen.throughput(o.warmupSeconds, o.duration);
+    const double txRate = static_cast<double>(gen.windowTx_) / gen.windowSeconds_;
+    if (o.latencyDuration > 0 && rate > 0) gen.latency(o.latencyDuration, rate * o.latencyShare);
+    const Counters& c = gen.counters();
+    const double p50 = gen.histogram().percentileUs(0.50);
+    const double p99 = gen.histogram().percentileUs(0.99);
+    if (o.json) {
+      const nlohmann::ordered_json out = {
+          {"flows", o.flows},
+          {"syn_share", o.synShare},
+          {"size", o.size},
+          {"mpps", rate / 1e6},
+          {"offered_mpps", txRate / 1e6},
+          {"window_s", gen.windowSeconds_},
+          {"p50_us", p50},
+          {"p99_us", p99},
+          {"latency_rate_mpps", o.latencyDuration > 0 ? rate * o.latencyShare / 1e6 : 0.0},
+          {"latency_samples", gen.histogram().count},
+          {"tx", c.tx},
+          {"rx", c.rx},
+          {"tx_stalls", c.txRefused},
+          {"warm_tx", warmCounters.tx},
+          {"encapsulated", c.encapsulated},
+          {"sampled", c.sampled},
+          {"matched", c.matched},
+          {"mismatched", c.mismatched},
+          {"undecodable", c.undecodable},
+          {"unknown_flow", c.unknownFlow}};
+      std::printf("%s\n", out.dump().c_str());
+    } else {
+      std::printf(
+          "returned %.3f Mpps (offered %.3f Mpps) over %.2f s; latency at %.3f Mpps: p50 %.2f us, "
+          "p99 %.2f us (%llu samples)\n"
+          "tx %llu rx %llu encapsulated %llu; sampled %llu: matched %llu, mismatched %llu, "
+          "undecodable %llu, unknown %llu\n",
+          rate / 1e6, txRate / 1e6, gen.windowSeconds_, rate * o.latencyShare / 1e6, p50, p99,
+          static_cast<unsigned long long>(gen.histogram().count),
+          static_cast<unsigned long long>(c.tx), static_cast<unsigned long long>(c.rx),
+          static_cast<unsigned long long>(c.encapsulated),
+          static_cast<unsigned long long>(c.sampled), static_cast<unsigned long long>(c.matched),
+          static_cast<unsigned long long>(c.mismatched),
+          static_cast<unsigned long long>(c.undecodable),
+          static_cast<unsigned long long>(c.unknownFlow));
+    }
+    std::fflush(stdout);
+    if (gStop.load()) rc = 130;
   }
   ctx.rc = rc;
   ctx.done.store(true);
@@ -750,7 +756,8 @@ int runGenerator(int argc, char** argv) {
       rte_delay_ms(10);
     }
     if (link.link_status != RTE_ETH_LINK_UP) {
-      std::fprintf(stderr, "spillway-pktgen: port 0 link not up after %.1f s (is the peer running?)\n",
+      std::fprintf(stderr,
+                   "spillway-pktgen: port 0 link not up after %.1f s (is the peer running?)\n",
                    o.linkTimeout);
       rc = 1;
     } else {
@@ -776,4 +783,6 @@ int runGenerator(int argc, char** argv) {
 }  // namespace
 }  // namespace spillway
 
-int main(int argc, char** argv) { return spillway::runGenerator(argc, argv); }
+int main(int argc, char** argv) {
+  return spillway::runGenerator(argc, argv);
+}
