@@ -80,6 +80,7 @@
 #include <vector>
 
 #include "spillway/errno_text.hpp"
+#include "spillway/unique_fd.hpp"
 
 namespace spillway {
 namespace {
@@ -107,33 +108,6 @@ std::int64_t monotonicNs() {
   clock_gettime(CLOCK_MONOTONIC, &now);
   return static_cast<std::int64_t>(now.tv_sec) * kNsPerSecond + now.tv_nsec;
 }
-
-class FileDescriptor {
- public:
-  FileDescriptor() = default;
-  explicit FileDescriptor(int fd) : fd_(fd) {}
-  FileDescriptor(const FileDescriptor&) = delete;
-  FileDescriptor& operator=(const FileDescriptor&) = delete;
-  FileDescriptor(FileDescriptor&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  FileDescriptor& operator=(FileDescriptor&& other) noexcept {
-    if (this != &other) {
-      reset();
-      fd_ = std::exchange(other.fd_, -1);
-    }
-    return *this;
-  }
-  ~FileDescriptor() { reset(); }
-
-  int get() const { return fd_; }
-  bool valid() const { return fd_ >= 0; }
-  void reset() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-
- private:
-  int fd_ = -1;
-};
 
 // --- settings ------------------------------------------------------------------
 
@@ -347,10 +321,10 @@ void setSocketBuffer(int fd, int forceOption, int option) {
 
 // A raw socket on one interface. Created with protocol 0 so that nothing is
 // queued on it before bind narrows it to this ifindex.
-FileDescriptor openPacketSocket(const std::string& iface, bool& filterOutgoing) {
+UniqueFd openPacketSocket(const std::string& iface, bool& filterOutgoing) {
   const unsigned ifindex = if_nametoindex(iface.c_str());
   if (ifindex == 0) failStartup("interface '" + iface + "'", errno);
-  FileDescriptor fd(::socket(AF_PACKET, SOCK_RAW | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  UniqueFd fd(::socket(AF_PACKET, SOCK_RAW | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   if (!fd.valid()) failStartup("AF_PACKET socket for '" + iface + "'", errno);
   setSocketBuffer(fd.get(), SO_RCVBUFFORCE, SO_RCVBUF);
   setSocketBuffer(fd.get(), SO_SNDBUFFORCE, SO_SNDBUF);
@@ -385,7 +359,7 @@ bool fillUnixAddress(const std::string& path, sockaddr_un& address) {
   return true;
 }
 
-FileDescriptor openControlSocket(const std::string& path) {
+UniqueFd openControlSocket(const std::string& path) {
   sockaddr_un address{};
   if (!fillUnixAddress(path, address)) {
     throw DelayLineError("control path '" + path + "' is empty or longer than " +
@@ -396,14 +370,14 @@ FileDescriptor openControlSocket(const std::string& path) {
     if (!S_ISSOCK(existing.st_mode)) {
       throw DelayLineError("control path '" + path + "' exists and is not a socket");
     }
-    FileDescriptor probe(::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    UniqueFd probe(::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0));
     if (probe.valid() &&
         ::connect(probe.get(), reinterpret_cast<const sockaddr*>(&address), sizeof address) == 0) {
       throw DelayLineError("control socket '" + path + "' is in use by another process");
     }
     ::unlink(path.c_str());  // left behind by a run that did not exit cleanly
   }
-  FileDescriptor fd(::socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  UniqueFd fd(::socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   if (!fd.valid()) failStartup("control socket", errno);
   if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&address), sizeof address) < 0) {
     failStartup("bind control socket '" + path + "'", errno);
@@ -438,9 +412,9 @@ class DelayLine {
 
   RunOptions options_;
   Impairment settings_;
-  FileDescriptor socketA_;
-  FileDescriptor socketB_;
-  FileDescriptor control_;
+  UniqueFd socketA_;
+  UniqueFd socketB_;
+  UniqueFd control_;
   bool filterOutgoing_ = false;
   std::optional<Direction> ab_;
   std::optional<Direction> ba_;
@@ -584,7 +558,7 @@ int DelayLine::run() {
   sigaddset(&stopSignals, SIGINT);
   sigaddset(&stopSignals, SIGTERM);
   sigprocmask(SIG_BLOCK, &stopSignals, nullptr);
-  const FileDescriptor signals(::signalfd(-1, &stopSignals, SFD_NONBLOCK | SFD_CLOEXEC));
+  const UniqueFd signals(::signalfd(-1, &stopSignals, SFD_NONBLOCK | SFD_CLOEXEC));
   if (!signals.valid()) failStartup("signalfd", errno);
   prctl(PR_SET_TIMERSLACK, kTimerSlackNs, 0, 0, 0);
 
@@ -695,7 +669,7 @@ int askControl(const std::string& path, const std::string& request) {
     std::cerr << "spillway-delayline: error: control path '" << path << "' is empty or too long\n";
     return kExitError;
   }
-  FileDescriptor fd(::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  UniqueFd fd(::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0));
   if (!fd.valid()) {
     std::cerr << "spillway-delayline: error: client socket: " << errnoText(errno) << "\n";
     return kExitError;

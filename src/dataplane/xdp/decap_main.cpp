@@ -435,9 +435,9 @@ struct Snapshot {
 Snapshot readSnapshot(const Options& options) {
   const XdpAttachment now = queryDevice(options.device);
   Snapshot snapshot;
-  BpfFd counters;
-  BpfFd addrs;
-  BpfFd config;
+  UniqueFd counters;
+  UniqueFd addrs;
+  UniqueFd config;
   for (const XdpProgram& program : now.programs) {
     if (program.mode == XdpMode::Offload || !isOurs(program)) continue;
     snapshot.progId = program.id;
@@ -450,9 +450,9 @@ Snapshot readSnapshot(const Options& options) {
   if (snapshot.progId == 0) {
     // Not attached (any more): the pins, if left, still hold the last counters.
     const fs::path directory = pinDirectory(options);
-    counters = BpfFd(bpf_obj_get((directory / SPILLWAY_DECAP_MAP_COUNTERS).c_str()));
-    addrs = BpfFd(bpf_obj_get((directory / SPILLWAY_DECAP_MAP_ADDRS).c_str()));
-    config = BpfFd(bpf_obj_get((directory / SPILLWAY_DECAP_MAP_CONFIG).c_str()));
+    counters = UniqueFd(bpf_obj_get((directory / SPILLWAY_DECAP_MAP_COUNTERS).c_str()));
+    addrs = UniqueFd(bpf_obj_get((directory / SPILLWAY_DECAP_MAP_ADDRS).c_str()));
+    config = UniqueFd(bpf_obj_get((directory / SPILLWAY_DECAP_MAP_CONFIG).c_str()));
     if (!counters.valid()) {
       throw std::runtime_error("spillway-decap is not attached to " + options.device +
                                " and nothing is pinned under " + directory.string());

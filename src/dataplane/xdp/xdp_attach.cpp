@@ -56,19 +56,6 @@ std::string bpfErrorText(int err) {
   return text;
 }
 
-BpfFd& BpfFd::operator=(BpfFd&& other) noexcept {
-  if (this != &other) {
-    reset();
-    fd_ = std::exchange(other.fd_, -1);
-  }
-  return *this;
-}
-
-void BpfFd::reset() noexcept {
-  if (fd_ >= 0) close(fd_);
-  fd_ = -1;
-}
-
 const char* xdpModeName(XdpMode mode) noexcept {
   switch (mode) {
     case XdpMode::Auto:
@@ -106,7 +93,7 @@ std::optional<int> interfaceIndex(const std::string& ifname, std::string& error)
 }
 
 std::optional<XdpProgram> xdpProgramInfo(std::uint32_t id, std::string& error) {
-  BpfFd prog(bpf_prog_get_fd_by_id(id));
+  UniqueFd prog(bpf_prog_get_fd_by_id(id));
   if (!prog.valid()) {
     error = "cannot open XDP program id " + std::to_string(id) + ": " + bpfErrorText(errno);
     return std::nullopt;
@@ -135,7 +122,7 @@ std::optional<XdpProgram> xdpProgramInfo(std::uint32_t id, std::string& error) {
   }
   for (const std::uint32_t mapId : program.mapIds) {
     std::string mapName;
-    BpfFd map(bpf_map_get_fd_by_id(mapId));
+    UniqueFd map(bpf_map_get_fd_by_id(mapId));
     bpf_map_info mapInfo{};
     std::uint32_t mapLength = sizeof(mapInfo);
     if (map.valid() && bpf_obj_get_info_by_fd(map.get(), &mapInfo, &mapLength) == 0) {
@@ -168,10 +155,10 @@ std::optional<XdpAttachment> queryXdp(const std::string& ifname, std::string& er
   return attachment;
 }
 
-BpfFd openProgramMap(const XdpProgram& program, std::string_view mapName) {
+UniqueFd openProgramMap(const XdpProgram& program, std::string_view mapName) {
   for (std::size_t i = 0; i < program.mapIds.size(); ++i) {
     if (program.mapNames[i] != mapName) continue;
-    BpfFd fd(bpf_map_get_fd_by_id(program.mapIds[i]));
+    UniqueFd fd(bpf_map_get_fd_by_id(program.mapIds[i]));
     bpf_map_info info{};
     std::uint32_t length = sizeof(info);
     // Ids are not reused while a map lives; the name check catches a map
@@ -181,7 +168,7 @@ BpfFd openProgramMap(const XdpProgram& program, std::string_view mapName) {
       return fd;
     }
   }
-  return BpfFd();
+  return UniqueFd();
 }
 
 bool attachXdp(const XdpAttachment& where, int progFd, XdpMode mode, const XdpProgram* replace,
@@ -189,9 +176,9 @@ bool attachXdp(const XdpAttachment& where, int progFd, XdpMode mode, const XdpPr
   bpf_xdp_attach_opts opts{};
   opts.sz = sizeof(opts);
   std::uint32_t flags = modeFlag(mode);
-  BpfFd old;
+  UniqueFd old;
   if (replace != nullptr) {
-    old = BpfFd(bpf_prog_get_fd_by_id(replace->id));
+    old = UniqueFd(bpf_prog_get_fd_by_id(replace->id));
     if (!old.valid()) {
       error = "cannot open the XDP program to replace, id " + std::to_string(replace->id) + ": " +
               bpfErrorText(errno);
@@ -220,7 +207,7 @@ bool attachXdp(const XdpAttachment& where, int progFd, XdpMode mode, const XdpPr
 }
 
 bool detachXdp(const XdpAttachment& where, const XdpProgram& program, std::string& error) {
-  BpfFd old(bpf_prog_get_fd_by_id(program.id));
+  UniqueFd old(bpf_prog_get_fd_by_id(program.id));
   if (!old.valid()) {
     if (errno == ENOENT) return true;  // gone already
     error = "cannot open XDP program " + program.describe() + " on " + where.ifname + ": " +

@@ -24,34 +24,15 @@
 #include <optional>
 #include <string>
 #include <string_view>
-#include <utility>
 #include <vector>
+
+#include "spillway/unique_fd.hpp"
 
 namespace spillway {
 
 // The text of a libbpf or kernel error (errno or -errno, libbpf's own codes
 // included), with the capabilities to look at when it is EPERM.
 [[nodiscard]] std::string bpfErrorText(int err);
-
-// Owns one file descriptor (a BPF program, a map).
-class BpfFd {
- public:
-  BpfFd() = default;
-  explicit BpfFd(int fd) noexcept : fd_(fd) {}
-  BpfFd(const BpfFd&) = delete;
-  BpfFd& operator=(const BpfFd&) = delete;
-  BpfFd(BpfFd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  BpfFd& operator=(BpfFd&& other) noexcept;
-  ~BpfFd() { reset(); }
-
-  [[nodiscard]] int get() const noexcept { return fd_; }
-  [[nodiscard]] bool valid() const noexcept { return fd_ >= 0; }
-  int release() noexcept { return std::exchange(fd_, -1); }
-  void reset() noexcept;
-
- private:
-  int fd_ = -1;
-};
 
 enum class XdpMode {
   Auto,     // attach: native where the driver has it, else generic
@@ -94,7 +75,7 @@ struct XdpAttachment {
 
 // A descriptor of the map of `program` named `mapName`; invalid when the
 // program has none (or it vanished meanwhile).
-[[nodiscard]] BpfFd openProgramMap(const XdpProgram& program, std::string_view mapName);
+[[nodiscard]] UniqueFd openProgramMap(const XdpProgram& program, std::string_view mapName);
 
 // Attaches `progFd` to `ifindex` in `mode`. With `replace` (a program
 // attached in that mode now) the kernel swaps it atomically and fails if it is

@@ -135,14 +135,14 @@ bool vipMapLayoutOk(int fd, const XdpProgram& program, std::string& error) {
 }
 
 // The counters map, when its layout is this build's; invalid otherwise.
-BpfFd countersMap(const XdpProgram& program) {
-  BpfFd fd = openProgramMap(program, SPILLWAY_REDIRECT_MAP_COUNTERS);
+UniqueFd countersMap(const XdpProgram& program) {
+  UniqueFd fd = openProgramMap(program, SPILLWAY_REDIRECT_MAP_COUNTERS);
   bpf_map_info info{};
   std::uint32_t length = sizeof(info);
   if (!fd.valid() || bpf_obj_get_info_by_fd(fd.get(), &info, &length) != 0 ||
       info.type != BPF_MAP_TYPE_PERCPU_ARRAY || info.value_size != sizeof(RedirectCounterValue) ||
       info.max_entries < kRedirectCounterCount) {
-    return BpfFd();
+    return UniqueFd();
   }
   return fd;
 }
@@ -190,10 +190,10 @@ std::optional<XdpVipMap> XdpVipMap::open(const std::string& ifname, std::string&
     return std::nullopt;
   }
   for (const XdpProgram& program : attachment->programs) {
-    BpfFd vip = openProgramMap(program, SPILLWAY_REDIRECT_MAP_VIPS);
+    UniqueFd vip = openProgramMap(program, SPILLWAY_REDIRECT_MAP_VIPS);
     if (!vip.valid()) continue;
     if (!vipMapLayoutOk(vip.get(), program, error)) return std::nullopt;
-    BpfFd counters = countersMap(program);
+    UniqueFd counters = countersMap(program);
     return XdpVipMap(ifname, program.id, vip.release(), counters.release());
   }
   error = "the XDP program on " + ifname + " " + attachment->programs.front().describe() +
