@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "control/epoll_loop.hpp"
+#include "spillway/errno_text.hpp"
 
 namespace spillway {
 namespace {
@@ -27,10 +28,6 @@ constexpr int kMaxAcceptsPerPoll = 64;
 // Replies up to kMaxReplyBytes must fit one message: the send buffer bounds
 // the largest datagram of an AF_UNIX socket.
 constexpr int kReplySendBuffer = static_cast<int>(kMaxReplyBytes + 64 * 1024);
-
-std::string errnoText(int err) {
-  return std::strerror(err);
-}
 
 bool fillAddress(const std::string& path, sockaddr_un& addr) {
   std::memset(&addr, 0, sizeof addr);

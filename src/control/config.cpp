@@ -17,6 +17,8 @@
 #include <sstream>
 #include <utility>
 
+#include "spillway/errno_text.hpp"
+
 namespace spillway {
 
 std::optional<IpAddress> parseIpAddress(std::string_view text) {
@@ -1450,12 +1452,12 @@ ConfigResult loadConfig(const std::string& path) noexcept {
     // A regular file of bounded size only, opened without blocking: a FIFO,
     // a device or /dev/zero is an error, never a stalled or exhausted daemon.
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
-    if (fd < 0) return fail("cannot open: "s + std::strerror(errno));
+    if (fd < 0) return fail("cannot open: " + errnoText(errno));
     struct stat st{};
     if (::fstat(fd, &st) != 0) {
       const int err = errno;
       ::close(fd);
-      return fail("cannot stat: "s + std::strerror(err));
+      return fail("cannot stat: " + errnoText(err));
     }
     if (!S_ISREG(st.st_mode)) {
       ::close(fd);
@@ -1474,7 +1476,7 @@ ConfigResult loadConfig(const std::string& path) noexcept {
       if (n < 0) {
         const int err = errno;
         ::close(fd);
-        return fail("cannot read the file: "s + std::strerror(err));
+        return fail("cannot read the file: " + errnoText(err));
       }
       if (n == 0) break;
       if (text.size() + static_cast<std::size_t>(n) > kMaxConfigBytes) {

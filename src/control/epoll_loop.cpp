@@ -3,13 +3,15 @@
 #include <cerrno>
 #include <cstring>
 
+#include "spillway/errno_text.hpp"
+
 namespace spillway {
 
 std::string watchListener(int listenFd, int& epollFd) {
   epollFd = epoll_create1(EPOLL_CLOEXEC);
-  if (epollFd < 0) return std::string("epoll_create1: ") + std::strerror(errno);
+  if (epollFd < 0) return "epoll_create1: " + errnoText(errno);
   if (!epollAdd(epollFd, listenFd, kListenerTag, EPOLLIN)) {
-    return std::string("epoll_ctl: ") + std::strerror(errno);
+    return "epoll_ctl: " + errnoText(errno);
   }
   return {};
 }

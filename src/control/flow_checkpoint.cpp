@@ -1,9 +1,5 @@
 #include "control/flow_checkpoint.hpp"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <array>
 #include <bit>
 #include <cerrno>
@@ -11,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "control/durable_file.hpp"
+#include "spillway/errno_text.hpp"
 
 namespace spillway {
 namespace {
@@ -49,36 +46,7 @@ T get(std::string_view bytes, std::size_t at) {
   return v;
 }
 
-std::array<std::uint32_t, 256> makeCrcTable() {
-  std::array<std::uint32_t, 256> t{};
-  for (std::uint32_t i = 0; i < 256; ++i) {
-    std::uint32_t c = i;
-    for (int k = 0; k < 8; ++k) c = (c & 1) != 0 ? (c >> 1) ^ 0x82f63b78U : c >> 1;
-    t[i] = c;
-  }
-  return t;
-}
-
 }  // namespace
-
-std::uint32_t crc32c(std::string_view bytes) noexcept {
-  std::uint32_t crc = ~0U;
-  std::size_t i = 0;
-#if defined(__SSE4_2__)
-  std::uint64_t c64 = crc;
-  for (; i + 8 <= bytes.size(); i += 8) {
-    std::uint64_t w;
-    std::memcpy(&w, bytes.data() + i, 8);
-    c64 = __builtin_ia32_crc32di(c64, w);
-  }
-  crc = static_cast<std::uint32_t>(c64);
-#endif
-  static const std::array<std::uint32_t, 256> table = makeCrcTable();
-  for (; i < bytes.size(); ++i) {
-    crc = table[(crc ^ static_cast<std::uint8_t>(bytes[i])) & 0xff] ^ (crc >> 8);
-  }
-  return ~crc;
-}
 
 std::string encodeFlowCheckpoint(std::uint64_t hashSeed, std::uint64_t writtenUnixMs,
                                  std::span<const FlowExceptionRecord> records) {
@@ -194,38 +162,6 @@ std::variant<TablesState, std::string> decodeTablesState(std::string_view text) 
   } catch (const std::exception& e) {
     return std::string("malformed: ") + e.what();
   }
-}
-
-std::optional<std::string> readStateFile(const std::string& path, std::size_t maxBytes,
-                                         std::string& error) {
-  error.clear();
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno != ENOENT) error = "cannot open " + path + ": " + errnoText(errno);
-    return std::nullopt;
-  }
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    error = path + " is not a regular file";
-    return std::nullopt;
-  }
-  if (static_cast<std::uint64_t>(st.st_size) > maxBytes) {
-    ::close(fd);
-    error = path + " is larger than " + std::to_string(maxBytes) + " bytes";
-    return std::nullopt;
-  }
-  std::string out(static_cast<std::size_t>(st.st_size), '\0');
-  std::size_t done = 0;
-  while (done < out.size()) {
-    const ssize_t n = ::read(fd, out.data() + done, out.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    done += static_cast<std::size_t>(n);
-  }
-  ::close(fd);
-  out.resize(done);
-  return out;
 }
 
 }  // namespace spillway

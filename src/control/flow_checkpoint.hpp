@@ -33,6 +33,7 @@
 #include <variant>
 #include <vector>
 
+#include "control/durable_file.hpp"
 #include "spillway/flow_exceptions.hpp"
 
 namespace spillway {
@@ -62,12 +63,5 @@ struct TablesState {
 [[nodiscard]] std::string encodeTablesState(const TablesState& state);
 [[nodiscard]] std::variant<TablesState, std::string> decodeTablesState(std::string_view text);
 
-// Reads a whole file of at most maxBytes; std::nullopt and `error` empty
-// when it does not exist.
-[[nodiscard]] std::optional<std::string> readStateFile(const std::string& path,
-                                                       std::size_t maxBytes, std::string& error);
-
-// CRC-32C (Castagnoli), as iSCSI and ext4 use it.
-[[nodiscard]] std::uint32_t crc32c(std::string_view bytes) noexcept;
 
 }  // namespace spillway

@@ -17,6 +17,7 @@
 #include "control/epoll_loop.hpp"
 #include "control/http_client.hpp"
 #include "spillway/checksum.hpp"
+#include "spillway/errno_text.hpp"
 #include "spillway/packet.hpp"
 #include "spillway/wire.hpp"
 
@@ -33,10 +34,6 @@ constexpr std::uint16_t kProbePortLow = 40000;
 constexpr std::uint16_t kProbePortSpan = 20000;
 // Raw packets read per poll(), so a TCP-heavy host cannot stall the loop.
 constexpr int kMaxRawPerPoll = 512;
-
-std::string errnoText(int err) {
-  return std::generic_category().message(err);
-}
 
 std::string formatMs(double ms) {
   char buf[32];

@@ -11,12 +11,10 @@
 #include <cstring>
 #include <system_error>
 
+#include "spillway/errno_text.hpp"
+
 namespace spillway {
 namespace {
-
-std::string errnoText(int err) {
-  return std::generic_category().message(err);
-}
 
 char lower(char c) noexcept {
   return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c;

@@ -1,5 +1,8 @@
 #include "control/intent_journal.hpp"
 
+#include "control/durable_file.hpp"
+#include "spillway/errno_text.hpp"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -19,27 +22,6 @@ constexpr const char* kSnapshotName = "intent.snapshot";
 // A journal grows past kCompactBytes only while compaction fails; beyond
 // this, the file is not read (reported as unreadable).
 constexpr std::uint64_t kMaxReadBytes = std::uint64_t{64} << 20;
-
-constexpr std::array<std::uint32_t, 256> makeCrcTable() {
-  std::array<std::uint32_t, 256> t{};
-  for (std::uint32_t i = 0; i < 256; ++i) {
-    std::uint32_t c = i;
-    for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
-    t[i] = c;
-  }
-  return t;
-}
-constexpr auto kCrcTable = makeCrcTable();
-
-std::uint32_t crc32c(std::span<const std::byte> data) {
-  std::uint32_t c = 0xFFFFFFFFu;
-  for (std::byte b : data) c = kCrcTable[(c ^ static_cast<std::uint8_t>(b)) & 0xFF] ^ (c >> 8);
-  return c ^ 0xFFFFFFFFu;
-}
-
-std::string errnoText(int err) {
-  return std::strerror(err);
-}
 
 void putLe(std::string& out, std::uint64_t v, int bytes) {
   for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
@@ -116,60 +98,9 @@ std::optional<IntentRecord> decodeBody(std::span<const std::byte> body) {
 // The whole of a regular file, at most kMaxReadBytes; std::nullopt (with
 // `error`) when it cannot be read; an empty string when it does not exist.
 std::optional<std::string> readFile(const std::string& path, std::string& error) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-  if (fd < 0) {
-    if (errno == ENOENT) return std::string();
-    error = "cannot open " + path + ": " + errnoText(errno);
-    return std::nullopt;
-  }
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    error = path + " is not a regular file";
-    ::close(fd);
-    return std::nullopt;
-  }
-  if (static_cast<std::uint64_t>(st.st_size) > kMaxReadBytes) {
-    error = path + " is larger than " + std::to_string(kMaxReadBytes >> 20) + " MiB";
-    ::close(fd);
-    return std::nullopt;
-  }
-  std::string out(static_cast<std::size_t>(st.st_size), '\0');
-  std::size_t got = 0;
-  while (got < out.size()) {
-    const ssize_t n = ::read(fd, out.data() + got, out.size() - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      error = "cannot read " + path + ": " + errnoText(errno);
-      ::close(fd);
-      return std::nullopt;
-    }
-    if (n == 0) break;
-    got += static_cast<std::size_t>(n);
-  }
-  out.resize(got);
-  ::close(fd);
-  return out;
-}
-
-bool writeAll(int fd, const std::string& data) {
-  std::size_t done = 0;
-  while (done < data.size()) {
-    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    done += static_cast<std::size_t>(n);
-  }
-  return true;
-}
-
-std::optional<std::string> syncDirectory(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return "cannot open " + dir + ": " + errnoText(errno);
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  if (rc != 0) return "cannot fsync " + dir + ": " + errnoText(err);
-  return std::nullopt;
+  auto text = readStateFile(path, kMaxReadBytes, error);
+  if (!text && error.empty()) return std::string();
+  return text;
 }
 
 std::span<const std::byte> asBytes(const std::string& s) {
@@ -242,7 +173,7 @@ std::string encodeIntentRecord(const IntentRecord& r) {
   std::string out;
   putLe(out, kIntentMagic, 4);
   putLe(out, body.size(), 4);
-  putLe(out, crc32c(asBytes(body)), 4);
+  putLe(out, crc32c(body), 4);
   return out + body;
 }
 
@@ -284,7 +215,8 @@ IntentDecoded decodeIntentRecords(std::span<const std::byte> bytes, std::string_
       break;
     }
     const auto body = rest.subspan(kIntentHeaderBytes, length);
-    if (crc32c(body) != crc) {
+    if (crc32c(std::string_view(reinterpret_cast<const char*>(body.data()), body.size())) !=
+        crc) {
       damaged(IntentDamage::Kind::Corrupt, "checksum mismatch");
       break;
     }
@@ -516,7 +448,7 @@ std::optional<std::string> IntentJournal::append(IntentRecord& record) {
   }
   const std::string bytes = encodeIntentRecord(record);
   const std::string path = journalPath();
-  if (!writeAll(fd_, bytes)) {
+  if (!writeAllFd(fd_, bytes)) {
     const std::string why = "cannot write " + path + ": " + errnoText(errno);
     if (::ftruncate(fd_, static_cast<off_t>(journalBytes_)) != 0) {
       usable_ = false;
@@ -556,24 +488,7 @@ std::optional<std::string> IntentJournal::compact() {
   std::string bytes = encodeIntentRecord(head);
   for (const IntentRecord& r : records) bytes += encodeIntentRecord(r);
 
-  const std::string tmp = snapshotPath() + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0640);
-  if (fd < 0) return "cannot create " + tmp + ": " + errnoText(errno);
-  const bool written = writeAll(fd, bytes);
-  const int writeErr = errno;
-  const bool synced = written && ::fsync(fd) == 0;
-  const int syncErr = errno;
-  ::close(fd);
-  if (!synced) {
-    ::unlink(tmp.c_str());
-    return "cannot write " + tmp + ": " + errnoText(written ? syncErr : writeErr);
-  }
-  if (::rename(tmp.c_str(), snapshotPath().c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    return "cannot rename " + tmp + ": " + errnoText(err);
-  }
-  if (auto e = syncDirectory(dir_)) return e;
+  if (auto e = writeFileDurably(snapshotPath(), bytes)) return e;
   // The snapshot covers every journal record now; a crash before this
   // truncate leaves records that replay skips (seq <= the checkpoint's).
   if (::ftruncate(fd_, 0) != 0 || ::fdatasync(fd_) != 0) {

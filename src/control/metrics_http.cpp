@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "control/epoll_loop.hpp"
+#include "spillway/errno_text.hpp"
 
 namespace spillway {
 namespace {
@@ -23,10 +24,6 @@ constexpr int kListenBacklog = 64;
 constexpr int kMaxEventsPerPoll = 64;
 constexpr int kMaxAcceptsPerPoll = 64;
 constexpr std::size_t kMaxDrainBytes = 64 * 1024;
-
-std::string errnoText(int err) {
-  return std::strerror(err);
-}
 
 bool isAlpha(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');

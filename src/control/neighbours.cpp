@@ -18,14 +18,12 @@
 #include <sstream>
 #include <utility>
 
+#include "spillway/errno_text.hpp"
+
 namespace spillway {
 namespace {
 
 using namespace std::string_literals;
-
-std::string errnoText(const char* what, int err) {
-  return what + ": "s + std::strerror(err);
-}
 
 int familyOf(IpVersion v) {
   return v == IpVersion::V4 ? AF_INET : AF_INET6;
@@ -80,7 +78,7 @@ std::optional<std::string> netlinkError(const std::byte* payload, const std::byt
   if (end - payload < static_cast<std::ptrdiff_t>(sizeof(nlmsgerr))) return "truncated NLMSG_ERROR";
   const auto e = load<nlmsgerr>(payload);
   if (e.error == 0) return std::nullopt;  // an ACK
-  return std::string(std::strerror(-e.error));
+  return errnoText(e.error);
 }
 
 // An rtnetlink socket for one request and its replies.
@@ -95,7 +93,7 @@ class Netlink {
 
   [[nodiscard]] std::optional<std::string> openError() const {
     if (fd_ >= 0) return std::nullopt;
-    return errnoText("netlink socket", errno);
+    return "netlink socket: " + errnoText(errno);
   }
 
   std::optional<std::string> send(const void* request, std::size_t length) {
@@ -103,7 +101,7 @@ class Netlink {
     kernel.nl_family = AF_NETLINK;
     if (sendto(fd_, request, length, 0, reinterpret_cast<const sockaddr*>(&kernel), sizeof kernel) <
         0) {
-      return errnoText("netlink send", errno);
+      return "netlink send: " + errnoText(errno);
     }
     return std::nullopt;
   }
@@ -114,7 +112,7 @@ class Netlink {
     setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     buffer.resize(1 << 16);
     const ssize_t n = recv(fd_, buffer.data(), buffer.size(), 0);
-    if (n < 0) return errnoText("netlink receive", errno);
+    if (n < 0) return "netlink receive: " + errnoText(errno);
     length = static_cast<std::size_t>(n);
     return std::nullopt;
   }
@@ -236,13 +234,13 @@ NeighbourTable KernelNeighbourSource::read(const std::string& interface, IpVersi
   NeighbourTable table;
   const int ifindex = static_cast<int>(if_nametoindex(interface.c_str()));
   if (ifindex == 0) {
-    table.error = "interface " + interface + ": " + std::strerror(errno);
+    table.error = "interface " + interface + ": " + errnoText(errno);
     return table;
   }
   if (family == IpVersion::V4) {
     std::ifstream in("/proc/net/arp");
     if (!in) {
-      table.error = errnoText("/proc/net/arp", errno);
+      table.error = "/proc/net/arp: " + errnoText(errno);
       return table;
     }
     std::ostringstream text;
@@ -291,7 +289,7 @@ NeighbourRoute KernelNeighbourSource::route(const IpAddress& destination,
   NeighbourRoute result;
   const int ifindex = static_cast<int>(if_nametoindex(interface.c_str()));
   if (ifindex == 0) {
-    result.error = "interface " + interface + ": " + std::strerror(errno);
+    result.error = "interface " + interface + ": " + errnoText(errno);
     return result;
   }
   Netlink nl;
@@ -343,12 +341,12 @@ std::optional<std::string> KernelNeighbourSource::solicit(const IpAddress& desti
                                                           const std::string& interface) {
   const int fd =
       socket(familyOf(destination.version), SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0) return errnoText("socket", errno);
+  if (fd < 0) return "socket: " + errnoText(errno);
   std::optional<std::string> error;
   constexpr std::uint16_t kDiscardPort = 9;  // RFC 863
   if (setsockopt(fd, SOL_SOCKET, SO_BINDTODEVICE, interface.c_str(),
                  static_cast<socklen_t>(interface.size())) != 0) {
-    error = errnoText(("SO_BINDTODEVICE " + interface).c_str(), errno);
+    error = "SO_BINDTODEVICE " + interface + ": " + errnoText(errno);
   } else {
     int rc = 0;
     if (destination.version == IpVersion::V4) {
@@ -366,9 +364,9 @@ std::optional<std::string> KernelNeighbourSource::solicit(const IpAddress& desti
     }
     // EAGAIN: the datagram waits in the neighbour queue, which is the point.
     if (rc != 0) {
-      error = errnoText(("connect " + formatIpAddress(destination)).c_str(), errno);
+      error = "connect " + formatIpAddress(destination) + ": " + errnoText(errno);
     } else if (send(fd, "", 0, MSG_DONTWAIT) < 0 && errno != EAGAIN) {
-      error = errnoText(("send to " + formatIpAddress(destination)).c_str(), errno);
+      error = "send to " + formatIpAddress(destination) + ": " + errnoText(errno);
     }
   }
   close(fd);

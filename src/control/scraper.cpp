@@ -11,13 +11,10 @@
 
 #include "control/epoll_loop.hpp"
 #include "control/http_client.hpp"
+#include "spillway/errno_text.hpp"
 
 namespace spillway {
 namespace {
-
-std::string errnoText(int err) {
-  return std::generic_category().message(err);
-}
 
 Millis staggerOffset(std::uint64_t id, Millis interval) noexcept {
   if (interval <= 1) return 0;

@@ -7,6 +7,8 @@
 
 #include <algorithm>
 
+#include "stale_redirect.hpp"
+
 namespace spillway {
 namespace {
 
@@ -71,6 +73,11 @@ std::unique_ptr<DpdkDataplane> DpdkDataplane::open(const Options& options, std::
         spec.devargs += ",xdp_prog=" + prog;
       }
       xdpInterface = interfaceOf(spec.devargs);
+      // A program a killed spillwayd left attached would make the PMD fail.
+      if (auto busy = takeOverStaleRedirect(xdpInterface, log)) {
+        error = "port " + spec.name + ": " + *busy;
+        return nullptr;
+      }
     }
     xdpInterfaces.push_back(xdpInterface);
   }

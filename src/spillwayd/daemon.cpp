@@ -12,6 +12,7 @@
 #include "control/cli_server.hpp"
 #include "control/control_plane.hpp"
 #include "control/durable_file.hpp"
+#include "spillway/errno_text.hpp"
 #include "control/metrics_http.hpp"
 #include "control/neighbours.hpp"
 #include "control/snapshot_builder.hpp"

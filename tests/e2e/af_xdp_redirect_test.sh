@@ -26,17 +26,24 @@
 # on its loopback), everything else must still reach the kernel. Then a
 # resync without 192.0.2.102's marker hands that address back to the kernel,
 # and stopping testpmd must detach the program.
+# Takeover (spillwayd's start-up check, takeOverStaleRedirect, run by the
+# probe): phase 1's program, held by no process, is detached; spillway-decap's
+# program is refused and left alone; in phase 2 the program of the running
+# testpmd is refused, and after `kill -9` of testpmd (the program stays
+# attached and blocks the next start) it is detached and testpmd starts and
+# receives VIP frames again.
 #
-# usage: af_xdp_redirect_test.sh XDP_REDIRECT_PROBE SPILLWAY_REDIRECT_BPF_O TRAFFIC_PY
+# usage: af_xdp_redirect_test.sh XDP_REDIRECT_PROBE SPILLWAY_REDIRECT_BPF_O TRAFFIC_PY SPILLWAY_DECAP
 # Exit 77 (meson: skipped) without root, ip netns, unshare or scapy; when only
 # dpdk-testpmd (Debian package dpdk-dev) is missing, phase 1 still runs and
 # decides failure, and the test then reports skipped.
 set -euo pipefail
 
-usage="usage: af_xdp_redirect_test.sh PROBE BPF_OBJECT TRAFFIC_PY"
+usage="usage: af_xdp_redirect_test.sh PROBE BPF_OBJECT TRAFFIC_PY SPILLWAY_DECAP"
 probe=$(realpath "${1:?$usage}")
 object=$(realpath "${2:?$usage}")
 traffic=$(realpath "${3:?$usage}")
+decap=$(realpath "${4:?$usage}")
 python=/usr/bin/python3
 testpmd=${SPILLWAY_TESTPMD-$(command -v dpdk-testpmd || true)}  # set empty: phase 1 only
 
@@ -198,6 +205,19 @@ check "rejected-sync-left-map-alone" keys_are "${all_keys[@]}"
 check "sync-is-idempotent" in_gw "$probe" sync --dev "$gveth" "${vips[@]}" "${vips[@]}"
 check "keys-after-resync" keys_are "${all_keys[@]}"
 traffic_run "$workdir/phase1.log"
+# Held by no process (the probe exited): what a killed spillwayd leaves.
+check "takeover-detaches-stale-program" sh -c \
+  "nsenter --net=/run/netns/$gw $probe takeover --dev $gveth | grep -q 'detached the stale redirect program'"
+check "takeover-left-nothing" test -z "$(attached_name)"
+check "takeover-of-free-interface" in_gw "$probe" takeover --dev "$gveth"
+in_gw "$decap" attach --dev "$gveth" --address "$host4" --pin-root "$workdir/pins" >/dev/null 2>&1
+check "takeover-refuses-foreign-program" fails_with \
+  "XDP program 'spillway_decap' (id [0-9]*, native mode), which is not Spillway's" \
+  in_gw "$probe" takeover --dev "$gveth"
+check "refusal-says-how-to-remove" fails_with "ip link set dev $gveth xdpdrv off" \
+  in_gw "$probe" takeover --dev "$gveth"
+check "foreign-program-left-alone" test "$(attached_name)" = spillway_decap
+in_gw "$decap" detach --dev "$gveth" --pin-root "$workdir/pins" >/dev/null
 in_gw "$probe" detach --dev "$gveth"
 check "open-without-program-fails" fails_with "no XDP program is attached" \
   in_gw "$probe" keys --dev "$gveth"
@@ -216,26 +236,33 @@ lcores=(-l 0,1)
 devargs="net_af_xdp0,iface=$gveth,xdp_prog=$object,queue_count=1"
 echo "af_xdp: $testpmd ${lcores[*]} --no-huge -m 512 --no-pci --file-prefix $prefix" \
   "--vdev $devargs -- --forward-mode=rxonly --stats-period 1 --total-num-mbufs=8192"
-ip netns exec "$gw" stdbuf -oL "$testpmd" "${lcores[@]}" --no-huge -m 512 --no-pci \
-  --file-prefix "$prefix" --vdev "$devargs" -- \
-  --forward-mode=rxonly --stats-period 1 --total-num-mbufs=8192 \
-  </dev/null >"$workdir/testpmd.log" 2>&1 &
-testpmd_pid=$!  # ip and stdbuf exec, so this is testpmd itself
-deadline=$((SECONDS + 60))
-until grep -q 'NIC statistics for port 0' "$workdir/testpmd.log"; do
-  if ! kill -0 "$testpmd_pid" 2>/dev/null; then
-    echo "af_xdp: FAIL: dpdk-testpmd exited early; its output:"
-    sed 's/^/  /' "$workdir/testpmd.log"
-    testpmd_pid=
-    exit 1
-  fi
-  if [ $SECONDS -ge $deadline ]; then
-    echo "af_xdp: FAIL: dpdk-testpmd not forwarding after 60 s; its output:"
-    sed 's/^/  /' "$workdir/testpmd.log"
-    exit 1
-  fi
-  sleep 0.2
-done
+start_testpmd() {  # log: starts testpmd, waits until it forwards; 1 if it exits first
+  local log=$1
+  ip netns exec "$gw" stdbuf -oL "$testpmd" "${lcores[@]}" --no-huge -m 512 --no-pci \
+    --file-prefix "$prefix" --vdev "$devargs" -- \
+    --forward-mode=rxonly --stats-period 1 --total-num-mbufs=8192 \
+    </dev/null >"$log" 2>&1 &
+  testpmd_pid=$!  # ip and stdbuf exec, so this is testpmd itself
+  local deadline=$((SECONDS + 60))
+  until grep -q 'NIC statistics for port 0' "$log"; do
+    if ! kill -0 "$testpmd_pid" 2>/dev/null; then
+      wait "$testpmd_pid" 2>/dev/null || true
+      testpmd_pid=
+      return 1
+    fi
+    if [ $SECONDS -ge $deadline ]; then
+      echo "af_xdp: FAIL: dpdk-testpmd not forwarding after 60 s; its output:"
+      sed 's/^/  /' "$log"
+      exit 1
+    fi
+    sleep 0.2
+  done
+}
+if ! start_testpmd "$workdir/testpmd.log"; then
+  echo "af_xdp: FAIL: dpdk-testpmd exited early; its output:"
+  sed 's/^/  /' "$workdir/testpmd.log"
+  exit 1
+fi
 check "pmd-attached-our-program" test "$(attached_name)" = spillway_redir
 check "sync-into-pmd-program" in_gw "$probe" sync --dev "$gveth" "${vips[@]}"
 check "keys-in-pmd-program" keys_are "${all_keys[@]}"
@@ -256,6 +283,41 @@ wait "$testpmd_pid" || testpmd_status=$?
 testpmd_pid=
 check "testpmd-exits-cleanly" test "$testpmd_status" -eq 0
 check "pmd-detached-program" test -z "$(attached_name)"
+
+echo "af_xdp: takeover: a live PMD's program is refused; after kill -9 it is taken over"
+if start_testpmd "$workdir/testpmd-2.log"; then
+  check "takeover-refuses-live-pmd" fails_with "for a live process: pid $testpmd_pid" \
+    in_gw "$probe" takeover --dev "$gveth"
+  check "live-pmd-program-left-alone" test "$(attached_name)" = spillway_redir
+  kill -KILL "$testpmd_pid"
+  wait "$testpmd_pid" 2>/dev/null || true
+  testpmd_pid=
+  check "killed-pmd-left-program-attached" test "$(attached_name)" = spillway_redir
+  check "takeover-detaches-killed-pmd-program" sh -c \
+    "nsenter --net=/run/netns/$gw $probe takeover --dev $gveth | grep -q 'detached the stale'"
+  if start_testpmd "$workdir/testpmd-3.log"; then
+    check "restart-after-takeover" test "$(attached_name)" = spillway_redir
+    check "sync-after-takeover" in_gw "$probe" sync --dev "$gveth" "${vips[@]}"
+    traffic_run "$workdir/phase2-takeover.log" --testpmd-log "$workdir/testpmd-3.log" \
+      --cases tcp4-exact,udp4-all-ports,ping-host
+    # Without the takeover, the start after a kill -9 fails (the PMD attaches
+    # with XDP_FLAGS_UPDATE_IF_NOEXIST): what spillwayd ran into.
+    kill -KILL "$testpmd_pid"
+    wait "$testpmd_pid" 2>/dev/null || true
+    testpmd_pid=
+    if start_testpmd "$workdir/testpmd-4.log"; then
+      check "stale-program-blocks-restart" false
+    else
+      check "stale-program-blocks-restart" true
+    fi
+  else
+    check "restart-after-takeover" false
+    sed 's/^/  /' "$workdir/testpmd-3.log"
+  fi
+else
+  check "second-testpmd-start" false
+  sed 's/^/  /' "$workdir/testpmd-2.log"
+fi
 if [ "$failed" -ne 0 ]; then
   echo "af_xdp: dpdk-testpmd output (first 40 lines):"
   head -40 "$workdir/testpmd.log" | sed 's/^/  /'

@@ -130,7 +130,7 @@ check() {  # name, command...: a loader check outside the packet cases
 check "stats-through-pins" test -e /sys/fs/bpf/spillway-decap/"$bveth"/decap_counters
 # `ip netns exec` remounts /sys: stats must find the maps through the device.
 check "stats-without-pins" sh -c \
-  "ip netns exec '$backend' '$decap' stats --dev '$bveth' --json | grep -q '\"mode\": \"$mode\"'"
+  "ip netns exec '$backend' '$decap' stats --dev '$bveth' --json | grep -Eq '\"mode\": ?\"$mode\"'"
 check "attach-missing-device-fails" sh -c \
   "! in=\$('$decap' attach --dev swdx-$tag --address 10.0.0.1 2>&1) && \
    echo \"\$in\" | grep -q 'does not exist'"

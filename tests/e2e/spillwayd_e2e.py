@@ -2,7 +2,8 @@
 """End-to-end tests of spillwayd on net_af_packet (meson suite 'e2e').
 
     spillwayd_e2e.py TEST SPILLWAYD SPILLWAY_DECAP
-    TEST: distribution | restart | host-traffic | ipv6 | pmtu | restart-late-neighbour
+    TEST: distribution | restart | host-traffic | ipv6 | pmtu | restart-late-neighbour |
+          distribution-af-xdp | crash-af-xdp
 
 Each run builds its own estate with scripts/topology (prefix swe<pid>: a
 client, the gateway "lb" running spillwayd on its veth through af_packet,
@@ -42,6 +43,12 @@ names the backend in its first line).
                 a restart while one backend answers ARP only a second late:
                 its held flows must survive (the tables do not depend on
                 next-hop resolution, so the new instance keeps them there).
+  crash-af-xdp  AF_XDP mode, `kill -9`, start again: the killed instance's
+                XDP program stays on the gateway's port; the new instance
+                must detach it (and log that), come up and forward on the
+                model's backends. Then spillway-decap's program on the port:
+                spillwayd must refuse to start, name the program and how to
+                remove it, and leave it attached.
 
 SWE_KEEP_WORK=1 keeps the work directory (configs, logs, statistics).
 
@@ -51,6 +58,7 @@ namespaces or veth. Every wait polls against a deadline.
 """
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -900,7 +908,76 @@ def test_distribution_af_xdp(e):
     return test_distribution(e)
 
 
+def test_crash_af_xdp(e):
+    e.pmd = "af_xdp"
+    e.topology_up(onprem=2, cloud=1)
+    e.start_servers(ports=(8000,))
+    e.write_config()
+    model = maglev_model.Model(e.config)
+    lb_ns = e.ns("lb")
+    count = 40
+
+    def xdp_program():
+        out = e.run(["ip", "-d", "-n", lb_ns, "link", "show", "eth0"]).stdout
+        m = re.search(r"prog/xdp id \d+ name (\S+)", out)
+        return m.group(1) if m else None
+
+    def forwards(tag):
+        conns = e.fanout(VIP_NCCL, 8000, count, tag)["connections"]
+        return sum(1 for c in conns if c.get("ok") and
+                   c.get("backend") == model.backend(CLIENT, c["sport"], VIP_NCCL, 8000))
+
+    def log_text(lb):
+        with open(lb.stderr) as f:
+            return f.read()
+
+    lb = e.start_lb("first")
+    e.wait_ready(lb)
+    ok = forwards("first")
+    e.check("the first instance forwards on the model's backends", ok == count, f"{ok}/{count}")
+    lb.proc.kill()
+    lb.proc.wait()
+    e.procs.remove(lb.proc)
+    e.check("kill -9 leaves the redirect program on the port", xdp_program() == "spillway_redir",
+            f"attached: {xdp_program()}")
+
+    lb2 = e.start_lb("second")
+    e.wait_ready(lb2)
+    text = log_text(lb2)
+    e.check("the new instance detached the stale redirect program and logged it",
+            "detached the stale redirect program 'spillway_redir'" in text,
+            next((l for l in text.splitlines() if "AF_XDP" in l), text[-300:]))
+    ok = forwards("second")
+    e.check("the new instance forwards on the model's backends", ok == count, f"{ok}/{count}")
+    rc, _, final = e.stop_lb(lb2)
+    e.check("SIGTERM stops it cleanly and takes its program off the port",
+            rc == 0 and final is not None and xdp_program() is None,
+            f"exit {rc}, attached: {xdp_program()}")
+
+    pins = os.path.join(e.work, "pins")
+    e.run([e.decap, "attach", "--dev", "eth0", "--address", LB_ADDR, "--pin-root", pins],
+          ns=lb_ns)
+    lb3 = e.start_lb("foreign")
+    try:
+        lb3.proc.wait(30)
+    except subprocess.TimeoutExpired:
+        pass
+    e.stop(lb3.proc)
+    text = log_text(lb3)
+    refusal = next((l for l in text.splitlines() if "spillway_decap" in l), text[-400:])
+    e.check("spillwayd refuses to start over a foreign XDP program, naming it and its removal",
+            lb3.proc.returncode not in (0, None) and "XDP program 'spillway_decap'" in refusal
+            and "not Spillway's AF_XDP redirect program" in refusal
+            and "ip link set dev eth0 xdpdrv off" in refusal,
+            f"exit {lb3.proc.returncode}: {refusal.strip()}")
+    e.check("the foreign program is left attached", xdp_program() == "spillway_decap",
+            f"attached: {xdp_program()}")
+    e.run([e.decap, "detach", "--dev", "eth0", "--pin-root", pins], ns=lb_ns)
+    return f"restart after kill -9 forwarded {ok}/{count}; foreign program refused"
+
+
 TESTS = {"distribution": ("e2e-af-packet-distribution", test_distribution),
+         "crash-af-xdp": ("e2e-af-xdp-crash", test_crash_af_xdp),
          "distribution-af-xdp": ("e2e-af-xdp-distribution", test_distribution_af_xdp),
          "restart": ("e2e-restart", test_restart),
          "ipv6": ("e2e-ipv6", test_ipv6),

@@ -7,22 +7,24 @@
 //   xdp_redirect_probe sync     --dev IF [KEY ...]
 //   xdp_redirect_probe keys     --dev IF
 //   xdp_redirect_probe counters --dev IF
+//   xdp_redirect_probe takeover --dev IF
 //
 // KEY is ADDR (the address marker), ADDR/PROTO (every port) or
 // ADDR/PROTO/PORT, with PROTO tcp, udp, icmp, icmp6 or a number; invalid
 // combinations are passed on, so the test sees XdpVipMap reject them.
 // attach loads the object the way DPDK's net_af_xdp PMD does for its
 // xdp_prog devarg (bpf_object__open_file, bpf_object__load, the first
-// program, bpf_xdp_attach with XDP_FLAGS_UPDATE_IF_NOEXIST and no mode), but
-// puts no socket into xsks_map: VIP packets then take the no-socket path.
-// sync, keys and counters go through XdpVipMap only, as spillwayd will.
+// program, attached with XDP_FLAGS_UPDATE_IF_NOEXIST and no mode), but puts
+// no socket into xsks_map: VIP packets then take the no-socket path.
+// sync, keys and counters go through XdpVipMap only, as spillwayd does;
+// takeover runs spillwayd's start-up check, takeOverStaleRedirect().
+// Attach and detach go through xdp_attach.hpp, the XDP tools' one attach path.
 // Output: one line; counters and keys as JSON. Exit 0 ok, 1 error, 2 usage.
 #include <arpa/inet.h>
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
-#include <linux/if_link.h>
-#include <net/if.h>
 
+#include <CLI/CLI.hpp>
 #include <cerrno>
 #include <cstdarg>
 #include <cstdint>
@@ -30,20 +32,17 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "stale_redirect.hpp"
+#include "xdp_attach.hpp"
 #include "xdp_vip_map.hpp"
 
 namespace spillway {
 namespace {
-
-constexpr const char* kUsage =
-    "usage: xdp_redirect_probe path\n"
-    "       xdp_redirect_probe attach --dev IF [--object PATH]\n"
-    "       xdp_redirect_probe detach|keys|counters --dev IF\n"
-    "       xdp_redirect_probe sync --dev IF [ADDR[/PROTO[/PORT]] ...]\n";
 
 struct Options {
   std::string command;
@@ -52,24 +51,28 @@ struct Options {
   std::vector<std::string> keys;
 };
 
-std::optional<Options> parse(int argc, char** argv) {
-  if (argc < 2) return std::nullopt;
-  Options options;
-  options.command = argv[1];
-  for (int i = 2; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--dev" && i + 1 < argc) {
-      options.device = argv[++i];
-    } else if (arg == "--object" && i + 1 < argc) {
-      options.object = argv[++i];
-    } else if (!arg.starts_with("--") && options.command == "sync") {
-      options.keys.push_back(arg);
-    } else {
-      return std::nullopt;
+std::unique_ptr<CLI::App> makeParser(Options& options) {
+  auto app = std::make_unique<CLI::App>("the e2e test's hands on spillway_redirect.bpf.o",
+                                        "xdp_redirect_probe");
+  app->require_subcommand(1, 1);
+  auto command = [&](const char* name, const char* what) {
+    CLI::App* sub = app->add_subcommand(name, what);
+    sub->callback([&options, sub] { options.command = sub->get_name(); });
+    if (std::string_view(name) != "path") {
+      sub->add_option("--dev", options.device, "network interface")->required();
     }
-  }
-  if (options.command != "path" && options.device.empty()) return std::nullopt;
-  return options;
+    return sub;
+  };
+  command("path", "where redirectProgramPath() finds the object");
+  command("attach", "attach the object as DPDK's PMD does")
+      ->add_option("--object", options.object, "the object (default: path)");
+  command("detach", "detach whatever XDP program runs on the interface");
+  command("sync", "make vip_map hold exactly KEY...")
+      ->add_option("keys", options.keys, "ADDR[/PROTO[/PORT]]");
+  command("keys", "vip_map's keys, as JSON");
+  command("counters", "the program's counters, as JSON");
+  command("takeover", "spillwayd's start-up check: detach a stale redirect program");
+  return app;
 }
 
 std::optional<XdpVipKey> parseKey(const std::string& text) {
@@ -126,12 +129,6 @@ int fail(const std::string& what) {
   return 1;
 }
 
-std::string errnoText(int err) {
-  char buffer[128] = {};
-  libbpf_strerror(err < 0 ? -err : err, buffer, sizeof(buffer));
-  return buffer;
-}
-
 int attach(const Options& options) {
   std::string path = options.object;
   if (path.empty()) {
@@ -139,36 +136,46 @@ int attach(const Options& options) {
     path = redirectProgramPath(&tried);
     if (path.empty()) return fail("spillway_redirect.bpf.o not found (tried: " + tried + ")");
   }
-  const unsigned ifindex = if_nametoindex(options.device.c_str());
-  if (ifindex == 0) return fail("no interface " + options.device);
+  std::string error;
+  const auto where = queryXdp(options.device, error);
+  if (!where) return fail(error);
   // As rte_eth_af_xdp.c: load_program() and load_custom_xdp_prog().
   bpf_object* object = bpf_object__open_file(path.c_str(), nullptr);
-  if (object == nullptr) return fail("cannot open " + path + ": " + errnoText(errno));
+  if (object == nullptr) return fail("cannot open " + path + ": " + bpfErrorText(errno));
   if (const int err = bpf_object__load(object); err != 0) {
     bpf_object__close(object);
-    return fail("cannot load " + path + ": " + errnoText(err));
+    return fail("cannot load " + path + ": " + bpfErrorText(err));
   }
   bpf_program* program = bpf_object__next_program(object, nullptr);
   if (program == nullptr || bpf_object__find_map_by_name(object, "xsks_map") == nullptr) {
     bpf_object__close(object);
     return fail(path + " lacks a program or the xsks_map the PMD needs");
   }
-  const int err = bpf_xdp_attach(static_cast<int>(ifindex), bpf_program__fd(program),
-                                 XDP_FLAGS_UPDATE_IF_NOEXIST, nullptr);
+  const bool attached = attachXdp(*where, bpf_program__fd(program), XdpMode::Auto, nullptr, error);
   // The attachment holds the program and its maps after the object closes.
   bpf_object__close(object);
-  if (err != 0) return fail("cannot attach to " + options.device + ": " + errnoText(err));
+  if (!attached) return fail(error);
   std::cout << "attached " << path << " to " << options.device << '\n';
   return 0;
 }
 
 int detach(const Options& options) {
-  const unsigned ifindex = if_nametoindex(options.device.c_str());
-  if (ifindex == 0) return fail("no interface " + options.device);
-  if (const int err = bpf_xdp_detach(static_cast<int>(ifindex), 0, nullptr); err != 0) {
-    return fail("cannot detach from " + options.device + ": " + errnoText(err));
+  std::string error;
+  const auto where = queryXdp(options.device, error);
+  if (!where) return fail(error);
+  for (const XdpProgram& program : where->programs) {
+    if (!detachXdp(*where, program, error)) return fail(error);
   }
   std::cout << "detached from " << options.device << '\n';
+  return 0;
+}
+
+int takeover(const Options& options) {
+  if (auto busy = takeOverStaleRedirect(
+          options.device, [](const std::string& line) { std::cout << line << '\n'; })) {
+    return fail(*busy);
+  }
+  std::cout << options.device << " is free for the AF_XDP PMD\n";
   return 0;
 }
 
@@ -182,6 +189,7 @@ int run(const Options& options) {
   }
   if (options.command == "attach") return attach(options);
   if (options.command == "detach") return detach(options);
+  if (options.command == "takeover") return takeover(options);
 
   std::string error;
   auto map = XdpVipMap::open(options.device, error);
@@ -200,40 +208,41 @@ int run(const Options& options) {
   if (options.command == "keys") {
     const auto keys = map->keys(error);
     if (!keys) return fail(error);
-    std::cout << '[';
-    for (std::size_t i = 0; i < keys->size(); ++i) {
-      std::cout << (i ? ", " : "") << '"' << formatKey((*keys)[i]) << '"';
-    }
-    std::cout << "]\n";
+    nlohmann::json out = nlohmann::json::array();
+    for (const XdpVipKey& key : *keys) out.push_back(formatKey(key));
+    std::cout << out.dump() << '\n';
     return 0;
   }
   if (options.command == "counters") {
     const auto counters = map->counters(error);
     if (!counters) return fail(error);
-    std::cout << "{\"prog_id\": " << map->programId()
-              << ", \"redirected\": " << counters->redirected
-              << ", \"passed\": " << counters->passed()
-              << ", \"passed_no_socket\": " << counters->passedNoSocket
-              << ", \"passed_not_vip\": " << counters->passedNotVip
-              << ", \"passed_non_ip\": " << counters->passedNonIp
-              << ", \"passed_malformed\": " << counters->passedMalformed
-              << ", \"redirected_bytes\": " << counters->redirectedBytes
-              << ", \"passed_bytes\": " << counters->passedBytes << "}\n";
+    const nlohmann::ordered_json out = {{"prog_id", map->programId()},
+                                        {"redirected", counters->redirected},
+                                        {"passed", counters->passed()},
+                                        {"passed_no_socket", counters->passedNoSocket},
+                                        {"passed_not_vip", counters->passedNotVip},
+                                        {"passed_non_ip", counters->passedNonIp},
+                                        {"passed_malformed", counters->passedMalformed},
+                                        {"redirected_bytes", counters->redirectedBytes},
+                                        {"passed_bytes", counters->passedBytes}};
+    std::cout << out.dump() << '\n';
     return 0;
   }
-  std::cerr << kUsage;
-  return 2;
+  return fail("unknown command " + options.command);
 }
 
 }  // namespace
 }  // namespace spillway
 
 int main(int argc, char** argv) {
-  const auto options = spillway::parse(argc, argv);
-  if (!options) {
-    std::cerr << spillway::kUsage;
-    return 2;
+  spillway::Options options;
+  const auto parser = spillway::makeParser(options);
+  try {
+    parser->parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    const int status = parser->exit(error);
+    return status == 0 ? 0 : 2;
   }
   libbpf_set_print(spillway::printWarnings);
-  return spillway::run(*options);
+  return spillway::run(options);
 }

@@ -68,6 +68,7 @@
 #include <deque>
 #include <filesystem>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
 #include <span>
@@ -77,6 +78,9 @@
 #include <system_error>
 #include <utility>
 #include <vector>
+
+#include "spillway/errno_text.hpp"
+#include "spillway/unique_fd.hpp"
 
 namespace spillway {
 namespace {
@@ -99,42 +103,11 @@ constexpr int kReplyTimeoutMs = 2000;
 constexpr std::size_t kMaxDatagramBytes = 4096;
 constexpr std::uint16_t kVlanTpid = 0x8100;
 
-std::string errnoText(int error) {
-  return std::generic_category().message(error);
-}
-
 std::int64_t monotonicNs() {
   timespec now{};
   clock_gettime(CLOCK_MONOTONIC, &now);
   return static_cast<std::int64_t>(now.tv_sec) * kNsPerSecond + now.tv_nsec;
 }
-
-class FileDescriptor {
- public:
-  FileDescriptor() = default;
-  explicit FileDescriptor(int fd) : fd_(fd) {}
-  FileDescriptor(const FileDescriptor&) = delete;
-  FileDescriptor& operator=(const FileDescriptor&) = delete;
-  FileDescriptor(FileDescriptor&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  FileDescriptor& operator=(FileDescriptor&& other) noexcept {
-    if (this != &other) {
-      reset();
-      fd_ = std::exchange(other.fd_, -1);
-    }
-    return *this;
-  }
-  ~FileDescriptor() { reset(); }
-
-  int get() const { return fd_; }
-  bool valid() const { return fd_ >= 0; }
-  void reset() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-
- private:
-  int fd_ = -1;
-};
 
 // --- settings ------------------------------------------------------------------
 
@@ -348,10 +321,10 @@ void setSocketBuffer(int fd, int forceOption, int option) {
 
 // A raw socket on one interface. Created with protocol 0 so that nothing is
 // queued on it before bind narrows it to this ifindex.
-FileDescriptor openPacketSocket(const std::string& iface, bool& filterOutgoing) {
+UniqueFd openPacketSocket(const std::string& iface, bool& filterOutgoing) {
   const unsigned ifindex = if_nametoindex(iface.c_str());
   if (ifindex == 0) failStartup("interface '" + iface + "'", errno);
-  FileDescriptor fd(::socket(AF_PACKET, SOCK_RAW | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  UniqueFd fd(::socket(AF_PACKET, SOCK_RAW | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   if (!fd.valid()) failStartup("AF_PACKET socket for '" + iface + "'", errno);
   setSocketBuffer(fd.get(), SO_RCVBUFFORCE, SO_RCVBUF);
   setSocketBuffer(fd.get(), SO_SNDBUFFORCE, SO_SNDBUF);
@@ -386,7 +359,7 @@ bool fillUnixAddress(const std::string& path, sockaddr_un& address) {
   return true;
 }
 
-FileDescriptor openControlSocket(const std::string& path) {
+UniqueFd openControlSocket(const std::string& path) {
   sockaddr_un address{};
   if (!fillUnixAddress(path, address)) {
     throw DelayLineError("control path '" + path + "' is empty or longer than " +
@@ -397,14 +370,14 @@ FileDescriptor openControlSocket(const std::string& path) {
     if (!S_ISSOCK(existing.st_mode)) {
       throw DelayLineError("control path '" + path + "' exists and is not a socket");
     }
-    FileDescriptor probe(::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    UniqueFd probe(::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0));
     if (probe.valid() &&
         ::connect(probe.get(), reinterpret_cast<const sockaddr*>(&address), sizeof address) == 0) {
       throw DelayLineError("control socket '" + path + "' is in use by another process");
     }
     ::unlink(path.c_str());  // left behind by a run that did not exit cleanly
   }
-  FileDescriptor fd(::socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  UniqueFd fd(::socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   if (!fd.valid()) failStartup("control socket", errno);
   if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&address), sizeof address) < 0) {
     failStartup("bind control socket '" + path + "'", errno);
@@ -439,9 +412,9 @@ class DelayLine {
 
   RunOptions options_;
   Impairment settings_;
-  FileDescriptor socketA_;
-  FileDescriptor socketB_;
-  FileDescriptor control_;
+  UniqueFd socketA_;
+  UniqueFd socketB_;
+  UniqueFd control_;
   bool filterOutgoing_ = false;
   std::optional<Direction> ab_;
   std::optional<Direction> ba_;
@@ -453,29 +426,20 @@ class DelayLine {
 std::string DelayLine::showJson() const {
   const DirectionCounters& ab = ab_->counters();
   const DirectionCounters& ba = ba_->counters();
-  std::string json = "{";
-  const auto field = [&json](std::string_view key, const std::string& value) {
-    if (json.size() > 1) json += ",";
-    json += "\"";
-    json += key;
-    json += "\":";
-    json += value;
-  };
-  field("delay_ms", formatNumber(settings_.delayMs));
-  field("jitter_ms", formatNumber(settings_.jitterMs));
-  field("loss", formatNumber(settings_.loss));
-  field("forwarded_ab", std::to_string(ab.forwarded));
-  field("forwarded_ba", std::to_string(ba.forwarded));
-  field("lost_ab", std::to_string(ab.lost));
-  field("lost_ba", std::to_string(ba.lost));
-  field("queue_drops", std::to_string(ab.queueDrops + ba.queueDrops));
-  field("send_errors", std::to_string(ab.sendErrors + ba.sendErrors));
-  field("queued_ab", std::to_string(ab_->queued()));
-  field("queued_ba", std::to_string(ba_->queued()));
-  field("oversize_drops", std::to_string(ab.oversizeDrops + ba.oversizeDrops));
-  field("rx_drops", std::to_string(rxDrops_));
-  json += "}";
-  return json;
+  const nlohmann::ordered_json json = {{"delay_ms", settings_.delayMs},
+                                       {"jitter_ms", settings_.jitterMs},
+                                       {"loss", settings_.loss},
+                                       {"forwarded_ab", ab.forwarded},
+                                       {"forwarded_ba", ba.forwarded},
+                                       {"lost_ab", ab.lost},
+                                       {"lost_ba", ba.lost},
+                                       {"queue_drops", ab.queueDrops + ba.queueDrops},
+                                       {"send_errors", ab.sendErrors + ba.sendErrors},
+                                       {"queued_ab", ab_->queued()},
+                                       {"queued_ba", ba_->queued()},
+                                       {"oversize_drops", ab.oversizeDrops + ba.oversizeDrops},
+                                       {"rx_drops", rxDrops_}};
+  return json.dump();
 }
 
 // Reads up to a batch of frames, restoring an 802.1Q tag the kernel moved
@@ -594,7 +558,7 @@ int DelayLine::run() {
   sigaddset(&stopSignals, SIGINT);
   sigaddset(&stopSignals, SIGTERM);
   sigprocmask(SIG_BLOCK, &stopSignals, nullptr);
-  const FileDescriptor signals(::signalfd(-1, &stopSignals, SFD_NONBLOCK | SFD_CLOEXEC));
+  const UniqueFd signals(::signalfd(-1, &stopSignals, SFD_NONBLOCK | SFD_CLOEXEC));
   if (!signals.valid()) failStartup("signalfd", errno);
   prctl(PR_SET_TIMERSLACK, kTimerSlackNs, 0, 0, 0);
 
@@ -705,7 +669,7 @@ int askControl(const std::string& path, const std::string& request) {
     std::cerr << "spillway-delayline: error: control path '" << path << "' is empty or too long\n";
     return kExitError;
   }
-  FileDescriptor fd(::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  UniqueFd fd(::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0));
   if (!fd.valid()) {
     std::cerr << "spillway-delayline: error: client socket: " << errnoText(errno) << "\n";
     return kExitError;

@@ -25,7 +25,8 @@
 // must be that backend's address (a mismatch is counted and reported).
 //
 // Thread contract: one lcore (the main one) sends and receives; nothing else
-// runs. Results go to stdout as one JSON object (--json) or text.
+// runs. Results go to stdout as one JSON object (--json, nlohmann-json) or
+// text. Arguments after the EAL's "--" through CLI11; usage errors exit 2.
 #include <rte_cycles.h>
 #include <rte_eal.h>
 #include <rte_errno.h>
@@ -33,10 +34,12 @@
 #include <rte_lcore.h>
 #include <rte_mbuf.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <array>
 #include <atomic>
 #include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <csignal>
 #include <cstdint>
@@ -44,6 +47,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -58,13 +62,15 @@ namespace spillway {
 namespace {
 
 std::atomic<bool> gStop{false};
-void onSignal(int) { gStop.store(true); }
+void onSignal(int) {
+  gStop.store(true);
+}
 
 constexpr std::uint16_t kBurst = 32;
 constexpr std::uint16_t kPacedBurst = 4;
 constexpr unsigned kTxMbufs = 8191;
 constexpr unsigned kRxMbufs = 8191;
-constexpr std::size_t kMinFrame = 64;   // Ethernet + IPv4 + TCP + 10 bytes (TSC)
+constexpr std::size_t kMinFrame = 64;  // Ethernet + IPv4 + TCP + 10 bytes (TSC)
 constexpr std::size_t kMaxFrame = 1514;
 constexpr std::size_t kHeaders = 14 + 20 + 20;
 constexpr std::uint32_t kFlowsPerSource = 50000;
@@ -94,100 +100,84 @@ struct Options {
 };
 
 [[noreturn]] void usage(const std::string& error) {
-  std::fprintf(stderr,
-               "spillway-pktgen: %s\n"
-               "usage: spillway-pktgen [EAL options] -- [--config FILE] [--vip A.B.C.D:PORT]\n"
-               "         [--flows N (1..10000000)] [--syn-share F (0..1)] [--size B (64..1514)]\n"
-               "         [--verify maglev|none] [--sample-every N] [--warm] [--warm-passes 1|2]\n"
-               "         [--duration S] [--warmup S] [--latency-duration S (0: none)]\n"
-               "         [--latency-share F] [--link-timeout S] [--json]\n",
-               error.c_str());
+  std::fprintf(stderr, "spillway-pktgen: %s (see -- --help)\n", error.c_str());
   std::exit(2);
-}
-
-double parseDouble(const std::string& name, const char* text, double lo, double hi) {
-  char* end = nullptr;
-  errno = 0;
-  const double v = std::strtod(text, &end);
-  if (errno != 0 || end == text || *end != '\0' || !(v >= lo && v <= hi)) {
-    usage(name + " = \"" + text + "\": expected a number in [" + std::to_string(lo) + ", " +
-          std::to_string(hi) + "]");
-  }
-  return v;
-}
-
-std::uint64_t parseInt(const std::string& name, const char* text, std::uint64_t lo,
-                       std::uint64_t hi) {
-  char* end = nullptr;
-  errno = 0;
-  const unsigned long long v = std::strtoull(text, &end, 10);
-  if (errno != 0 || end == text || *end != '\0' || text[0] == '-' || v < lo || v > hi) {
-    usage(name + " = \"" + text + "\": expected an integer in [" + std::to_string(lo) + ", " +
-          std::to_string(hi) + "]");
-  }
-  return v;
 }
 
 std::optional<std::uint32_t> parseIpv4(const std::string& s) {
   unsigned a, b, c, d;
   char tail;
-  if (std::sscanf(s.c_str(), "%u.%u.%u.%u%c", &a, &b, &c, &d, &tail) != 4 || a > 255 ||
-      b > 255 || c > 255 || d > 255) {
+  if (std::sscanf(s.c_str(), "%u.%u.%u.%u%c", &a, &b, &c, &d, &tail) != 4 || a > 255 || b > 255 ||
+      c > 255 || d > 255) {
     return std::nullopt;
   }
   return (a << 24) | (b << 16) | (c << 8) | d;
 }
 
+// The generator's options, after the EAL's "--". Usage errors exit 2.
 Options parseOptions(int argc, char** argv) {
   Options o;
-  for (int i = 0; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> const char* {
-      if (i + 1 >= argc) usage(a + " needs a value");
-      return argv[++i];
-    };
-    if (a == "--flows") {
-      o.flows = parseInt(a, value(), 1, 10'000'000);
-    } else if (a == "--syn-share") {
-      o.synShare = parseDouble(a, value(), 0.0, 1.0);
-    } else if (a == "--size") {
-      o.size = parseInt(a, value(), kMinFrame, kMaxFrame);
-    } else if (a == "--config") {
-      o.configPath = value();
-    } else if (a == "--verify") {
-      o.verify = value();
-      if (o.verify != "maglev" && o.verify != "none") usage("--verify: maglev or none");
-    } else if (a == "--sample-every") {
-      o.sampleEvery = static_cast<unsigned>(parseInt(a, value(), 1, 1'000'000));
-    } else if (a == "--warm") {
-      o.warm = true;
-    } else if (a == "--warm-passes") {
-      o.warmPasses = static_cast<unsigned>(parseInt(a, value(), 1, 2));
-    } else if (a == "--duration") {
-      o.duration = parseDouble(a, value(), 0.1, 3600);
-    } else if (a == "--warmup") {
-      o.warmupSeconds = parseDouble(a, value(), 0.0, 3600);
-    } else if (a == "--latency-duration") {
-      o.latencyDuration = parseDouble(a, value(), 0.0, 3600);
-    } else if (a == "--latency-share") {
-      o.latencyShare = parseDouble(a, value(), 0.01, 1.0);
-    } else if (a == "--link-timeout") {
-      o.linkTimeout = parseDouble(a, value(), 0.1, 3600);
-    } else if (a == "--json") {
-      o.json = true;
-    } else if (a == "--vip") {
-      const std::string v = value();
-      const auto colon = v.rfind(':');
-      if (colon == std::string::npos) usage("--vip = \"" + v + "\": expected A.B.C.D:PORT");
-      o.vipAddress = parseIpv4(v.substr(0, colon));
-      if (!o.vipAddress) usage("--vip = \"" + v + "\": not an IPv4 address");
-      o.vipPort = static_cast<std::uint16_t>(
-          parseInt("--vip port", v.substr(colon + 1).c_str(), 1, 65535));
-    } else if (a == "--help" || a == "-h") {
-      usage("help");
-    } else {
-      usage("unknown option \"" + a + "\"");
+  std::string vip;
+  CLI::App app(
+      "spillway-pktgen: TCP traffic to a VIP through one DPDK port; "
+      "EAL options first, then --, then these",
+      "spillway-pktgen [EAL options] --");
+  app.add_option("--config", o.configPath, "spillwayd's configuration (VIP, Maglev tables)");
+  app.add_option("--vip", vip, "A.B.C.D:PORT to send to (default: the first IPv4 TCP VIP)");
+  app.add_option("--flows", o.flows, "established flows, cycled")
+      ->capture_default_str()
+      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{10'000'000}));
+  app.add_option("--syn-share", o.synShare, "share of SYNs opening new flows")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--size", o.size, "frame size in bytes")
+      ->capture_default_str()
+      ->check(CLI::Range(kMinFrame, kMaxFrame));
+  app.add_option("--verify", o.verify, "check returned frames against the Maglev table")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"maglev", "none"}));
+  app.add_option("--sample-every", o.sampleEvery, "decode every N-th returned frame")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 1'000'000u));
+  app.add_flag("--warm", o.warm, "establish the flows losslessly first");
+  app.add_option("--warm-passes", o.warmPasses, "1: SYNs only; 2: SYN then ACK")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 2u));
+  app.add_option("--duration", o.duration, "throughput window, seconds")
+      ->capture_default_str()
+      ->check(CLI::Range(0.1, 3600.0));
+  app.add_option("--warmup", o.warmupSeconds, "seconds before the window")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 3600.0));
+  app.add_option("--latency-duration", o.latencyDuration, "latency phase, seconds (0: none)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 3600.0));
+  app.add_option("--latency-share", o.latencyShare, "latency rate as a share of the measured")
+      ->capture_default_str()
+      ->check(CLI::Range(0.01, 1.0));
+  app.add_option("--link-timeout", o.linkTimeout, "seconds to wait for the link")
+      ->capture_default_str()
+      ->check(CLI::Range(0.1, 3600.0));
+  app.add_flag("--json", o.json, "results as one JSON object");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& help) {
+    std::exit(app.exit(help));
+  } catch (const CLI::ParseError& error) {
+    usage(error.what());
+  }
+  if (!vip.empty()) {
+    const auto colon = vip.rfind(':');
+    if (colon == std::string::npos) usage("--vip = \"" + vip + "\": expected A.B.C.D:PORT");
+    o.vipAddress = parseIpv4(vip.substr(0, colon));
+    if (!o.vipAddress) usage("--vip = \"" + vip + "\": not an IPv4 address");
+    const std::string port = vip.substr(colon + 1);
+    unsigned value = 0;
+    const auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), value);
+    if (ec != std::errc() || end != port.data() + port.size() || value == 0 || value > 65535) {
+      usage("--vip = \"" + vip + "\": port not in [1, 65535]");
     }
+    o.vipPort = static_cast<std::uint16_t>(value);
   }
   if (o.verify == "maglev" && o.configPath.empty()) {
     usage("--verify maglev needs --config (the configuration spillwayd runs)");
@@ -390,7 +380,8 @@ class Generator {
         predictor_(predictor),
         hz_(rte_get_tsc_hz()),
         synEvery_(o.synShare <= 0 ? 0
-                                  : static_cast<std::uint64_t>(std::llround(1024.0 * o.synShare))) {}
+                                  : static_cast<std::uint64_t>(std::llround(1024.0 * o.synShare))) {
+  }
 
   // Every buffer of the TX pool gets the whole frame once; later frames only
   // rewrite headers and the timestamp.
@@ -410,8 +401,8 @@ class Generator {
       std::uint64_t next = 0;
       std::array<rte_mbuf*, kBurst> m;
       while (next < o_.flows && !gStop.load()) {
-        const std::uint16_t n = static_cast<std::uint16_t>(
-            std::min<std::uint64_t>(kBurst, o_.flows - next));
+        const std::uint16_t n =
+            static_cast<std::uint16_t>(std::min<std::uint64_t>(kBurst, o_.flows - next));
         if (rte_pktmbuf_alloc_bulk(txPool_, m.data(), n) != 0) {
           drainRx(false);
           continue;
@@ -420,13 +411,14 @@ class Generator {
         for (std::uint16_t i = 0; i < n; ++i) {
           m[i]->data_len = static_cast<std::uint16_t>(kMinFrame);
           m[i]->pkt_len = static_cast<std::uint32_t>(kMinFrame);
-          warmWriter_.write(rte_pktmbuf_mtod(m[i], std::uint8_t*), establishedFlow(next + i),
-                            flags, tsc);
+          warmWriter_.write(rte_pktmbuf_mtod(m[i], std::uint8_t*), establishedFlow(next + i), flags,
+                            tsc);
         }
         std::uint16_t sent = 0;
         while (sent < n && !gStop.load()) {
           sent = static_cast<std::uint16_t>(
-              sent + rte_eth_tx_burst(port_, 0, m.data() + sent, static_cast<std::uint16_t>(n - sent)));
+              sent +
+              rte_eth_tx_burst(port_, 0, m.data() + sent, static_cast<std::uint16_t>(n - sent)));
           drainRx(false);
         }
         if (sent < n) rte_pktmbuf_free_bulk(m.data() + sent, n - sent);
@@ -487,7 +479,8 @@ class Generator {
   // sets the pace, and no frame is built twice); new ones are built only when
   // none wait, and when paced, only at their time.
   void run(double seconds, double pps, bool recordLatency) {
-    const std::uint64_t end = rte_rdtsc() + static_cast<std::uint64_t>(seconds * static_cast<double>(hz_));
+    const std::uint64_t end =
+        rte_rdtsc() + static_cast<std::uint64_t>(seconds * static_cast<double>(hz_));
     const std::uint16_t burst = pps > 0 ? kPacedBurst : kBurst;
     const double tscPerBurst = pps > 0 ? static_cast<double>(hz_) * burst / pps : 0;
     double nextSend = static_cast<double>(rte_rdtsc());
@@ -527,8 +520,8 @@ class Generator {
     for (std::uint16_t i = 0; i < n; ++i) {
       const auto* p = rte_pktmbuf_mtod(m[i], const std::uint8_t*);
       const std::uint16_t len = m[i]->data_len;
-      const bool encapsulated = len >= 14 + 20 + kHeaders - 14 && p[12] == 0x08 &&
-                                p[13] == 0x00 && p[14 + 9] == 4;
+      const bool encapsulated =
+          len >= 14 + 20 + kHeaders - 14 && p[12] == 0x08 && p[13] == 0x00 && p[14 + 9] == 4;
       c_.encapsulated += encapsulated;
       if (recordLatency && len >= 8) {
         std::uint64_t sent;
@@ -557,9 +550,10 @@ class Generator {
     }
     const std::uint32_t src = get32(inner + 12), dst = get32(inner + 16);
     const std::uint16_t srcPort = get16(inner + 20), dstPort = get16(inner + 22);
-    const bool ours = (src >= kEstablishedBase &&
-                       src < kEstablishedBase + (o_.flows + kFlowsPerSource - 1) / kFlowsPerSource) ||
-                      (src >> 23) == (kSynBase >> 23);
+    const bool ours =
+        (src >= kEstablishedBase &&
+         src < kEstablishedBase + (o_.flows + kFlowsPerSource - 1) / kFlowsPerSource) ||
+        (src >> 23) == (kSynBase >> 23);
     if (!ours || srcPort < kFirstPort) {
       ++c_.unknownFlow;
       return;
@@ -600,51 +594,56 @@ int runTraffic(void* arg) {
   const Options& o = ctx.o;
   int rc = 0;
   {
-      Generator gen(o, ctx.port, ctx.txPool, ctx.dst, ctx.dstPort, ctx.predictor);
-      gen.prefill();
-      if (o.warm) gen.warm();
-      const Counters warmCounters = gen.counters();
-      const double rate = gen.throughput(o.warmupSeconds, o.duration);
-      const double txRate = static_cast<double>(gen.windowTx_) / gen.windowSeconds_;
-      if (o.latencyDuration > 0 && rate > 0) gen.latency(o.latencyDuration, rate * o.latencyShare);
-      const Counters& c = gen.counters();
-      const double p50 = gen.histogram().percentileUs(0.50);
-      const double p99 = gen.histogram().percentileUs(0.99);
-      if (o.json) {
-        std::printf(
-            "{\"flows\":%llu,\"syn_share\":%.4f,\"size\":%zu,\"mpps\":%.4f,\"offered_mpps\":%.4f,"
-            "\"window_s\":%.3f,\"p50_us\":%.3f,\"p99_us\":%.3f,\"latency_rate_mpps\":%.4f,"
-            "\"latency_samples\":%llu,\"tx\":%llu,\"rx\":%llu,\"tx_stalls\":%llu,"
-            "\"warm_tx\":%llu,\"encapsulated\":%llu,\"sampled\":%llu,\"matched\":%llu,"
-            "\"mismatched\":%llu,\"undecodable\":%llu,\"unknown_flow\":%llu}\n",
-            static_cast<unsigned long long>(o.flows), o.synShare, o.size, rate / 1e6, txRate / 1e6,
-            gen.windowSeconds_, p50, p99, o.latencyDuration > 0 ? rate * o.latencyShare / 1e6 : 0.0,
-            static_cast<unsigned long long>(gen.histogram().count),
-            static_cast<unsigned long long>(c.tx), static_cast<unsigned long long>(c.rx),
-            static_cast<unsigned long long>(c.txRefused),
-            static_cast<unsigned long long>(warmCounters.tx),
-            static_cast<unsigned long long>(c.encapsulated),
-            static_cast<unsigned long long>(c.sampled), static_cast<unsigned long long>(c.matched),
-            static_cast<unsigned long long>(c.mismatched),
-            static_cast<unsigned long long>(c.undecodable),
-            static_cast<unsigned long long>(c.unknownFlow));
-      } else {
-        std::printf(
-            "returned %.3f Mpps (offered %.3f Mpps) over %.2f s; latency at %.3f Mpps: p50 %.2f us, "
-            "p99 %.2f us (%llu samples)\n"
-            "tx %llu rx %llu encapsulated %llu; sampled %llu: matched %llu, mismatched %llu, "
-            "undecodable %llu, unknown %llu\n",
-            rate / 1e6, txRate / 1e6, gen.windowSeconds_, rate * o.latencyShare / 1e6, p50, p99,
-            static_cast<unsigned long long>(gen.histogram().count),
-            static_cast<unsigned long long>(c.tx), static_cast<unsigned long long>(c.rx),
-            static_cast<unsigned long long>(c.encapsulated),
-            static_cast<unsigned long long>(c.sampled), static_cast<unsigned long long>(c.matched),
-            static_cast<unsigned long long>(c.mismatched),
-            static_cast<unsigned long long>(c.undecodable),
-            static_cast<unsigned long long>(c.unknownFlow));
-      }
-      std::fflush(stdout);
-      if (gStop.load()) rc = 130;
+    Generator gen(o, ctx.port, ctx.txPool, ctx.dst, ctx.dstPort, ctx.predictor);
+    gen.prefill();
+    if (o.warm) gen.warm();
+    const Counters warmCounters = gen.counters();
+    const double rate = gen.throughput(o.warmupSeconds, o.duration);
+    const double txRate = static_cast<double>(gen.windowTx_) / gen.windowSeconds_;
+    if (o.latencyDuration > 0 && rate > 0) gen.latency(o.latencyDuration, rate * o.latencyShare);
+    const Counters& c = gen.counters();
+    const double p50 = gen.histogram().percentileUs(0.50);
+    const double p99 = gen.histogram().percentileUs(0.99);
+    if (o.json) {
+      const nlohmann::ordered_json out = {
+          {"flows", o.flows},
+          {"syn_share", o.synShare},
+          {"size", o.size},
+          {"mpps", rate / 1e6},
+          {"offered_mpps", txRate / 1e6},
+          {"window_s", gen.windowSeconds_},
+          {"p50_us", p50},
+          {"p99_us", p99},
+          {"latency_rate_mpps", o.latencyDuration > 0 ? rate * o.latencyShare / 1e6 : 0.0},
+          {"latency_samples", gen.histogram().count},
+          {"tx", c.tx},
+          {"rx", c.rx},
+          {"tx_stalls", c.txRefused},
+          {"warm_tx", warmCounters.tx},
+          {"encapsulated", c.encapsulated},
+          {"sampled", c.sampled},
+          {"matched", c.matched},
+          {"mismatched", c.mismatched},
+          {"undecodable", c.undecodable},
+          {"unknown_flow", c.unknownFlow}};
+      std::printf("%s\n", out.dump().c_str());
+    } else {
+      std::printf(
+          "returned %.3f Mpps (offered %.3f Mpps) over %.2f s; latency at %.3f Mpps: p50 %.2f us, "
+          "p99 %.2f us (%llu samples)\n"
+          "tx %llu rx %llu encapsulated %llu; sampled %llu: matched %llu, mismatched %llu, "
+          "undecodable %llu, unknown %llu\n",
+          rate / 1e6, txRate / 1e6, gen.windowSeconds_, rate * o.latencyShare / 1e6, p50, p99,
+          static_cast<unsigned long long>(gen.histogram().count),
+          static_cast<unsigned long long>(c.tx), static_cast<unsigned long long>(c.rx),
+          static_cast<unsigned long long>(c.encapsulated),
+          static_cast<unsigned long long>(c.sampled), static_cast<unsigned long long>(c.matched),
+          static_cast<unsigned long long>(c.mismatched),
+          static_cast<unsigned long long>(c.undecodable),
+          static_cast<unsigned long long>(c.unknownFlow));
+    }
+    std::fflush(stdout);
+    if (gStop.load()) rc = 130;
   }
   ctx.rc = rc;
   ctx.done.store(true);
@@ -661,7 +660,8 @@ int runGenerator(int argc, char** argv) {
     }
   }
   if (split < 0) usage("no \"--\": EAL options, then --, then generator options");
-  const Options o = parseOptions(argc - split - 1, argv + split + 1);
+  // CLI11 takes argv[0] as the program name: the "--" stands in for it.
+  const Options o = parseOptions(argc - split, argv + split);
 
   std::optional<Config> config;
   std::optional<Predictor> predictor;
@@ -756,7 +756,8 @@ int runGenerator(int argc, char** argv) {
       rte_delay_ms(10);
     }
     if (link.link_status != RTE_ETH_LINK_UP) {
-      std::fprintf(stderr, "spillway-pktgen: port 0 link not up after %.1f s (is the peer running?)\n",
+      std::fprintf(stderr,
+                   "spillway-pktgen: port 0 link not up after %.1f s (is the peer running?)\n",
                    o.linkTimeout);
       rc = 1;
     } else {
@@ -782,4 +783,6 @@ int runGenerator(int argc, char** argv) {
 }  // namespace
 }  // namespace spillway
 
-int main(int argc, char** argv) { return spillway::runGenerator(argc, argv); }
+int main(int argc, char** argv) {
+  return spillway::runGenerator(argc, argv);
+}

@@ -19,6 +19,7 @@
 #include <utility>
 
 #include "bpf/spillway_redirect_abi.h"
+#include "xdp_attach.hpp"
 
 #ifndef SPILLWAY_REDIRECT_BUILD_OBJECT
 #define SPILLWAY_REDIRECT_BUILD_OBJECT ""
@@ -34,35 +35,6 @@ constexpr std::string_view kObjectFileName = "spillway_redirect.bpf.o";
 constexpr const char* kObjectEnv = "SPILLWAY_REDIRECT_BPF_OBJECT";
 constexpr std::uint8_t kProtoTcp = 6;
 constexpr std::uint8_t kProtoUdp = 17;
-
-std::string errnoText(int err) {
-  if (err < 0) err = -err;
-  std::array<char, 128> buffer{};
-  libbpf_strerror(err, buffer.data(), buffer.size());
-  std::string text = buffer.data();
-  if (err == EPERM) text += " (needs root: CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN)";
-  return text;
-}
-
-// Closes the descriptor it holds unless released.
-class FdGuard {
- public:
-  explicit FdGuard(int fd) noexcept : fd_(fd) {}
-  FdGuard(const FdGuard&) = delete;
-  FdGuard& operator=(const FdGuard&) = delete;
-  ~FdGuard() {
-    if (fd_ >= 0) close(fd_);
-  }
-  [[nodiscard]] int get() const noexcept { return fd_; }
-  int release() noexcept { return std::exchange(fd_, -1); }
-  void reset(int fd) noexcept {
-    if (fd_ >= 0) close(fd_);
-    fd_ = fd;
-  }
-
- private:
-  int fd_;
-};
 
 // Keys compare bytewise (the layout has no padding); named, not operators,
 // since RedirectVipKey lives in the global namespace of the C header.
@@ -136,93 +108,43 @@ bool readKeys(int fd, std::vector<RedirectVipKey>& out, std::string& error) {
     previous = &current;
   }
   if (errno != ENOENT) {
-    error = std::string("cannot iterate " SPILLWAY_REDIRECT_MAP_VIPS ": ") + errnoText(errno);
+    error = std::string("cannot iterate " SPILLWAY_REDIRECT_MAP_VIPS ": ") + bpfErrorText(errno);
     return false;
   }
   return true;
 }
 
-// The ids of the programs attached to the device, any mode, without repeats.
-std::optional<std::vector<std::uint32_t>> attachedPrograms(int ifindex, const std::string& ifname,
-                                                           std::string& error) {
-  bpf_xdp_query_opts query{};
-  query.sz = sizeof(query);
-  if (const int err = bpf_xdp_query(ifindex, 0, &query); err != 0) {
-    error = "cannot query XDP on " + ifname + ": " + errnoText(err);
-    return std::nullopt;
-  }
-  std::vector<std::uint32_t> ids;
-  for (const std::uint32_t id :
-       {query.prog_id, query.drv_prog_id, query.skb_prog_id, query.hw_prog_id}) {
-    if (id != 0 && std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
-  }
-  return ids;
-}
-
-struct FoundMaps {
-  int vipFd = -1;
-  int countersFd = -1;
-};
-
-// Opens the maps of program `id` named vip_map and redir_counters, checking
-// their layouts against the ABI header. vipFd stays -1 when the program has
-// no vip_map (someone else's program).
-bool findMaps(std::uint32_t id, FoundMaps& found, std::string& error) {
-  FdGuard prog(bpf_prog_get_fd_by_id(id));
-  if (prog.get() < 0) {
-    error = "cannot open XDP program id " + std::to_string(id) + ": " + errnoText(errno);
-    return false;
-  }
-  bpf_prog_info info{};
+// The layout of `fd` (a map of XDP program `id` named vip_map) against the
+// ABI header.
+bool vipMapLayoutOk(int fd, const XdpProgram& program, std::string& error) {
+  bpf_map_info info{};
   std::uint32_t length = sizeof(info);
-  if (bpf_obj_get_info_by_fd(prog.get(), &info, &length) != 0) {
-    error = "cannot read XDP program id " + std::to_string(id) + ": " + errnoText(errno);
+  if (bpf_obj_get_info_by_fd(fd, &info, &length) != 0) {
+    error = std::string("cannot read " SPILLWAY_REDIRECT_MAP_VIPS ": ") + bpfErrorText(errno);
     return false;
   }
-  std::vector<std::uint32_t> mapIds(info.nr_map_ids);
-  if (!mapIds.empty()) {
-    bpf_prog_info withMaps{};
-    withMaps.nr_map_ids = static_cast<std::uint32_t>(mapIds.size());
-    withMaps.map_ids = reinterpret_cast<std::uintptr_t>(mapIds.data());
-    length = sizeof(withMaps);
-    if (bpf_obj_get_info_by_fd(prog.get(), &withMaps, &length) != 0) {
-      error =
-          "cannot read the maps of XDP program id " + std::to_string(id) + ": " + errnoText(errno);
-      return false;
-    }
-    mapIds.resize(std::min<std::size_t>(mapIds.size(), withMaps.nr_map_ids));
+  if (info.type != BPF_MAP_TYPE_HASH || info.key_size != sizeof(RedirectVipKey) ||
+      info.value_size != sizeof(std::uint32_t)) {
+    error = "XDP program id " + std::to_string(program.id) +
+            " has a " SPILLWAY_REDIRECT_MAP_VIPS " of another layout (key " +
+            std::to_string(info.key_size) + " bytes, value " + std::to_string(info.value_size) +
+            " bytes): not this build's spillway_redirect.bpf.o";
+    return false;
   }
-  FdGuard vip(-1);
-  FdGuard counters(-1);
-  for (const std::uint32_t mapId : mapIds) {
-    FdGuard map(bpf_map_get_fd_by_id(mapId));
-    if (map.get() < 0) continue;
-    bpf_map_info mapInfo{};
-    std::uint32_t mapLength = sizeof(mapInfo);
-    if (bpf_obj_get_info_by_fd(map.get(), &mapInfo, &mapLength) != 0) continue;
-    const std::string_view name = mapInfo.name;
-    if (name == SPILLWAY_REDIRECT_MAP_VIPS) {
-      if (mapInfo.type != BPF_MAP_TYPE_HASH || mapInfo.key_size != sizeof(RedirectVipKey) ||
-          mapInfo.value_size != sizeof(std::uint32_t)) {
-        error = "XDP program id " + std::to_string(id) +
-                " has a " SPILLWAY_REDIRECT_MAP_VIPS " of another layout (key " +
-                std::to_string(mapInfo.key_size) + " bytes, value " +
-                std::to_string(mapInfo.value_size) +
-                " bytes): not this build's spillway_redirect.bpf.o";
-        return false;
-      }
-      vip.reset(map.release());
-    } else if (name == SPILLWAY_REDIRECT_MAP_COUNTERS) {
-      if (mapInfo.type == BPF_MAP_TYPE_PERCPU_ARRAY &&
-          mapInfo.value_size == sizeof(RedirectCounterValue) &&
-          mapInfo.max_entries >= kRedirectCounterCount) {
-        counters.reset(map.release());
-      }
-    }
-  }
-  found.vipFd = vip.release();
-  found.countersFd = counters.release();
   return true;
+}
+
+// The counters map, when its layout is this build's; invalid otherwise.
+UniqueFd countersMap(const XdpProgram& program) {
+  UniqueFd fd = openProgramMap(program, SPILLWAY_REDIRECT_MAP_COUNTERS);
+  bpf_map_info info{};
+  std::uint32_t length = sizeof(info);
+  if (!fd.valid() || bpf_obj_get_info_by_fd(fd.get(), &info, &length) != 0 ||
+      info.type != BPF_MAP_TYPE_PERCPU_ARRAY || info.value_size != sizeof(RedirectCounterValue) ||
+      info.max_entries < kRedirectCounterCount) {
+    return UniqueFd();
+  }
+  return fd;
 }
 
 }  // namespace
@@ -260,26 +182,22 @@ void XdpVipMap::closeAll() noexcept {
 }
 
 std::optional<XdpVipMap> XdpVipMap::open(const std::string& ifname, std::string& error) {
-  const unsigned ifindex = if_nametoindex(ifname.c_str());
-  if (ifindex == 0) {
-    error = "interface '" + ifname + "' does not exist in this network namespace";
-    return std::nullopt;
-  }
-  const auto ids = attachedPrograms(static_cast<int>(ifindex), ifname, error);
-  if (!ids) return std::nullopt;
-  if (ids->empty()) {
+  const auto attachment = queryXdp(ifname, error);
+  if (!attachment) return std::nullopt;
+  if (attachment->programs.empty()) {
     error = "no XDP program is attached to " + ifname +
             " (is the net_af_xdp port started with xdp_prog=" + std::string(kObjectFileName) + "?)";
     return std::nullopt;
   }
-  for (const std::uint32_t id : *ids) {
-    FoundMaps maps;
-    if (!findMaps(id, maps, error)) return std::nullopt;
-    if (maps.vipFd >= 0) return XdpVipMap(ifname, id, maps.vipFd, maps.countersFd);
-    if (maps.countersFd >= 0) close(maps.countersFd);
+  for (const XdpProgram& program : attachment->programs) {
+    UniqueFd vip = openProgramMap(program, SPILLWAY_REDIRECT_MAP_VIPS);
+    if (!vip.valid()) continue;
+    if (!vipMapLayoutOk(vip.get(), program, error)) return std::nullopt;
+    UniqueFd counters = countersMap(program);
+    return XdpVipMap(ifname, program.id, vip.release(), counters.release());
   }
-  error = "the XDP program on " + ifname + " (id " + std::to_string(ids->front()) +
-          ") has no map named " SPILLWAY_REDIRECT_MAP_VIPS
+  error = "the XDP program on " + ifname + " " + attachment->programs.front().describe() +
+          " has no map named " SPILLWAY_REDIRECT_MAP_VIPS
           ": it is not spillway_redirect.bpf.o (check the port's xdp_prog devarg)";
   return std::nullopt;
 }
@@ -302,7 +220,7 @@ bool XdpVipMap::sync(const std::vector<XdpVipKey>& vips, std::string& error) {
   bpf_map_info info{};
   std::uint32_t length = sizeof(info);
   if (bpf_obj_get_info_by_fd(vipFd_, &info, &length) != 0) {
-    error = std::string("cannot read " SPILLWAY_REDIRECT_MAP_VIPS ": ") + errnoText(errno);
+    error = std::string("cannot read " SPILLWAY_REDIRECT_MAP_VIPS ": ") + bpfErrorText(errno);
     return false;
   }
   if (wanted.size() > info.max_entries) {
@@ -327,7 +245,7 @@ bool XdpVipMap::sync(const std::vector<XdpVipKey>& vips, std::string& error) {
     for (const RedirectVipKey& key : missing) {
       if (bpf_map_update_elem(vipFd_, &key, &flags, BPF_ANY) != 0) {
         error = "cannot add " + formatKey(fromWire(key)) + " to " SPILLWAY_REDIRECT_MAP_VIPS ": " +
-                errnoText(errno);
+                bpfErrorText(errno);
         return false;
       }
     }
@@ -337,7 +255,7 @@ bool XdpVipMap::sync(const std::vector<XdpVipKey>& vips, std::string& error) {
     for (const RedirectVipKey& key : stale) {
       if (bpf_map_delete_elem(vipFd_, &key) != 0 && errno != ENOENT) {
         error = "cannot delete " + formatKey(fromWire(key)) +
-                " from " SPILLWAY_REDIRECT_MAP_VIPS ": " + errnoText(errno);
+                " from " SPILLWAY_REDIRECT_MAP_VIPS ": " + bpfErrorText(errno);
         return false;
       }
     }
@@ -368,7 +286,7 @@ std::optional<XdpRedirectCounters> XdpVipMap::counters(std::string& error) const
   }
   const int cpus = libbpf_num_possible_cpus();
   if (cpus <= 0) {
-    error = "cannot count the CPUs: " + errnoText(cpus);
+    error = "cannot count the CPUs: " + bpfErrorText(cpus);
     return std::nullopt;
   }
   std::array<RedirectCounterValue, kRedirectCounterCount> sums{};
@@ -376,7 +294,7 @@ std::optional<XdpRedirectCounters> XdpVipMap::counters(std::string& error) const
   for (std::uint32_t index = 0; index < kRedirectCounterCount; ++index) {
     if (bpf_map_lookup_elem(countersFd_, &index, perCpu.data()) != 0) {
       error = "cannot read counter " + std::to_string(index) + " of " +
-              SPILLWAY_REDIRECT_MAP_COUNTERS + ": " + errnoText(errno);
+              SPILLWAY_REDIRECT_MAP_COUNTERS + ": " + bpfErrorText(errno);
       return std::nullopt;
     }
     for (const RedirectCounterValue& value : perCpu) {

@@ -4,10 +4,11 @@
 //
 // DPDK's net_af_xdp PMD loads and attaches that program (devarg
 // xdp_prog=redirectProgramPath()), not spillwayd, so open() finds the maps
-// through the device: the XDP program attached to the interface
-// (bpf_xdp_query), its map ids, and the maps named vip_map and
-// redir_counters. Call it after the port has started, in the network
-// namespace of the interface.
+// through the device: the XDP program attached to the interface and its maps
+// named vip_map and redir_counters (queryXdp / openProgramMap, xdp_attach.hpp).
+// Call it after the port has started, in the network namespace of the
+// interface. Before the port starts, takeOverStaleRedirect()
+// (stale_redirect.hpp) clears what a killed spillwayd left there.
 //
 // sync() makes the map hold exactly the given keys: it adds the missing ones
 // first and deletes the stale ones after, so a key present before and after

@@ -19,12 +19,14 @@
 // and its maps by id, so they work even where the pins are not visible (for
 // example under `ip netns exec`, which remounts /sys).
 //
+// Arguments through CLI11, `stats --json` through nlohmann-json, the device's
+// XDP programs found, attached and detached through xdp_attach.hpp (the one
+// attach path of Spillway's XDP tools).
 // Start-up tool, single-threaded; errors are exceptions caught in main(),
 // printed as one line, exit status 1 (2 for usage errors).
 #include <arpa/inet.h>
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
-#include <linux/if_link.h>
 #include <linux/magic.h>
 #include <net/if.h>
 #include <sys/mount.h>
@@ -32,6 +34,7 @@
 #include <sys/statfs.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <array>
 #include <cerrno>
 #include <cstdarg>
@@ -42,6 +45,7 @@
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
@@ -50,7 +54,9 @@
 #include <utility>
 #include <vector>
 
+#include "spillway/errno_text.hpp"
 #include "spillway_decap_abi.h"
+#include "xdp_attach.hpp"
 
 #ifndef SPILLWAY_DECAP_BUILD_OBJECT
 #define SPILLWAY_DECAP_BUILD_OBJECT ""
@@ -70,6 +76,7 @@ constexpr std::string_view kBpffsMount = "/sys/fs/bpf";
 constexpr std::string_view kDefaultPinRoot = "/sys/fs/bpf/spillway-decap";
 constexpr std::string_view kPinProgram = "prog";
 constexpr std::uint16_t kDefaultGuePort = 6080;
+constexpr int kUsageExit = 2;
 
 // Names of the counters, in DecapCounter order (spillway_decap_abi.h).
 // clang-format off
@@ -87,42 +94,16 @@ class UsageError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-std::string errnoText(int err) {
-  std::array<char, 128> buffer{};
-  libbpf_strerror(err, buffer.data(), buffer.size());
-  return buffer.data();
-}
-
 [[noreturn]] void fail(const std::string& what, int err) {
-  throw std::runtime_error(what + ": " + errnoText(err < 0 ? -err : err));
+  throw std::runtime_error(what + ": " + bpfErrorText(err));
 }
 
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  Fd(Fd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  Fd& operator=(Fd&& other) noexcept {
-    if (this != &other) {
-      reset();
-      fd_ = std::exchange(other.fd_, -1);
-    }
-    return *this;
-  }
-  ~Fd() { reset(); }
-
-  [[nodiscard]] int get() const noexcept { return fd_; }
-  [[nodiscard]] bool valid() const noexcept { return fd_ >= 0; }
-
- private:
-  void reset() noexcept {
-    if (fd_ >= 0) close(fd_);
-    fd_ = -1;
-  }
-  int fd_ = -1;
-};
+// Unwraps a helper's result or throws its error.
+template <typename T>
+T orThrow(std::optional<T> value, const std::string& error) {
+  if (!value) throw std::runtime_error(error);
+  return std::move(*value);
+}
 
 struct BpfObjectCloser {
   void operator()(bpf_object* object) const noexcept { bpf_object__close(object); }
@@ -131,14 +112,13 @@ using BpfObjectPtr = std::unique_ptr<bpf_object, BpfObjectCloser>;
 
 // ---- command line ----------------------------------------------------------
 
-enum class XdpMode { Native, Generic };
-
 struct Options {
   std::string command;
   std::string device;
   std::vector<std::string> addresses;
   std::uint16_t guePort = kDefaultGuePort;
-  XdpMode mode = XdpMode::Native;
+  std::string modeName = "native";
+  XdpMode mode = XdpMode::Native;  // from modeName
   std::string bpfObject;
   std::string pinRoot{kDefaultPinRoot};
   bool force = false;
@@ -146,93 +126,55 @@ struct Options {
   bool verbose = false;
 };
 
-constexpr std::string_view kUsage =
-    "usage:\n"
-    "  spillway-decap attach --dev IF --address ADDR [--address ADDR ...]\n"
-    "                        [--gue-port PORT] [--mode native|generic]\n"
-    "                        [--bpf-object PATH] [--pin-root DIR] [--force] [--verbose]\n"
-    "  spillway-decap detach --dev IF [--pin-root DIR] [--force]\n"
-    "  spillway-decap stats  --dev IF [--json] [--pin-root DIR]\n"
-    "\n"
+constexpr std::string_view kDescription =
     "Decapsulates IPIP, IPv6-in-IPv4, IPv4/IPv6-in-IPv6 and GUE (variant 0, UDP port\n"
     "--gue-port, default 6080) sent to one of the --address values, and passes the\n"
     "inner packet to the kernel. The BPF object is taken from --bpf-object, then\n"
     "$SPILLWAY_DECAP_BPF_OBJECT, then next to this binary, then the install and\n"
-    "build paths compiled in.\n";
+    "build paths compiled in.";
 
-std::uint16_t parsePort(const std::string& text) {
-  char* end = nullptr;
-  errno = 0;
-  const unsigned long value = std::strtoul(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || errno != 0 || value == 0 || value > 65535) {
-    throw UsageError("--gue-port: '" + text + "' is not a UDP port (1..65535)");
-  }
-  return static_cast<std::uint16_t>(value);
+// The parser, bound to `options`. Every command takes --dev, --pin-root and
+// --verbose; attach, detach and stats add their own.
+std::unique_ptr<CLI::App> makeParser(Options& options) {
+  auto app = std::make_unique<CLI::App>(std::string(kDescription), "spillway-decap");
+  app->require_subcommand(1, 1);
+  auto common = [&](CLI::App* command) {
+    command->add_option("--dev", options.device, "network interface")->required();
+    command->add_option("--pin-root", options.pinRoot, "bpffs directory for the pins")
+        ->capture_default_str();
+    command->add_flag("-v,--verbose", options.verbose, "libbpf's messages too");
+    command->callback([&options, command] { options.command = command->get_name(); });
+  };
+  CLI::App* attach = app->add_subcommand("attach", "load, configure and attach the program");
+  common(attach);
+  attach
+      ->add_option("--address", options.addresses,
+                   "a tunnel address of this backend (IPv4 or IPv6); repeat for more")
+      ->required()
+      ->allow_extra_args(false);
+  attach->add_option("--gue-port", options.guePort, "GUE UDP port")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 65535));
+  attach->add_option("--mode", options.modeName, "native (also: drv) or generic (also: skb)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"native", "drv", "generic", "skb"}));
+  attach->add_option("--bpf-object", options.bpfObject, "the BPF object to load");
+  attach->add_flag("--force", options.force, "replace a foreign XDP program");
+  CLI::App* detach = app->add_subcommand("detach", "detach the program and remove its pins");
+  common(detach);
+  detach->add_flag("--force", options.force, "detach a foreign XDP program too");
+  CLI::App* stats = app->add_subcommand("stats", "the program's counters");
+  common(stats);
+  stats->add_flag("--json", options.json, "one JSON object");
+  return app;
 }
 
-Options parseOptions(int argc, char** argv) {
-  Options options;
-  if (argc < 2) throw UsageError("missing command");
-  options.command = argv[1];
-  if (options.command == "-h" || options.command == "--help" || options.command == "help") {
-    options.command = "help";
-    return options;
-  }
-  if (options.command != "attach" && options.command != "detach" && options.command != "stats") {
-    throw UsageError("unknown command '" + options.command + "'");
-  }
-  for (int i = 2; i < argc; ++i) {
-    std::string arg = argv[i];
-    std::optional<std::string> inlineValue;
-    if (const auto eq = arg.find('='); arg.starts_with("--") && eq != std::string::npos) {
-      inlineValue = arg.substr(eq + 1);
-      arg.resize(eq);
-    }
-    auto value = [&]() -> std::string {
-      if (inlineValue) return *inlineValue;
-      if (i + 1 >= argc) throw UsageError(arg + " needs a value");
-      return argv[++i];
-    };
-    if (arg == "--dev") {
-      options.device = value();
-    } else if (arg == "--address" && options.command == "attach") {
-      options.addresses.push_back(value());
-    } else if (arg == "--gue-port" && options.command == "attach") {
-      options.guePort = parsePort(value());
-    } else if (arg == "--mode" && options.command == "attach") {
-      const std::string mode = value();
-      if (mode == "native" || mode == "drv") {
-        options.mode = XdpMode::Native;
-      } else if (mode == "generic" || mode == "skb") {
-        options.mode = XdpMode::Generic;
-      } else {
-        throw UsageError("--mode: '" + mode + "' is neither native nor generic");
-      }
-    } else if (arg == "--bpf-object" && options.command == "attach") {
-      options.bpfObject = value();
-    } else if (arg == "--pin-root") {
-      options.pinRoot = value();
-    } else if (arg == "--force" && options.command != "stats" && !inlineValue) {
-      options.force = true;
-    } else if (arg == "--json" && options.command == "stats" && !inlineValue) {
-      options.json = true;
-    } else if ((arg == "--verbose" || arg == "-v") && !inlineValue) {
-      options.verbose = true;
-    } else if (arg == "-h" || arg == "--help") {
-      options.command = "help";
-      return options;
-    } else {
-      throw UsageError("unknown option '" + arg + "' for " + options.command);
-    }
-  }
-  if (options.device.empty()) throw UsageError(options.command + ": --dev IF is required");
+void validate(Options& options) {
+  options.mode = options.modeName == "generic" || options.modeName == "skb" ? XdpMode::Generic
+                                                                            : XdpMode::Native;
   if (options.device.size() >= IF_NAMESIZE || options.device.find('/') != std::string::npos) {
     throw UsageError("--dev: '" + options.device + "' is not an interface name");
   }
-  if (options.command == "attach" && options.addresses.empty()) {
-    throw UsageError("attach: at least one --address (the backend's tunnel address) is required");
-  }
-  return options;
 }
 
 // ---- helpers ---------------------------------------------------------------
@@ -253,13 +195,9 @@ void requireRoot() {
   }
 }
 
-unsigned deviceIndex(const std::string& device) {
-  const unsigned index = if_nametoindex(device.c_str());
-  if (index == 0) {
-    throw std::runtime_error("device '" + device + "' does not exist in this network namespace (" +
-                             errnoText(errno) + ")");
-  }
-  return index;
+XdpAttachment queryDevice(const std::string& device) {
+  std::string error;
+  return orThrow(queryXdp(device, error), error);
 }
 
 DecapAddressKey parseAddress(const std::string& text) {
@@ -310,63 +248,15 @@ std::string resolveObjectPath(const Options& options) {
                            " not found (tried:" + tried + "); give it with --bpf-object PATH");
 }
 
-struct ProgramInfo {
-  std::uint32_t id = 0;
-  std::string name;
-  std::vector<std::uint32_t> mapIds;
-};
+bool isOurs(const XdpProgram& program) {
+  return program.name == SPILLWAY_DECAP_PROG_NAME;
+}
 
-ProgramInfo programInfo(std::uint32_t id) {
-  ProgramInfo info;
-  info.id = id;
-  Fd fd(bpf_prog_get_fd_by_id(id));
-  if (!fd.valid()) fail("cannot open XDP program id " + std::to_string(id), errno);
-  bpf_prog_info raw{};
-  std::uint32_t length = sizeof(raw);
-  if (bpf_obj_get_info_by_fd(fd.get(), &raw, &length) != 0) {
-    fail("cannot read program id " + std::to_string(id), errno);
+const XdpProgram* inMode(const XdpAttachment& attachment, XdpMode mode) {
+  for (const XdpProgram& program : attachment.programs) {
+    if (program.mode == mode) return &program;
   }
-  info.name = raw.name;
-  info.mapIds.resize(raw.nr_map_ids);
-  if (!info.mapIds.empty()) {
-    bpf_prog_info withMaps{};
-    withMaps.nr_map_ids = static_cast<std::uint32_t>(info.mapIds.size());
-    withMaps.map_ids = reinterpret_cast<std::uintptr_t>(info.mapIds.data());
-    length = sizeof(withMaps);
-    if (bpf_obj_get_info_by_fd(fd.get(), &withMaps, &length) != 0) {
-      fail("cannot read the maps of program id " + std::to_string(id), errno);
-    }
-    info.mapIds.resize(withMaps.nr_map_ids);
-  }
-  return info;
-}
-
-bool isOurs(const ProgramInfo& info) {
-  return info.name == SPILLWAY_DECAP_PROG_NAME;
-}
-
-// What netlink reports on the device: the program of each mode, if any.
-struct Attachment {
-  std::uint32_t nativeId = 0;
-  std::uint32_t genericId = 0;
-  std::uint32_t offloadId = 0;
-};
-
-Attachment queryAttachment(unsigned ifindex, const std::string& device) {
-  bpf_xdp_query_opts query{};
-  query.sz = sizeof(query);
-  if (const int err = bpf_xdp_query(static_cast<int>(ifindex), 0, &query); err != 0) {
-    fail("cannot query XDP on " + device, err);
-  }
-  return Attachment{query.drv_prog_id, query.skb_prog_id, query.hw_prog_id};
-}
-
-std::uint32_t modeFlag(XdpMode mode) {
-  return mode == XdpMode::Native ? XDP_FLAGS_DRV_MODE : XDP_FLAGS_SKB_MODE;
-}
-
-const char* modeName(XdpMode mode) {
-  return mode == XdpMode::Native ? "native" : "generic";
+  return nullptr;
 }
 
 std::string pinDirectory(const Options& options) {
@@ -424,47 +314,34 @@ void pinObject(bpf_object* object, bpf_program* program, const Options& options)
   }
   if (err != 0) {
     std::cerr << "spillway-decap: warning: pinning under " << directory
-              << " failed: " << errnoText(-err) << "; stats still work through the device\n";
+              << " failed: " << bpfErrorText(err) << "; stats still work through the device\n";
     removePins(directory);
   }
-}
-
-Fd mapByName(const ProgramInfo& program, std::string_view name) {
-  for (const std::uint32_t id : program.mapIds) {
-    Fd fd(bpf_map_get_fd_by_id(id));
-    if (!fd.valid()) continue;
-    bpf_map_info info{};
-    std::uint32_t length = sizeof(info);
-    if (bpf_obj_get_info_by_fd(fd.get(), &info, &length) == 0 && name == info.name) return fd;
-  }
-  return Fd();
 }
 
 // ---- commands --------------------------------------------------------------
 
 int attach(const Options& options) {
   requireRoot();
-  const unsigned ifindex = deviceIndex(options.device);
   std::vector<DecapAddressKey> keys;
   for (const auto& address : options.addresses) keys.push_back(parseAddress(address));
   if (keys.size() > SPILLWAY_DECAP_MAX_ADDRS) {
     throw UsageError("at most " + std::to_string(SPILLWAY_DECAP_MAX_ADDRS) + " addresses");
   }
+  const XdpAttachment before = queryDevice(options.device);
 
   // What runs there now: ours is replaced, a foreign program only with --force.
-  const Attachment before = queryAttachment(ifindex, options.device);
-  if (before.offloadId != 0) {
-    throw std::runtime_error(options.device + " has an offloaded XDP program (id " +
-                             std::to_string(before.offloadId) + "); remove it first");
+  if (const XdpProgram* offloaded = inMode(before, XdpMode::Offload)) {
+    throw std::runtime_error(options.device + " has an offloaded XDP program " +
+                             offloaded->describe() + "; remove it first");
   }
-  std::uint32_t sameModeId = options.mode == XdpMode::Native ? before.nativeId : before.genericId;
-  std::uint32_t otherModeId = options.mode == XdpMode::Native ? before.genericId : before.nativeId;
-  for (const std::uint32_t id : {sameModeId, otherModeId}) {
-    if (id == 0) continue;
-    const ProgramInfo info = programInfo(id);
-    if (!isOurs(info) && !options.force) {
-      throw std::runtime_error(options.device + " already runs XDP program '" + info.name +
-                               "' (id " + std::to_string(id) +
+  const XdpMode otherMode = options.mode == XdpMode::Native ? XdpMode::Generic : XdpMode::Native;
+  const XdpProgram* sameMode = inMode(before, options.mode);
+  const XdpProgram* otherModeProgram = inMode(before, otherMode);
+  for (const XdpProgram* program : {sameMode, otherModeProgram}) {
+    if (program != nullptr && !isOurs(*program) && !options.force) {
+      throw std::runtime_error(options.device + " already runs XDP program '" + program->name +
+                               "' (id " + std::to_string(program->id) +
                                "); detach it first or use --force to replace it");
     }
   }
@@ -501,43 +378,13 @@ int attach(const Options& options) {
   }
 
   // A program in the other mode would keep running beside ours: remove it.
-  if (otherModeId != 0) {
-    Fd old(bpf_prog_get_fd_by_id(otherModeId));
-    bpf_xdp_attach_opts detachOpts{};
-    detachOpts.sz = sizeof(detachOpts);
-    detachOpts.old_prog_fd = old.get();
-    const XdpMode otherMode = options.mode == XdpMode::Native ? XdpMode::Generic : XdpMode::Native;
-    if (const int err = bpf_xdp_detach(static_cast<int>(ifindex), modeFlag(otherMode), &detachOpts);
-        err != 0) {
-      fail("cannot detach the " + std::string(modeName(otherMode)) + " XDP program from " +
-               options.device,
-           err);
-    }
+  std::string error;
+  if (otherModeProgram != nullptr && !detachXdp(before, *otherModeProgram, error)) {
+    throw std::runtime_error(error);
   }
-
   const int progFd = bpf_program__fd(program);
-  bpf_xdp_attach_opts attachOpts{};
-  attachOpts.sz = sizeof(attachOpts);
-  Fd old;
-  std::uint32_t flags = modeFlag(options.mode);
-  if (sameModeId != 0) {
-    old = Fd(bpf_prog_get_fd_by_id(sameModeId));
-    attachOpts.old_prog_fd = old.get();  // libbpf adds XDP_FLAGS_REPLACE
-  } else {
-    flags |= XDP_FLAGS_UPDATE_IF_NOEXIST;
-  }
-  if (const int err = bpf_xdp_attach(static_cast<int>(ifindex), progFd, flags, &attachOpts);
-      err != 0) {
-    std::string hint;
-    if (err == -EOPNOTSUPP || err == -EINVAL) {
-      hint = " (does the driver of " + options.device + " support native XDP? try --mode generic)";
-    } else if (err == -EBUSY || err == -EEXIST) {
-      hint = " (another XDP program was attached meanwhile)";
-    } else if (err == -ERANGE) {
-      hint = " (MTU too large for native XDP on this device)";
-    }
-    fail("cannot attach to " + options.device + " in " + modeName(options.mode) + " mode" + hint,
-         err);
+  if (!attachXdp(before, progFd, options.mode, sameMode, error)) {
+    throw std::runtime_error(error);
   }
 
   pinObject(object.get(), program, options);
@@ -545,8 +392,8 @@ int attach(const Options& options) {
   bpf_prog_info info{};
   std::uint32_t length = sizeof(info);
   bpf_obj_get_info_by_fd(progFd, &info, &length);
-  std::cout << "spillway-decap: attached to " << options.device << " (" << modeName(options.mode)
-            << ", prog id " << info.id << (sameModeId != 0 ? ", replaced an earlier one" : "")
+  std::cout << "spillway-decap: attached to " << options.device << " (" << xdpModeName(options.mode)
+            << ", prog id " << info.id << (sameMode != nullptr ? ", replaced an earlier one" : "")
             << "), GUE port " << options.guePort << ", addresses:";
   for (const auto& key : keys) std::cout << ' ' << formatAddress(key);
   std::cout << '\n';
@@ -555,26 +402,17 @@ int attach(const Options& options) {
 
 int detach(const Options& options) {
   requireRoot();
-  const unsigned ifindex = deviceIndex(options.device);
-  const Attachment now = queryAttachment(ifindex, options.device);
+  const XdpAttachment now = queryDevice(options.device);
   int detached = 0;
-  for (const auto& [id, mode] :
-       {std::pair{now.nativeId, XdpMode::Native}, std::pair{now.genericId, XdpMode::Generic}}) {
-    if (id == 0) continue;
-    const ProgramInfo info = programInfo(id);
-    if (!isOurs(info) && !options.force) {
-      throw std::runtime_error(options.device + " runs XDP program '" + info.name + "' (id " +
-                               std::to_string(id) +
+  for (const XdpProgram& program : now.programs) {
+    if (program.mode == XdpMode::Offload) continue;
+    if (!isOurs(program) && !options.force) {
+      throw std::runtime_error(options.device + " runs XDP program '" + program.name + "' (id " +
+                               std::to_string(program.id) +
                                "), not spillway-decap; use --force to detach it anyway");
     }
-    Fd old(bpf_prog_get_fd_by_id(id));
-    bpf_xdp_attach_opts opts{};
-    opts.sz = sizeof(opts);
-    opts.old_prog_fd = old.get();
-    if (const int err = bpf_xdp_detach(static_cast<int>(ifindex), modeFlag(mode), &opts);
-        err != 0) {
-      fail("cannot detach from " + options.device, err);
-    }
+    std::string error;
+    if (!detachXdp(now, program, error)) throw std::runtime_error(error);
     ++detached;
   }
   removePins(pinDirectory(options));
@@ -595,30 +433,26 @@ struct Snapshot {
 };
 
 Snapshot readSnapshot(const Options& options) {
-  const unsigned ifindex = deviceIndex(options.device);
-  const Attachment now = queryAttachment(ifindex, options.device);
+  const XdpAttachment now = queryDevice(options.device);
   Snapshot snapshot;
-  Fd counters;
-  Fd addrs;
-  Fd config;
-  for (const auto& [id, mode] :
-       {std::pair{now.nativeId, "native"}, std::pair{now.genericId, "generic"}}) {
-    if (id == 0) continue;
-    const ProgramInfo info = programInfo(id);
-    if (!isOurs(info)) continue;
-    snapshot.progId = id;
-    snapshot.mode = mode;
-    counters = mapByName(info, SPILLWAY_DECAP_MAP_COUNTERS);
-    addrs = mapByName(info, SPILLWAY_DECAP_MAP_ADDRS);
-    config = mapByName(info, SPILLWAY_DECAP_MAP_CONFIG);
+  UniqueFd counters;
+  UniqueFd addrs;
+  UniqueFd config;
+  for (const XdpProgram& program : now.programs) {
+    if (program.mode == XdpMode::Offload || !isOurs(program)) continue;
+    snapshot.progId = program.id;
+    snapshot.mode = xdpModeName(program.mode);
+    counters = openProgramMap(program, SPILLWAY_DECAP_MAP_COUNTERS);
+    addrs = openProgramMap(program, SPILLWAY_DECAP_MAP_ADDRS);
+    config = openProgramMap(program, SPILLWAY_DECAP_MAP_CONFIG);
     break;
   }
   if (snapshot.progId == 0) {
     // Not attached (any more): the pins, if left, still hold the last counters.
     const fs::path directory = pinDirectory(options);
-    counters = Fd(bpf_obj_get((directory / SPILLWAY_DECAP_MAP_COUNTERS).c_str()));
-    addrs = Fd(bpf_obj_get((directory / SPILLWAY_DECAP_MAP_ADDRS).c_str()));
-    config = Fd(bpf_obj_get((directory / SPILLWAY_DECAP_MAP_CONFIG).c_str()));
+    counters = UniqueFd(bpf_obj_get((directory / SPILLWAY_DECAP_MAP_COUNTERS).c_str()));
+    addrs = UniqueFd(bpf_obj_get((directory / SPILLWAY_DECAP_MAP_ADDRS).c_str()));
+    config = UniqueFd(bpf_obj_get((directory / SPILLWAY_DECAP_MAP_CONFIG).c_str()));
     if (!counters.valid()) {
       throw std::runtime_error("spillway-decap is not attached to " + options.device +
                                " and nothing is pinned under " + directory.string());
@@ -656,15 +490,6 @@ Snapshot readSnapshot(const Options& options) {
   return snapshot;
 }
 
-std::string jsonString(std::string_view text) {
-  std::string out = "\"";
-  for (const char c : text) {
-    if (c == '"' || c == '\\') out += '\\';
-    out += c;
-  }
-  return out + "\"";
-}
-
 int stats(const Options& options) {
   requireRoot();
   const Snapshot snapshot = readSnapshot(options);
@@ -673,42 +498,40 @@ int stats(const Options& options) {
   for (std::uint32_t index = 0; index < kDecapCounterCount; ++index) {
     (index < kFirstPassCounter ? decapsulated : passed) += snapshot.counters[index].packets;
   }
-  std::ostringstream out;
   if (options.json) {
-    out << "{\"device\": " << jsonString(options.device) << ", \"prog_id\": " << snapshot.progId
-        << ", \"mode\": " << jsonString(snapshot.mode) << ", \"gue_port\": " << snapshot.guePort
-        << ", \"addresses\": [";
-    for (std::size_t i = 0; i < snapshot.addresses.size(); ++i) {
-      out << (i ? ", " : "") << jsonString(snapshot.addresses[i]);
-    }
-    out << "], \"counters\": {";
+    nlohmann::ordered_json counters = nlohmann::ordered_json::object();
     for (std::uint32_t index = 0; index < kDecapCounterCount; ++index) {
-      out << (index ? ", " : "") << jsonString(kCounterNames[index])
-          << ": {\"packets\": " << snapshot.counters[index].packets
-          << ", \"bytes\": " << snapshot.counters[index].bytes << "}";
+      counters[std::string(kCounterNames[index])] = {{"packets", snapshot.counters[index].packets},
+                                                     {"bytes", snapshot.counters[index].bytes}};
     }
-    out << "}, \"decapsulated\": " << decapsulated << ", \"passed\": " << passed << "}\n";
-  } else {
-    out << "spillway-decap on " << options.device << ": ";
-    if (snapshot.progId != 0) {
-      out << snapshot.mode << ", prog id " << snapshot.progId;
-    } else {
-      out << "NOT ATTACHED (pinned counters)";
-    }
-    out << ", GUE port " << snapshot.guePort << "\naddresses:";
-    for (const auto& address : snapshot.addresses) out << ' ' << address;
-    out << '\n';
-    char line[96];
-    std::snprintf(line, sizeof(line), "%-18s %16s %20s\n", "counter", "packets", "bytes");
-    out << line;
-    for (std::uint32_t index = 0; index < kDecapCounterCount; ++index) {
-      std::snprintf(line, sizeof(line), "%-18s %16llu %20llu\n", kCounterNames[index].data(),
-                    static_cast<unsigned long long>(snapshot.counters[index].packets),
-                    static_cast<unsigned long long>(snapshot.counters[index].bytes));
-      out << line;
-    }
-    out << "decapsulated " << decapsulated << ", passed " << passed << '\n';
+    const nlohmann::ordered_json out = {
+        {"device", options.device},        {"prog_id", snapshot.progId},
+        {"mode", snapshot.mode},           {"gue_port", snapshot.guePort},
+        {"addresses", snapshot.addresses}, {"counters", counters},
+        {"decapsulated", decapsulated},    {"passed", passed}};
+    std::cout << out.dump() << '\n';
+    return 0;
   }
+  std::ostringstream out;
+  out << "spillway-decap on " << options.device << ": ";
+  if (snapshot.progId != 0) {
+    out << snapshot.mode << ", prog id " << snapshot.progId;
+  } else {
+    out << "NOT ATTACHED (pinned counters)";
+  }
+  out << ", GUE port " << snapshot.guePort << "\naddresses:";
+  for (const auto& address : snapshot.addresses) out << ' ' << address;
+  out << '\n';
+  char line[96];
+  std::snprintf(line, sizeof(line), "%-18s %16s %20s\n", "counter", "packets", "bytes");
+  out << line;
+  for (std::uint32_t index = 0; index < kDecapCounterCount; ++index) {
+    std::snprintf(line, sizeof(line), "%-18s %16llu %20llu\n", kCounterNames[index].data(),
+                  static_cast<unsigned long long>(snapshot.counters[index].packets),
+                  static_cast<unsigned long long>(snapshot.counters[index].bytes));
+    out << line;
+  }
+  out << "decapsulated " << decapsulated << ", passed " << passed << '\n';
   std::cout << out.str();
   return 0;
 }
@@ -718,20 +541,28 @@ int stats(const Options& options) {
 
 int main(int argc, char** argv) {
   using namespace spillway;
+  Options options;
+  const auto parser = makeParser(options);
   try {
-    const Options options = parseOptions(argc, argv);
-    if (options.command == "help") {
-      std::cout << kUsage;
+    if (argc >= 2 && std::string_view(argv[1]) == "help") {
+      std::cout << parser->help();
       return 0;
     }
+    parser->parse(argc, argv);
+    validate(options);
     gVerbose = options.verbose;
     libbpf_set_print(printLibbpf);
     if (options.command == "attach") return attach(options);
     if (options.command == "detach") return detach(options);
     return stats(options);
+  } catch (const CLI::CallForHelp& help) {
+    return parser->exit(help);
+  } catch (const CLI::ParseError& error) {
+    std::cerr << "spillway-decap: " << error.what() << "\n\n" << parser->help();
+    return kUsageExit;
   } catch (const UsageError& error) {
-    std::cerr << "spillway-decap: " << error.what() << "\n\n" << kUsage;
-    return 2;
+    std::cerr << "spillway-decap: " << error.what() << "\n\n" << parser->help();
+    return kUsageExit;
   } catch (const std::exception& error) {
     std::cerr << "spillway-decap: error: " << error.what() << '\n';
     return 1;
