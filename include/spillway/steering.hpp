@@ -77,7 +77,7 @@ struct SteeringCounters {
   Counter resteered;        // tracked flows moved off a failed or removed backend
   Counter flowInsertFailed; // forwarded by the table, but not tracked
   Counter icmpErrorsSteered;
-  Counter exceptionHits;    // untracked flows sent where a restored or peer exception says
+  Counter exceptionHits;    // flows tracked anew on the backend a restored or peer exception named
   DropCounters drops;
 };
 

@@ -139,6 +139,7 @@ void Steering::finishVipFrame(const FrameRef& frame, Pending& p, SteerResult& r,
     encapsulateTo(frame, p.view, p.hash, backend, r, snapshot);
     return;
   }
+  bool byException = false;
   if (snapshot.exceptions != nullptr) {
     // Not tracked here, but placed before these tables (a restored checkpoint,
     // a peer's flow): it keeps that backend while the backend keeps flows. A
@@ -153,7 +154,7 @@ void Steering::finishVipFrame(const FrameRef& frame, Pending& p, SteerResult& r,
                       b->state != BackendState::Active);
       if (b != nullptr && keepsTrackedFlows(b->state) && !newConnection) {
         backend = hit.backend;
-        counters_.exceptionHits.add();
+        byException = true;
       }
     }
   }
@@ -170,6 +171,9 @@ void Steering::finishVipFrame(const FrameRef& frame, Pending& p, SteerResult& r,
       flows_.insert(p.hash, backend, firstState(p.view), now, vipTagOf(p.vip));
   if (ins == InsertResult::Inserted) {
     counters_.newFlows.add();
+    // (packets of one flow in one burst all miss the batched lookup: count
+    // the flow once, when its entry is made)
+    if (byException) counters_.exceptionHits.add();
     r.newFlow = true;
   } else if (ins == InsertResult::Full || ins == InsertResult::FullEmbryonic) {
     counters_.flowInsertFailed.add();
