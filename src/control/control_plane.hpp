@@ -8,7 +8,11 @@
 //   -> the policy turns states, base weights and smoothed load into per-VIP
 //   Maglev weights, limited by the churn budget (health, drains and disables
 //   apply at once) -> when anything changed, a new snapshot is built
-//   (changed VIPs in parallel) for the daemon to publish.
+//   (changed VIPs in parallel) for the daemon to publish -> indices of
+//   removed backends past the grace period are purged from the workers' flow
+//   tables and recycled (snapshot_builder.hpp) -> backends held out of the
+//   tables until their next hop resolves are logged when held and when they
+//   enter.
 // Decisions and their causes go to the event log; the time from a decision to
 // the moment every worker uses its snapshot is measured (publish latency).
 //
@@ -20,6 +24,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -46,6 +51,13 @@ struct DataplaneHooks {
       collectFlowCounts;
   // The oldest snapshot generation any worker is still using.
   std::function<std::uint64_t()> appliedGeneration;
+  // Backend-index recycling (snapshot_builder.hpp): ask every worker to erase
+  // the flow-table entries that name `indices` (n increasing; the next request
+  // comes only after purgeDone(n)); true once every worker finished n.
+  // Without these (and appliedGeneration) removed backends' indices are never
+  // reused.
+  std::function<void(std::uint64_t n, const std::vector<std::uint32_t>& indices)> requestPurge;
+  std::function<bool(std::uint64_t n)> purgeDone;
 };
 
 class ControlPlane final : public ControlApi {
@@ -102,6 +114,8 @@ class ControlPlane final : public ControlApi {
   ApiResult stateResult(const StateResult& r, const std::string& name, const char* verb);
   void reconfigure(Config next, Millis now, const std::string& cause);
   void collectFlows(Millis now);
+  void recycleIndices();
+  void noteHolds(Millis now);
 
   Config config_;
   std::string configPath_;
@@ -126,6 +140,18 @@ class ControlPlane final : public ControlApi {
   Millis flowCountAt_ = 0;  // when the pending count was asked; 0 = none pending
   Millis lastFlowRequest_ = 0;
   std::vector<std::pair<unsigned, std::vector<std::uint64_t>>> lastFlows_;
+  // Indices recycled while the pending flow count ran: its numbers for them
+  // may include the purged entries, so they are not used.
+  std::set<std::uint32_t> recycledDuringCount_;
+
+  // Index purge in flight: request number (0 = none) and its indices.
+  std::uint64_t purgeAsked_ = 0;
+  std::uint64_t purgeRequests_ = 0;
+  std::vector<std::uint32_t> purging_;
+
+  // Backends held out of the tables until their next hop resolves: since when.
+  std::map<std::uint64_t, Millis> heldSince_;
+  std::uint64_t heldEntered_ = 0;  // holds that ended with the backend entering
 
   // Publish latency: decision time of the newest published generation, and
   // the last few measured latencies.

@@ -5,7 +5,9 @@
 #include <rte_launch.h>
 #include <rte_lcore.h>
 
+#include <algorithm>
 #include <chrono>
+#include <set>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -124,7 +126,7 @@ std::string statsJson(const Config& config, const SnapshotBuilder& builder,
   for (const auto& b : config.backends) {
     const std::uint32_t index = builder.indexOf(b.id);
     std::uint64_t packets = 0, flows = 0;
-    if (index != 0 && index < kStatsBackends) {
+    if (index != 0 && index < kBackendSlots) {
       for (const auto& w : workers) {
         packets += w->counters().backendPackets[index].read();
         flows += w->counters().backendNewFlows[index].read();
@@ -348,12 +350,21 @@ int runDaemon(const Config& configIn, const DaemonOptions& options) {
         if (w->flowCountDone() < n) return std::nullopt;
       }
       std::vector<std::pair<unsigned, std::vector<std::uint64_t>>> out;
+      const std::uint32_t limit = builder.indexStats().limit;  // indices ever used, + 1
       for (auto& w : pool) {
-        std::vector<std::uint64_t> counts(kStatsBackends);
-        for (std::uint32_t i = 0; i < kStatsBackends; ++i) counts[i] = w->liveFlows()[i].read();
+        std::vector<std::uint64_t> counts(limit);
+        for (std::uint32_t i = 0; i < limit; ++i) counts[i] = w->liveFlows()[i].read();
         out.emplace_back(w->config().lcore, std::move(counts));
       }
       return out;
+    };
+    // Backend-index recycling: every worker purges its flow table of them.
+    hooks.requestPurge = [&](std::uint64_t n, const std::vector<std::uint32_t>& indices) {
+      for (auto& w : pool) w->requestPurge(n, indices);
+    };
+    hooks.purgeDone = [&](std::uint64_t n) {
+      return std::all_of(pool.begin(), pool.end(),
+                         [&](const auto& w) { return w->purgeDone() >= n; });
     };
     hooks.appliedGeneration = [&]() -> std::uint64_t {
       std::uint64_t oldest = UINT64_MAX;
@@ -402,8 +413,9 @@ int runDaemon(const Config& configIn, const DaemonOptions& options) {
     for (auto& w : pool) rte_eal_remote_launch(workerMain, w.get(), w->config().lcore);
     log("running " + std::to_string(workers) + " worker lcore(s)");
 
-    auto lastStats = start, lastNeighbours = start, lastRx = start;
+    auto lastStats = start, lastNeighbours = start, lastRx = start, lastHeld = start;
     std::uint64_t rxSeen = 0;
+    std::set<std::uint64_t> solicitedHeld;
     while (!gStop.load()) {
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
       const auto now = Clock::now();
@@ -418,6 +430,24 @@ int runDaemon(const Config& configIn, const DaemonOptions& options) {
         if (changed > 0) control.markDirty();
       }
       cli.poll();
+      // Backends added at run time stay out of the tables until their next
+      // hop resolves: the kernel is asked at once and looked at every 5 ms.
+      if (now - lastHeld >= std::chrono::milliseconds(5)) {
+        lastHeld = now;
+        const std::vector<std::uint64_t> held = builder.heldForNextHop();
+        if (!held.empty()) {
+          resolver.refresh(control.config(), held);
+          if (builder.refreshNextHops(resolver) > 0) control.markDirty();
+          std::vector<std::uint64_t> ask;
+          for (std::uint64_t id : builder.heldForNextHop()) {
+            if (solicitedHeld.insert(id).second) ask.push_back(id);
+          }
+          if (!ask.empty()) resolver.solicitUnresolved(control.config(), ask);
+        }
+        std::erase_if(solicitedHeld, [&](std::uint64_t id) {
+          return std::find(held.begin(), held.end(), id) == held.end();
+        });
+      }
       metrics.poll();
       if (control.tick(nowMs)) {
         if (auto next = control.takeSnapshot(nowMs)) {
