@@ -117,7 +117,7 @@ std::uint16_t Worker::pollPort(PortIo& io, const ForwardingSnapshot& snapshot,
             break;
           }
           out = ports_[r.egressPort].get();
-          if (r.backend < kBackendSlots) [[likely]] {
+          if (r.backend < kBackendSlots) {
             counters_.backendPackets[r.backend].add();
             if (r.newFlow) counters_.backendNewFlows[r.backend].add();
           }

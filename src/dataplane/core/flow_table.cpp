@@ -294,7 +294,7 @@ unsigned FlowTable::takeFreeSlot(Bucket& bucket, std::uint32_t now32) noexcept {
 // the emptied slot or kNoSlot. Moves keep stamps and states: nothing is lost.
 unsigned FlowTable::makeRoom(std::size_t index, int depth, std::uint32_t now32) noexcept {
   Bucket& bucket = buckets_[index];
-  if (!purgeSet_.empty()) [[unlikely]] {
+  if (!purgeSet_.empty()) {
     // Never move an entry that the running purge must erase (it could land
     // behind the cursor): erase them here, which may be the room we need.
     if (const unsigned freed = purgeBucket(bucket); freed != kNoSlot) return freed;
