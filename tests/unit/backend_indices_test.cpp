@@ -413,6 +413,51 @@ TEST(BackendIndices, AnIdBackBeforeThePurgeKeepsItsIndex) {
   EXPECT_EQ(b.indexStats().free, 1u);
 }
 
+TEST(BackendIndices, RecycledIndicesAreReusedOldestFirstAndBackendsDoNotGrow) {
+  SnapshotBuilder b;
+  const Config base = estate();
+  ASSERT_FALSE(b.setConfig(base));
+  auto withIds = [&](std::initializer_list<std::uint64_t> ids) {
+    Config c = base;
+    for (std::uint64_t id : ids) {
+      BackendConfig x = base.backends[0];
+      x.id = id;
+      x.name = "x" + std::to_string(id);
+      x.address = parseIpAddress("10.0.1." + std::to_string(id)).value();
+      c.backends.push_back(x);
+    }
+    return c;
+  };
+  ASSERT_FALSE(b.setConfig(withIds({10, 11, 12})));  // indices 2, 3, 4 in id order
+  EXPECT_EQ(b.indexOf(10), 2u);
+  EXPECT_EQ(b.indexOf(12), 4u);
+  ASSERT_FALSE(b.setConfig(withIds({11})));  // 10 and 12 leave
+  ASSERT_TRUE(b.build(1));
+  ASSERT_FALSE(b.setConfig(withIds({})));  // 11 leaves later
+  ASSERT_TRUE(b.build(2));
+  std::vector<std::uint32_t> first = b.startIndexPurge(1);
+  EXPECT_EQ(first, (std::vector<std::uint32_t>{2, 4}));
+  b.indicesPurged({4});  // finished in this order: 4 is the oldest free one
+  b.indicesPurged({2});
+  const std::vector<std::uint32_t> second = b.startIndexPurge(2);
+  EXPECT_EQ(second, std::vector<std::uint32_t>{3});
+  EXPECT_EQ(b.indexOf(10), 0u);  // forgotten once recycled
+  ASSERT_FALSE(b.setConfig(withIds({20, 21, 22})));
+  EXPECT_EQ(b.indexOf(20), 4u);
+  EXPECT_EQ(b.indexOf(21), 2u);
+  EXPECT_EQ(b.indexOf(22), 5u);  // 3 is still purging: a never-used one
+  auto s = b.build(3);
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->backends.size(), 6u);
+  EXPECT_EQ(s->backend(3)->state, BackendState::Removed);
+  EXPECT_EQ(s->backend(4)->id, 20u);
+  const BackendIndexStats st = b.indexStats();
+  EXPECT_EQ(st.inUse, 4u);
+  EXPECT_EQ(st.purging, 1u);
+  EXPECT_EQ(st.free, 0u);
+  EXPECT_EQ(st.recycled, 2u);
+}
+
 // --- Readiness: held out of the tables until the next hop resolves ----------
 
 class MapNeighbours final : public NeighbourSource {
