@@ -282,9 +282,9 @@ void ControlPlane::noteHolds(Millis now) {
     const Millis waited = since == heldSince_.end() ? 0 : now - since->second;
     ++heldEntered_;
     dirty_ = true;
-    events_.append(now, nameOf(id), kEventState,
-                   "next hop resolved: enters the tables after " + std::to_string(waited) +
-                       " ms held");
+    events_.append(
+        now, nameOf(id), kEventState,
+        "next hop resolved: enters the tables after " + std::to_string(waited) + " ms held");
   }
   std::map<std::uint64_t, Millis> held;
   for (std::uint64_t id : builder_.heldForNextHop()) {
@@ -386,9 +386,13 @@ ApiResult ControlPlane::status() {
               {"backends_by_state", byState},
               {"publishes", publishes_},
               {"last_publish_latency_ms", latency},
-              {"backend_indices", {{"max", ix.maxBackends}, {"in_use", ix.inUse},
-                                   {"retiring", ix.retiring}, {"purging", ix.purging},
-                                   {"free", ix.free}, {"recycled", ix.recycled}}},
+              {"backend_indices",
+               {{"max", ix.maxBackends},
+                {"in_use", ix.inUse},
+                {"retiring", ix.retiring},
+                {"purging", ix.purging},
+                {"free", ix.free},
+                {"recycled", ix.recycled}}},
               {"held_for_next_hop", heldSince_.size()},
               {"policy", vips},
               {"config", configPath_}};

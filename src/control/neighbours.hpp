@@ -139,8 +139,8 @@ class NeighbourResolver {
     std::optional<IpAddress> neighbour;
     std::optional<MacAddress> mac;
   };
-  [[nodiscard]] std::map<std::uint64_t, Lookup> lookUp(
-      const Config& config, const std::vector<std::uint64_t>* ids);
+  [[nodiscard]] std::map<std::uint64_t, Lookup> lookUp(const Config& config,
+                                                       const std::vector<std::uint64_t>* ids);
   std::size_t solicit(const Config& config, const std::vector<std::uint64_t>* ids);
 
   NeighbourSource& source_;

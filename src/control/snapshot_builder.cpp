@@ -22,8 +22,7 @@ bool sameInput(const std::vector<MaglevBackend>& a, const std::vector<MaglevBack
 SnapshotBuilder::SnapshotBuilder(std::uint32_t maxBackends)
     : maxBackends_(std::clamp<std::uint32_t>(maxBackends, 1, kMaxBackends)) {}
 
-BackendRuntime SnapshotBuilder::initialRuntime(const Config& config,
-                                               const BackendConfig& b) const {
+BackendRuntime SnapshotBuilder::initialRuntime(const Config& config, const BackendConfig& b) const {
   BackendRuntime r;
   r.state = b.initialState;
   r.effectiveWeight = b.weight;
@@ -78,8 +77,7 @@ std::size_t SnapshotBuilder::indicesNeeded(const Config& config) const {
     auto it = backends_.find(b.id);
     if (it == backends_.end()) {
       ++needed;
-    } else if (!it->second.configIndex &&
-               slots_[it->second.index].use != IndexUse::Retiring) {
+    } else if (!it->second.configIndex && slots_[it->second.index].use != IndexUse::Retiring) {
       ++needed;
     }
   }
@@ -224,10 +222,17 @@ BackendIndexStats SnapshotBuilder::indexStats() const {
   st.free = static_cast<std::uint32_t>(freeIndices_.size());
   for (std::uint32_t i = 1; i < slots_.size(); ++i) {
     switch (slots_[i].use) {
-      case IndexUse::InUse: ++st.inUse; break;
-      case IndexUse::Retiring: ++st.retiring; break;
-      case IndexUse::Purging: ++st.purging; break;
-      case IndexUse::Free: break;
+      case IndexUse::InUse:
+        ++st.inUse;
+        break;
+      case IndexUse::Retiring:
+        ++st.retiring;
+        break;
+      case IndexUse::Purging:
+        ++st.purging;
+        break;
+      case IndexUse::Free:
+        break;
     }
   }
   return st;

@@ -190,8 +190,8 @@ class SnapshotBuilder {
   enum class IndexUse : std::uint8_t { Free, InUse, Retiring, Purging };
   struct IndexSlot {
     IndexUse use = IndexUse::Free;
-    std::uint64_t id = 0;                   // the backend that has (or last had) it
-    std::optional<std::uint64_t> goneAt;    // retiring: generation that first lists it Removed
+    std::uint64_t id = 0;                 // the backend that has (or last had) it
+    std::optional<std::uint64_t> goneAt;  // retiring: generation that first lists it Removed
   };
   struct PreviousVip {
     std::vector<MaglevBackend> input;  // by id
@@ -221,11 +221,11 @@ class SnapshotBuilder {
   [[nodiscard]] bool takesNewFlows(const Backend& b) const;
 
   Config config_;
-  bool configured_ = false;                      // the first setConfig() is done
+  bool configured_ = false;  // the first setConfig() is done
   std::uint32_t maxBackends_;
-  std::map<std::uint64_t, Backend> backends_;    // by id: configured, retiring, purging
-  std::vector<IndexSlot> slots_{1};              // by index; [0] = "none"
-  std::deque<std::uint32_t> freeIndices_;        // recycled, oldest first
+  std::map<std::uint64_t, Backend> backends_;  // by id: configured, retiring, purging
+  std::vector<IndexSlot> slots_{1};            // by index; [0] = "none"
+  std::deque<std::uint32_t> freeIndices_;      // recycled, oldest first
   std::uint64_t recycled_ = 0;
   std::map<std::string, MacAddress> knownMacs_;  // by "port|address"
   std::deque<std::string> knownMacOrder_;        // oldest first, for the bound

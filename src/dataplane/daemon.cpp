@@ -7,9 +7,9 @@
 
 #include <algorithm>
 #include <chrono>
-#include <set>
 #include <cstdio>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <thread>
 

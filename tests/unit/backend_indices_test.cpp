@@ -200,9 +200,8 @@ class FakeDataplane {
     purgeRequested_.erase(index);
   }
   [[nodiscard]] bool inEveryTable(std::uint32_t index) const {
-    return std::all_of(workers_.begin(), workers_.end(), [&](const Worker& w) {
-      return w.snapshot && inTable(*w.snapshot, index);
-    });
+    return std::all_of(workers_.begin(), workers_.end(),
+                       [&](const Worker& w) { return w.snapshot && inTable(*w.snapshot, index); });
   }
   [[nodiscard]] std::uint64_t countsCollected() const { return countsCollected_; }
 
@@ -236,8 +235,8 @@ class FakeDataplane {
 // A control plane, its builder and the fake, with time.
 struct Rig {
   explicit Rig(Config config, std::uint32_t maxBackends = kMaxBackends)
-      : builder(maxBackends), control(init(std::move(config)), "test.toml", builder,
-                                      fake.hooks(), now) {
+      : builder(maxBackends),
+        control(init(std::move(config)), "test.toml", builder, fake.hooks(), now) {
     fake.publish(control.takeSnapshot(now));
     for (int i = 0; i < FakeDataplane::kWorkers; ++i) fake.step();
   }
@@ -263,7 +262,8 @@ struct Rig {
   }
   [[nodiscard]] bool configured(const std::string& name) const {
     const auto& bs = control.config().backends;
-    return std::any_of(bs.begin(), bs.end(), [&](const BackendConfig& b) { return b.name == name; });
+    return std::any_of(bs.begin(), bs.end(),
+                       [&](const BackendConfig& b) { return b.name == name; });
   }
 
   Millis now = 1'000;
@@ -464,7 +464,9 @@ class MapNeighbours final : public NeighbourSource {
  public:
   std::vector<NeighbourEntry> entries;
   std::vector<std::string> solicited;
-  NeighbourTable read(const std::string&, IpVersion) override { return NeighbourTable{entries, {}}; }
+  NeighbourTable read(const std::string&, IpVersion) override {
+    return NeighbourTable{entries, {}};
+  }
   NeighbourRoute route(const IpAddress& destination, const std::string&) override {
     return NeighbourRoute{destination, std::nullopt};
   }
@@ -529,7 +531,8 @@ TEST(BackendReadiness, RunTimeAddIsHeldUntilItsNextHopResolvesThenEntersWithAnEv
     if (e["backend"] != spec.name) continue;
     const std::string cause = e["cause"];
     heldEvent = heldEvent || cause.find("held out of the tables") != std::string::npos;
-    enteredEvent = enteredEvent || cause.find("enters the tables after 600 ms") != std::string::npos;
+    enteredEvent =
+        enteredEvent || cause.find("enters the tables after 600 ms") != std::string::npos;
   }
   EXPECT_TRUE(heldEvent);
   EXPECT_TRUE(enteredEvent) << events.dump();
