@@ -658,16 +658,20 @@ TEST(WorkerRing, SteersEveryFrameToTheMaglevBackend) {
   rig.stopAndJoin();
   ASSERT_TRUE(purged) << "the worker never finished the purge";
   ASSERT_TRUE(recounted);
+  // (Entries may expire between the counts on a slow run: others' counts only fall.)
   for (std::uint32_t b = 1; b <= kBackends; ++b) {
     const bool gone = b == kPurged;
-    EXPECT_EQ(rig.worker().liveFlows()[b].read(), gone ? 0 : liveBefore[b]) << "backend " << b;
+    if (gone) {
+      EXPECT_EQ(rig.worker().liveFlows()[b].read(), 0u);
+      EXPECT_EQ(rig.worker().counters().backendNewFlows[b].read(), 0u);
+    } else {
+      EXPECT_LE(rig.worker().liveFlows()[b].read(), liveBefore[b]) << "backend " << b;
+    }
     EXPECT_EQ(rig.worker().counters().backendPackets[b].read(), gone ? 0 : packetsBefore[b])
         << "backend " << b;
-    if (gone) {
-      EXPECT_EQ(rig.worker().counters().backendNewFlows[b].read(), 0u);
-    }
   }
-  EXPECT_EQ(rig.worker().flowTable().purged, liveBefore[kPurged]);
+  // Every slot naming it, live or expired.
+  EXPECT_GE(rig.worker().flowTable().purged, liveBefore[kPurged]);
   EXPECT_GT(liveBefore[kPurged], 0u);
   rig.wire().drain(onFrame);
   ASSERT_TRUE(settled) << "rx " << c.rxPackets.read() << " of " << kFrames << ", out "
