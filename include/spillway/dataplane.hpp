@@ -86,6 +86,12 @@ class Dataplane {
   [[nodiscard]] virtual std::optional<std::vector<ExportedFlow>> collectExceptionExport(
       std::uint64_t n) = 0;
 
+  // Backend-index recycling (snapshot_builder.hpp): every worker erases the
+  // flow-table entries that name `indices` (and zeroes their counters); the
+  // next request comes only after purgeDone(n).
+  virtual void requestPurge(std::uint64_t n, const std::vector<std::uint32_t>& indices) = 0;
+  [[nodiscard]] virtual bool purgeDone(std::uint64_t n) const = 0;
+
   // The VIP set a port-side filter must let through (AF_XDP's vip_map); an
   // error leaves the previous set in place.
   [[nodiscard]] virtual std::optional<std::string> syncVips(std::span<const VipKey> vips) = 0;

@@ -45,11 +45,23 @@
 // packet without SYN (mid-flow after an LB restart or an ECMP move: the
 // connection is already open); Udp for UDP; Other for anything else.
 //
+// Purging backend indices (beginPurge / purgeSlice): before the control plane
+// gives a removed backend's index to another backend, every entry that names
+// it must be gone, or a long-idle flow of the old backend would wake up on
+// the new one. The owner erases them a slice of buckets at a time (entries
+// live or expired). A cuckoo relocation could move such an entry from a
+// bucket the cursor has not reached into one it has passed, so while a purge
+// runs makeRoom() erases the purged entries of every bucket it would move
+// from instead of moving them (which also frees the slot it was looking
+// for). Lookups and inserts pay nothing: only the relocation path checks
+// whether a purge runs.
+//
 // Thread contract: one owner lcore calls every member function; no locks, no
 // atomics, no allocation after construction (the constructor allocates and
 // pre-faults the buckets and may throw; every other member is noexcept).
 // Control threads read only counters(): single-writer relaxed words
-// (RelaxedU64), summed by the stats code. countByBackend() runs on the owner lcore.
+// (RelaxedU64), summed by the stats code. countByBackend() and the purge
+// run on the owner lcore.
 #pragma once
 
 #include <array>
@@ -115,6 +127,7 @@ struct FlowTableCounters {
   RelaxedU64 relocationsSkipped = 0;  // embryonic/closing inserts in SYN-flood mode (no cuckoo step)
   RelaxedU64 expiredReclaimed = 0;   // by sweep, lookup or insert
   RelaxedU64 erased = 0;
+  RelaxedU64 purged = 0;     // entries erased because their backend index was purged
   RelaxedU64 occupancy = 0;  // slots in use: live plus expired not yet reclaimed
 };
 
@@ -212,7 +225,20 @@ class FlowTable {
     return live;
   }
 
-  // Empties the table; counters other than occupancy keep counting.
+  // Starts erasing every entry, live or expired, whose backend index is in
+  // `backends`: a bitmap, index i is in it when bit i % 64 of word i / 64 is
+  // set. The bitmap must stay valid and unchanged until the pass completes.
+  // The caller inserts no entry naming those indices meanwhile. A purge
+  // already running restarts with the new set. An empty span purges nothing.
+  void beginPurge(std::span<const std::uint64_t> backends) noexcept;
+  // Purges the next maxBuckets buckets; true when the pass is complete (the
+  // purge then ends: no entry names a purged index), also when none runs.
+  bool purgeSlice(std::size_t maxBuckets) noexcept;
+  [[nodiscard]] bool purging() const noexcept { return !purgeSet_.empty(); }
+  // The whole pass at once; returns the entries it erased.
+  std::size_t purgeBackends(std::span<const std::uint64_t> backends) noexcept;
+
+  // Empties the table; counters other than occupancy keep counting. Ends a purge.
   void clear() noexcept;
 
   [[nodiscard]] const FlowTableCounters& counters() const noexcept { return counters_; }
@@ -256,6 +282,9 @@ class FlowTable {
   void reclaim(Bucket& bucket, unsigned slot) noexcept;
   unsigned takeFreeSlot(Bucket& bucket, std::uint32_t now32) noexcept;
   unsigned makeRoom(std::size_t index, int depth, std::uint32_t now32) noexcept;
+  [[nodiscard]] bool inPurgeSet(std::uint32_t meta) const noexcept;
+  // Erases the purged entries of one bucket; returns the lowest freed slot or kNoSlot.
+  unsigned purgeBucket(Bucket& bucket) noexcept;
   [[nodiscard]] std::size_t otherBucket(std::uint64_t fingerprint,
                                         std::size_t index) const noexcept;
 
@@ -268,6 +297,8 @@ class FlowTable {
   std::uint32_t floodInserts_ = 0;
   std::size_t capacity_ = 0;
   std::size_t sweepCursor_ = 0;
+  std::span<const std::uint64_t> purgeSet_;  // empty: no purge running
+  std::size_t purgeCursor_ = 0;
   std::array<std::uint32_t, 8> timeoutByState_{};  // indexed by FlowState; 0 otherwise
   FlowTimeouts timeouts_{};
   FlowTableCounters counters_{};

@@ -17,8 +17,15 @@
 //    turns the backend Failed).
 //  - Failed / Removed: no new flows, and a tracked flow that hits it is
 //    re-selected through the VIP's table at once; no other flow moves.
-// Backend indices are stable across snapshots: an index is reused only after
-// the grace period and the longest flow timeout (the control plane's rule).
+// Backend indices (1..kMaxBackends, 0 = none) are stable across snapshots
+// while their backend is configured. A backend that leaves the configuration
+// stays in backends[] as Removed, in no table, until its index is recycled;
+// an index is given to another backend only after every worker has applied a
+// snapshot in which it is Removed (the grace period: from then on no worker
+// inserts an entry naming it) and every worker's flow table has been purged
+// of entries naming it (FlowTable::beginPurge), so no tracked flow of the old
+// backend can land on the new one. The control plane runs that protocol
+// (control/snapshot_builder.hpp); nothing waits for the flow timeout.
 //
 // Thread contract: a ForwardingSnapshot is written by the control thread
 // before publish and only read afterwards, by any number of lcores.
@@ -42,6 +49,13 @@
 namespace spillway {
 
 enum class BackendState : std::uint8_t { Active, Draining, Disabled, Failed, Removed };
+
+// At most this many backends are known at once (configured, plus removed ones
+// whose index is not yet recycled); indices run 1..kMaxBackends. Per-index
+// arrays (the workers' packet, new-flow and live-flow counters) have
+// kBackendSlots entries, so every index has its counters.
+inline constexpr std::uint32_t kMaxBackends = 65'535;
+inline constexpr std::uint32_t kBackendSlots = kMaxBackends + 1;
 
 [[nodiscard]] constexpr bool keepsTrackedFlows(BackendState s) noexcept {
   return s == BackendState::Active || s == BackendState::Draining ||

@@ -313,8 +313,10 @@ void ControlPlane::collectFlows(Millis now) {
         for (const LcoreFlowCounts& l : lastFlows_) {
           if (index < l.byBackend.size()) total += l.byBackend[index];
         }
+        if (recycledDuringCount_.count(index) != 0) continue;  // the next count says
         (void)states_.setLiveFlows(b.id, total, now);
       }
+      recycledDuringCount_.clear();
     }
     return;
   }
@@ -389,6 +391,8 @@ bool ControlPlane::tick(Millis now) {
         keeper_.exceptionTable([&](std::uint64_t id) { return builder_.indexOf(id); }));
     dirty_ = true;
   }
+  recycleIndices();
+  noteHolds(now);
   if (pendingApply_ && dataplane_ != nullptr &&
       dataplane_->appliedGeneration() >= pendingApply_->first) {
     applyLatencies_.push_back(now - pendingApply_->second);
@@ -396,6 +400,51 @@ bool ControlPlane::tick(Millis now) {
     pendingApply_.reset();
   }
   return dirty_;
+}
+
+void ControlPlane::recycleIndices() {
+  if (dataplane_ == nullptr) return;
+  if (purgeAsked_ != 0) {
+    if (!dataplane_->purgeDone(purgeAsked_)) return;
+    builder_.indicesPurged(purging_);
+    if (flowCountAt_ != 0) recycledDuringCount_.insert(purging_.begin(), purging_.end());
+    purging_.clear();
+    purgeAsked_ = 0;
+  }
+  purging_ = builder_.startIndexPurge(dataplane_->appliedGeneration());
+  if (purging_.empty()) return;
+  purgeAsked_ = ++purgeRequests_;
+  dataplane_->requestPurge(purgeAsked_, purging_);
+}
+
+void ControlPlane::noteHolds(Millis now) {
+  auto nameOf = [&](std::uint64_t id) -> std::string {
+    for (const BackendConfig& b : config_.backends) {
+      if (b.id == id) return b.name;
+    }
+    return {};
+  };
+  for (std::uint64_t id : builder_.takeEnteredTables()) {
+    auto since = heldSince_.find(id);
+    const Millis waited = since == heldSince_.end() ? 0 : now - since->second;
+    ++heldEntered_;
+    dirty_ = true;
+    events_.append(
+        now, nameOf(id), kEventState,
+        "next hop resolved: enters the tables after " + std::to_string(waited) + " ms held");
+  }
+  std::map<std::uint64_t, Millis> held;
+  for (std::uint64_t id : builder_.heldForNextHop()) {
+    auto since = heldSince_.find(id);
+    if (since != heldSince_.end()) {
+      held.insert(*since);
+      continue;
+    }
+    held[id] = now;
+    events_.append(now, nameOf(id), kEventState,
+                   "held out of the tables until its next hop resolves");
+  }
+  heldSince_ = std::move(held);
 }
 
 std::unique_ptr<ForwardingSnapshot> ControlPlane::takeSnapshot(Millis now) {
@@ -443,6 +492,7 @@ void ControlPlane::reconfigure(Config next, Millis now, const std::string& cause
   }
   statesSeen_ = states_.generation();
   (void)applyPolicy(now, true);
+  noteHolds(now);
   dirty_ = true;
 }
 
@@ -490,6 +540,7 @@ ApiResult ControlPlane::status() {
   }
   Json latency = nullptr;
   if (!applyLatencies_.empty()) latency = applyLatencies_.back();
+  const BackendIndexStats ix = builder_.indexStats();
   return Json{{"generation", generation_},
               {"uptime_ms", now_ - started_},
               {"worker_lcores", config_.dataplane.lcores},
@@ -499,6 +550,14 @@ ApiResult ControlPlane::status() {
               {"backends_by_state", byState},
               {"publishes", publishes_},
               {"last_publish_latency_ms", latency},
+              {"backend_indices",
+               {{"max", ix.maxBackends},
+                {"in_use", ix.inUse},
+                {"retiring", ix.retiring},
+                {"purging", ix.purging},
+                {"free", ix.free},
+                {"recycled", ix.recycled}}},
+              {"held_for_next_hop", heldSince_.size()},
               {"policy", vips},
               {"config", configPath_},
               {"warmup", warmup_},
@@ -634,6 +693,7 @@ Json ControlPlane::backendJson(const BackendConfig& b) const {
   j["saturated"] = policy_.saturated(b.id);
   const BackendRuntime* rt = builder_.runtime(b.id);
   j["next_hop_resolved"] = rt != nullptr && rt->nextHopMac.has_value();
+  j["held_for_next_hop"] = heldSince_.count(b.id) != 0;
   return j;
 }
 
@@ -767,6 +827,9 @@ ApiResult ControlPlane::configReload(const std::string& path) {
   }
   auto planned = planApply(std::move(next), journal_.overlay());
   if (auto* e = std::get_if<ApiError>(&planned)) return reject(*e);
+  if (auto e = builder_.admits(std::get<ApplyPlan>(planned).next)) {
+    return reject(ApiError{"exhausted", *e});
+  }
   Json changes;
   if (auto e = commitApply(std::get<ApplyPlan>(planned), "configuration reloaded from " + file,
                            changes)) {
@@ -932,6 +995,7 @@ ApiResult ControlPlane::backendAdd(const BackendSpec& spec) {
     }
   }
   next.backends.push_back(b);
+  if (auto e = builder_.admits(next)) return ApiError{"exhausted", *e};
   if (auto e = trialBuild(next)) {
     return ApiError{"invalid", "the backend cannot be built into the tables: " + *e};
   }
@@ -1403,6 +1467,24 @@ std::string ControlPlane::metricsText() {
     m.gauge("spillway_restored_exceptions", "Restored flow exceptions still alive.", {},
             static_cast<double>(c.restoredAlive));
   }
+  const BackendIndexStats ix = builder_.indexStats();
+  m.gauge("spillway_backend_indices_max", "Backends that may be known at once.", {},
+          ix.maxBackends);
+  for (const auto& [use, n] : {std::pair{"in_use", ix.inUse}, std::pair{"retiring", ix.retiring},
+                               std::pair{"purging", ix.purging}, std::pair{"free", ix.free}}) {
+    m.gauge("spillway_backend_indices",
+            "Backend indices by use (retiring: waiting for the grace period; purging: "
+            "flow-table entries being erased).",
+            {{"use", use}}, n);
+  }
+  m.counter("spillway_backend_indices_recycled_total", "Backend indices recycled for reuse.", {},
+            static_cast<double>(ix.recycled));
+  m.gauge("spillway_backends_held_for_next_hop",
+          "Backends added at run time held out of the tables until their next hop resolves.", {},
+          static_cast<double>(heldSince_.size()));
+  m.counter("spillway_backend_next_hop_holds_total",
+            "Backends that entered the tables after a hold for their next hop.", {},
+            static_cast<double>(heldEntered_));
   for (const VipConfig& v : config_.vips) {
     auto d = decisions_.find(v.name);
     if (d == decisions_.end()) continue;

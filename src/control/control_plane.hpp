@@ -8,7 +8,11 @@
 //   -> the policy turns states, base weights and smoothed load into per-VIP
 //   Maglev weights, limited by the churn budget (health, drains and disables
 //   apply at once) -> when anything changed, a new snapshot is built
-//   (changed VIPs in parallel) for the daemon to publish.
+//   (changed VIPs in parallel) for the daemon to publish -> indices of
+//   removed backends past the grace period are purged from the workers' flow
+//   tables and recycled (snapshot_builder.hpp) -> backends held out of the
+//   tables until their next hop resolves are logged when held and when they
+//   enter.
 // Decisions and their causes go to the event log; the time from a decision to
 // the moment every worker uses its snapshot is measured (publish latency).
 //
@@ -125,6 +129,8 @@ class ControlPlane final : public ControlApi {
   [[nodiscard]] bool warmupComplete() const;
   [[nodiscard]] TablesState tablesState() const;
   [[nodiscard]] std::uint64_t unixNow() const;
+  void recycleIndices();
+  void noteHolds(Millis now);
 
   // Intent.
   struct ApplyPlan {
@@ -178,6 +184,18 @@ class ControlPlane final : public ControlApi {
   Millis flowCountAt_ = 0;  // when the pending count was asked; 0 = none pending
   Millis lastFlowRequest_ = 0;
   std::vector<LcoreFlowCounts> lastFlows_;
+  // Indices recycled while the pending flow count ran: its numbers for them
+  // may include the purged entries, so they are not used.
+  std::set<std::uint32_t> recycledDuringCount_;
+
+  // Index purge in flight: request number (0 = none) and its indices.
+  std::uint64_t purgeAsked_ = 0;
+  std::uint64_t purgeRequests_ = 0;
+  std::vector<std::uint32_t> purging_;
+
+  // Backends held out of the tables until their next hop resolves: since when.
+  std::map<std::uint64_t, Millis> heldSince_;
+  std::uint64_t heldEntered_ = 0;  // holds that ended with the backend entering
 
   // Publish latency: decision time of the newest published generation, and
   // the last few measured latencies.

@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstring>
@@ -394,11 +395,21 @@ const std::string* kernelInterfaceOf(const Config& config, const BackendConfig& 
 
 void NeighbourResolver::refresh(const Config& config) {
   problems_.clear();
+  lookups_ = lookUp(config, nullptr);
+}
+
+void NeighbourResolver::refresh(const Config& config, const std::vector<std::uint64_t>& ids) {
+  for (auto& [id, l] : lookUp(config, &ids)) lookups_[id] = l;
+}
+
+std::map<std::uint64_t, NeighbourResolver::Lookup> NeighbourResolver::lookUp(
+    const Config& config, const std::vector<std::uint64_t>* ids) {
   std::map<std::uint64_t, Lookup> next;
   std::map<std::pair<std::string, IpVersion>, NeighbourTable> tables;
   for (const BackendConfig& b : config.backends) {
     const std::string* interface = kernelInterfaceOf(config, b);
     if (interface == nullptr) continue;
+    if (ids != nullptr && std::find(ids->begin(), ids->end(), b.id) == ids->end()) continue;
     Lookup& l = next[b.id];
     NeighbourRoute r = source_.route(b.address, *interface);
     if (r.error || !r.neighbour) {
@@ -418,7 +429,7 @@ void NeighbourResolver::refresh(const Config& config) {
       if (e.address == *r.neighbour) l.mac = e.mac;
     }
   }
-  lookups_ = std::move(next);
+  return next;
 }
 
 NextHop NeighbourResolver::resolve(const Config& config, const BackendConfig& backend) const {
@@ -429,10 +440,21 @@ NextHop NeighbourResolver::resolve(const Config& config, const BackendConfig& ba
 }
 
 std::size_t NeighbourResolver::solicitUnresolved(const Config& config) {
+  return solicit(config, nullptr);
+}
+
+std::size_t NeighbourResolver::solicitUnresolved(const Config& config,
+                                                 const std::vector<std::uint64_t>& ids) {
+  return solicit(config, &ids);
+}
+
+std::size_t NeighbourResolver::solicit(const Config& config,
+                                       const std::vector<std::uint64_t>* ids) {
   std::size_t sent = 0;
   for (const BackendConfig& b : config.backends) {
     const std::string* interface = kernelInterfaceOf(config, b);
     if (interface == nullptr || resolve(config, b).mac) continue;
+    if (ids != nullptr && std::find(ids->begin(), ids->end(), b.id) == ids->end()) continue;
     if (auto e = source_.solicit(b.address, *interface)) {
       problems_.push_back("solicit for backend " + b.name + ": " + *e);
     } else {

@@ -117,6 +117,10 @@ class NeighbourResolver {
   // static next hop: one route lookup per backend, one table read per
   // (interface, family). Problems of this refresh go to problems().
   void refresh(const Config& config);
+  // The same for the backends `ids` only (those held out of the tables until
+  // their next hop resolves, checked every few ms); others keep what the last
+  // refresh found.
+  void refresh(const Config& config, const std::vector<std::uint64_t>& ids);
 
   // The backend's next hop by the precedence above, from the last refresh.
   [[nodiscard]] NextHop resolve(const Config& config, const BackendConfig& backend) const;
@@ -124,6 +128,8 @@ class NeighbourResolver {
   // solicit() for every backend whose next hop resolve() cannot find;
   // returns how many datagrams were sent.
   std::size_t solicitUnresolved(const Config& config);
+  // The same for the backends `ids` only.
+  std::size_t solicitUnresolved(const Config& config, const std::vector<std::uint64_t>& ids);
 
   // What went wrong in the last refresh or solicitation, one line each.
   [[nodiscard]] const std::vector<std::string>& problems() const noexcept { return problems_; }
@@ -133,6 +139,10 @@ class NeighbourResolver {
     std::optional<IpAddress> neighbour;
     std::optional<MacAddress> mac;
   };
+  [[nodiscard]] std::map<std::uint64_t, Lookup> lookUp(const Config& config,
+                                                       const std::vector<std::uint64_t>* ids);
+  std::size_t solicit(const Config& config, const std::vector<std::uint64_t>* ids);
+
   NeighbourSource& source_;
   std::map<std::uint64_t, Lookup> lookups_;  // by backend id, kernel-resolved backends
   std::vector<std::string> problems_;

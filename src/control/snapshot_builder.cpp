@@ -17,27 +17,104 @@ bool sameInput(const std::vector<MaglevBackend>& a, const std::vector<MaglevBack
       });
 }
 
-BackendRuntime initialRuntime(const Config& config, const BackendConfig& b) {
+}  // namespace
+
+SnapshotBuilder::SnapshotBuilder(std::uint32_t maxBackends)
+    : maxBackends_(std::clamp<std::uint32_t>(maxBackends, 1, kMaxBackends)) {}
+
+BackendRuntime SnapshotBuilder::initialRuntime(const Config& config, const BackendConfig& b) const {
   BackendRuntime r;
   r.state = b.initialState;
   r.effectiveWeight = b.weight;
-  if (auto s = staticNextHop(config, b)) r.nextHopMac = s->mac;
+  if (auto s = staticNextHop(config, b)) {
+    r.nextHopMac = s->mac;
+  } else {
+    r.nextHopMac = knownMac(config, b);
+  }
   return r;
+}
+
+namespace {
+
+std::string macKey(const Config& config, const BackendConfig& c) {
+  const std::string port = c.portIndex < config.ports.size() ? config.ports[c.portIndex].name : "";
+  return port + "|" + formatIpAddress(c.address);
 }
 
 }  // namespace
 
-std::optional<std::string> SnapshotBuilder::setConfig(Config config) {
-  std::vector<const BackendConfig*> fresh;
+void SnapshotBuilder::rememberMac(const BackendConfig& c, const MacAddress& mac) {
+  if (staticNextHop(config_, c)) return;
+  const std::string key = macKey(config_, c);
+  auto [it, inserted] = knownMacs_.insert_or_assign(key, mac);
+  if (!inserted) return;
+  knownMacOrder_.push_back(key);
+  while (knownMacs_.size() > maxBackends_) {
+    knownMacs_.erase(knownMacOrder_.front());
+    knownMacOrder_.pop_front();
+  }
+}
+
+std::optional<MacAddress> SnapshotBuilder::knownMac(const Config& config,
+                                                    const BackendConfig& c) const {
+  auto it = knownMacs_.find(macKey(config, c));
+  if (it == knownMacs_.end()) return std::nullopt;
+  return it->second;
+}
+
+void SnapshotBuilder::releaseIfResolved(std::uint64_t id, Backend& b) {
+  if (b.held && b.runtime.nextHopMac) {
+    b.held = false;
+    entered_.push_back(id);
+  }
+}
+
+// Ids of `config` that need an index they do not have: new ones, and removed
+// ones coming back whose old index is already being purged.
+std::size_t SnapshotBuilder::indicesNeeded(const Config& config) const {
+  std::size_t needed = 0;
   for (const BackendConfig& b : config.backends) {
-    if (backends_.find(b.id) == backends_.end()) fresh.push_back(&b);
+    auto it = backends_.find(b.id);
+    if (it == backends_.end()) {
+      ++needed;
+    } else if (!it->second.configIndex && slots_[it->second.index].use != IndexUse::Retiring) {
+      ++needed;
+    }
   }
-  const std::size_t used = idByIndex_.size() - 1;
-  if (used + fresh.size() > kMaxBackendIndex) {
-    return "backend indices exhausted: " + std::to_string(used) + " in use, " +
-           std::to_string(fresh.size()) + " new, at most " + std::to_string(kMaxBackendIndex) +
-           " per process; restart spillwayd";
+  return needed;
+}
+
+std::uint32_t SnapshotBuilder::availableIndices() const noexcept {
+  const auto everUsed = static_cast<std::uint32_t>(slots_.size() - 1);
+  return static_cast<std::uint32_t>(freeIndices_.size()) + (maxBackends_ - everUsed);
+}
+
+std::optional<std::string> SnapshotBuilder::admits(const Config& config) const {
+  const std::size_t needed = indicesNeeded(config);
+  if (needed <= availableIndices()) return std::nullopt;
+  const BackendIndexStats st = indexStats();
+  return "too many backends: " + std::to_string(needed) + " new would need an index, " +
+         std::to_string(availableIndices()) + " free; at most " + std::to_string(maxBackends_) +
+         " backends are known at once (now " + std::to_string(st.inUse) + " configured and " +
+         std::to_string(st.retiring + st.purging) +
+         " removed ones whose flow-table entries are not yet purged)";
+}
+
+std::uint32_t SnapshotBuilder::acquireIndex(std::uint64_t id) {
+  std::uint32_t index = 0;
+  if (!freeIndices_.empty()) {
+    index = freeIndices_.front();
+    freeIndices_.pop_front();
+  } else {
+    index = static_cast<std::uint32_t>(slots_.size());
+    slots_.emplace_back();
   }
+  slots_[index] = IndexSlot{IndexUse::InUse, id, std::nullopt};
+  return index;
+}
+
+std::optional<std::string> SnapshotBuilder::setConfig(Config config) {
+  if (auto e = admits(config)) return e;
 
   // Port bindings follow the port's name.
   std::vector<PortBinding> ports(config.ports.size());
@@ -47,15 +124,27 @@ std::optional<std::string> SnapshotBuilder::setConfig(Config config) {
     }
   }
 
+  const bool running = configured_;
   std::set<std::uint64_t> present;
+  std::vector<const BackendConfig*> fresh;  // need an index
   for (std::uint32_t ci = 0; ci < config.backends.size(); ++ci) {
     const BackendConfig& now = config.backends[ci];
     present.insert(now.id);
     auto it = backends_.find(now.id);
-    if (it == backends_.end()) continue;
+    if (it == backends_.end()) {
+      fresh.push_back(&now);
+      continue;
+    }
     Backend& b = it->second;
     if (!b.configIndex) {
-      b.runtime = initialRuntime(config, now);  // reappears
+      // Reappears: its old index back while it is only retiring.
+      if (slots_[b.index].use != IndexUse::Retiring) {
+        fresh.push_back(&now);
+        continue;
+      }
+      slots_[b.index] = IndexSlot{IndexUse::InUse, now.id, std::nullopt};
+      b.runtime = initialRuntime(config, now);
+      b.held = running && !b.runtime.nextHopMac;
     } else {
       const BackendConfig& was = config_.backends[*b.configIndex];
       if (was.weight != now.weight) b.runtime.effectiveWeight = now.weight;
@@ -68,7 +157,7 @@ std::optional<std::string> SnapshotBuilder::setConfig(Config config) {
       if (staticNow) {
         b.runtime.nextHopMac = staticNow->mac;
       } else if (pathChanged) {
-        b.runtime.nextHopMac.reset();
+        b.runtime.nextHopMac = knownMac(config, now);
       }
     }
     b.configIndex = ci;
@@ -77,22 +166,88 @@ std::optional<std::string> SnapshotBuilder::setConfig(Config config) {
     if (present.count(id) == 0 && b.configIndex) {
       b.configIndex.reset();
       b.runtime.state = BackendState::Removed;
+      b.held = false;
+      slots_[b.index] = IndexSlot{IndexUse::Retiring, id, std::nullopt};
     }
   }
   std::sort(fresh.begin(), fresh.end(),
             [](const BackendConfig* x, const BackendConfig* y) { return x->id < y->id; });
   for (const BackendConfig* f : fresh) {
-    Backend b;
-    b.index = static_cast<std::uint32_t>(idByIndex_.size());
+    Backend& b = backends_[f->id];  // a new record, or a returning id whose index is purging
+    b.index = acquireIndex(f->id);
     b.configIndex = static_cast<std::uint32_t>(f - config.backends.data());
     b.runtime = initialRuntime(config, *f);
-    idByIndex_.push_back(f->id);
-    backends_.emplace(f->id, std::move(b));
+    b.held = running && !b.runtime.nextHopMac;
   }
 
   config_ = std::move(config);
   ports_ = std::move(ports);
+  configured_ = true;
+  for (auto& [id, b] : backends_) {
+    if (b.configIndex) releaseIfResolved(id, b);
+  }
   return std::nullopt;
+}
+
+std::vector<std::uint32_t> SnapshotBuilder::startIndexPurge(std::uint64_t applied) {
+  std::vector<std::uint32_t> out;
+  for (std::uint32_t i = 1; i < slots_.size(); ++i) {
+    IndexSlot& s = slots_[i];
+    if (s.use == IndexUse::Retiring && s.goneAt && *s.goneAt <= applied) {
+      s.use = IndexUse::Purging;
+      out.push_back(i);
+    }
+  }
+  return out;
+}
+
+void SnapshotBuilder::indicesPurged(const std::vector<std::uint32_t>& indices) {
+  for (std::uint32_t i : indices) {
+    if (i == 0 || i >= slots_.size() || slots_[i].use != IndexUse::Purging) continue;
+    auto it = backends_.find(slots_[i].id);
+    if (it != backends_.end() && !it->second.configIndex && it->second.index == i) {
+      backends_.erase(it);  // gone for good; its MAC stays in knownMacs_
+    }
+    slots_[i] = IndexSlot{};
+    freeIndices_.push_back(i);
+    ++recycled_;
+  }
+}
+
+BackendIndexStats SnapshotBuilder::indexStats() const {
+  BackendIndexStats st;
+  st.maxBackends = maxBackends_;
+  st.limit = static_cast<std::uint32_t>(slots_.size());
+  st.recycled = recycled_;
+  st.free = static_cast<std::uint32_t>(freeIndices_.size());
+  for (std::uint32_t i = 1; i < slots_.size(); ++i) {
+    switch (slots_[i].use) {
+      case IndexUse::InUse:
+        ++st.inUse;
+        break;
+      case IndexUse::Retiring:
+        ++st.retiring;
+        break;
+      case IndexUse::Purging:
+        ++st.purging;
+        break;
+      case IndexUse::Free:
+        break;
+    }
+  }
+  return st;
+}
+
+std::vector<std::uint64_t> SnapshotBuilder::heldForNextHop() const {
+  std::vector<std::uint64_t> out;
+  for (const auto& [id, b] : backends_) {
+    if (b.configIndex && b.held) out.push_back(id);
+  }
+  return out;
+}
+
+std::vector<std::uint64_t> SnapshotBuilder::takeEnteredTables() {
+  return std::exchange(entered_, {});
 }
 
 void SnapshotBuilder::setPortMac(std::uint32_t portIndex, const MacAddress& mac) {
@@ -126,6 +281,8 @@ bool SnapshotBuilder::setNextHopMac(std::uint64_t id, std::optional<MacAddress> 
   Backend* b = find(id);
   if (b == nullptr) return false;
   b->runtime.nextHopMac = mac;
+  if (mac) rememberMac(config_.backends[*b->configIndex], *mac);
+  releaseIfResolved(id, *b);
   return true;
 }
 
@@ -133,11 +290,14 @@ std::size_t SnapshotBuilder::refreshNextHops(const NeighbourResolver& resolver) 
   std::size_t changed = 0;
   for (auto& [id, b] : backends_) {
     if (!b.configIndex) continue;
-    const NextHop hop = resolver.resolve(config_, config_.backends[*b.configIndex]);
+    const BackendConfig& c = config_.backends[*b.configIndex];
+    const NextHop hop = resolver.resolve(config_, c);
     if (hop.mac && hop.mac != b.runtime.nextHopMac) {
       b.runtime.nextHopMac = hop.mac;
+      rememberMac(c, *hop.mac);
       ++changed;
     }
+    releaseIfResolved(id, b);
   }
   return changed;
 }
@@ -158,14 +318,13 @@ std::optional<MacAddress> SnapshotBuilder::ourMac(std::uint32_t portIndex) const
   return std::nullopt;
 }
 
-// Whether the backend is in the tables. Deliberately not whether its next hop
-// is resolved: the tables must be the same on every instance and across
-// restarts (a pure function of ids, weights, states and seed), and a MAC
-// being learnt must not send flows elsewhere for good. Packets to a backend
-// whose MAC is still unknown are dropped and counted by the data path until
-// it resolves.
+// Whether the backend is in the tables. Whether its next hop is resolved
+// counts only at entry (held): a backend of the first configuration, or one
+// that entered once, stays in, so the tables stay the same across restarts
+// and a MAC being relearnt sends no flow elsewhere for good; packets to a
+// backend whose MAC is unknown then are dropped and counted by the data path.
 bool SnapshotBuilder::takesNewFlows(const Backend& b) const {
-  return b.configIndex && b.runtime.state == BackendState::Active;
+  return b.configIndex && b.runtime.state == BackendState::Active && !b.held;
 }
 
 SnapshotBackend SnapshotBuilder::snapshotBackend(const Backend& b) const {
@@ -250,15 +409,14 @@ std::unique_ptr<ForwardingSnapshot> SnapshotBuilder::build(std::uint64_t generat
   lastError_.clear();
   auto snapshot = std::make_unique<ForwardingSnapshot>();
   snapshot->generation = generation;
-  snapshot->backends.resize(idByIndex_.size());
+  // Unused and recycled slots stay default: Removed, id 0.
+  snapshot->backends.resize(slots_.size());
   for (auto& [id, b] : backends_) {
     if (b.configIndex) {
-      b.last = snapshotBackend(b);
+      snapshot->backends[b.index] = snapshotBackend(b);
     } else {
-      b.last.id = id;
-      b.last.state = BackendState::Removed;
+      snapshot->backends[b.index].id = id;
     }
-    snapshot->backends[b.index] = b.last;
   }
 
   const std::uint64_t seed = config_.dataplane.hashSeed;
@@ -269,7 +427,7 @@ std::unique_ptr<ForwardingSnapshot> SnapshotBuilder::build(std::uint64_t generat
   std::vector<const PreviousVip*> before(n, nullptr);
   std::vector<std::size_t> toBuild;
   snapshot->vips.resize(n);
-  snapshot->vipsOfBackend.resize(idByIndex_.size());
+  snapshot->vipsOfBackend.resize(slots_.size());
   snapshot->exceptions = exceptions_;
   for (std::size_t i = 0; i < n; ++i) {
     const VipConfig& v = config_.vips[i];
@@ -341,6 +499,10 @@ std::unique_ptr<ForwardingSnapshot> SnapshotBuilder::build(std::uint64_t generat
   previous_ = std::move(next);
   lastBuild_ = std::move(reports);
   snapshot->indexVips();
+  // Retiring indices are listed Removed, in no table, from this generation on.
+  for (IndexSlot& slot : slots_) {
+    if (slot.use == IndexUse::Retiring && !slot.goneAt) slot.goneAt = generation;
+  }
   return snapshot;
 }
 

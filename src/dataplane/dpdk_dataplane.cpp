@@ -225,8 +225,12 @@ std::optional<std::vector<LcoreFlowCounts>> DpdkDataplane::collectFlowCounts(std
   }
   std::vector<LcoreFlowCounts> out;
   for (const auto& w : workers_) {
-    LcoreFlowCounts c{w->config().lcore, std::vector<std::uint64_t>(kStatsBackends)};
-    for (std::uint32_t i = 0; i < kStatsBackends; ++i) c.byBackend[i] = w->liveFlows()[i].read();
+    // Up to the highest index with flows: indices are recycled, so the
+    // space in use stays small.
+    std::uint32_t top = kBackendSlots;
+    while (top > 0 && w->liveFlows()[top - 1].read() == 0) --top;
+    LcoreFlowCounts c{w->config().lcore, std::vector<std::uint64_t>(top)};
+    for (std::uint32_t i = 0; i < top; ++i) c.byBackend[i] = w->liveFlows()[i].read();
     out.push_back(std::move(c));
   }
   return out;
@@ -261,6 +265,15 @@ std::optional<std::vector<ExportedFlow>> DpdkDataplane::collectExceptionExport(s
   return std::move(exportFlows_);
 }
 
+void DpdkDataplane::requestPurge(std::uint64_t n, const std::vector<std::uint32_t>& indices) {
+  for (auto& w : workers_) w->requestPurge(n, indices);
+}
+
+bool DpdkDataplane::purgeDone(std::uint64_t n) const {
+  return std::all_of(workers_.begin(), workers_.end(),
+                     [&](const auto& w) { return w->purgeDone() >= n; });
+}
+
 std::optional<std::string> DpdkDataplane::syncVips(std::span<const VipKey> vips) {
   // Each VIP, and a marker per VIP address so ICMP and fragments to it reach
   // spillwayd too.
@@ -278,8 +291,8 @@ std::optional<std::string> DpdkDataplane::syncVips(std::span<const VipKey> vips)
 
 DataplaneCounters DpdkDataplane::counters() const {
   DataplaneCounters c;
-  c.backendPackets.assign(kStatsBackends, 0);
-  c.backendNewFlows.assign(kStatsBackends, 0);
+  c.backendPackets.assign(kBackendSlots, 0);
+  c.backendNewFlows.assign(kBackendSlots, 0);
   for (const auto& w : workers_) {
     const auto& s = w->steering();
     const auto& wc = w->counters();
@@ -302,7 +315,7 @@ DataplaneCounters DpdkDataplane::counters() const {
     }
     // TX ring full frames are drops of their own reason too.
     c.drops[static_cast<std::size_t>(DropReason::TxQueueFull)] += wc.txDropped.read();
-    for (std::uint32_t i = 0; i < kStatsBackends; ++i) {
+    for (std::uint32_t i = 0; i < kBackendSlots; ++i) {
       c.backendPackets[i] += wc.backendPackets[i].read();
       c.backendNewFlows[i] += wc.backendNewFlows[i].read();
     }

@@ -70,6 +70,8 @@ class DpdkDataplane final : public Dataplane {
   void requestExceptionExport(std::uint64_t n) override;
   [[nodiscard]] std::optional<std::vector<ExportedFlow>> collectExceptionExport(
       std::uint64_t n) override;
+  void requestPurge(std::uint64_t n, const std::vector<std::uint32_t>& indices) override;
+  [[nodiscard]] bool purgeDone(std::uint64_t n) const override;
   [[nodiscard]] std::optional<std::string> syncVips(std::span<const VipKey> vips) override;
   [[nodiscard]] DataplaneCounters counters() const override;
 

@@ -44,9 +44,11 @@ Worker::Worker(const WorkerConfig& config, const std::vector<OpenPort>& ports, Q
       qsbr_(qsbr),
       publisher_(publisher),
       steering_(config.flowTable, config.hashSeed),
-      countScratch_(kStatsBackends, 0),
-      liveFlows_(std::make_unique<Counter[]>(kStatsBackends)),
-      exportChunk_(kExportChunk) {
+      countScratch_(kBackendSlots, 0),
+      liveFlows_(std::make_unique<Counter[]>(kBackendSlots)),
+      exportChunk_(kExportChunk),
+      purgeBits_((kBackendSlots + 63) / 64, 0) {
+  purgeIndices_.reserve(kBackendSlots);
   const int socket = static_cast<int>(rte_lcore_to_socket_id(config.lcore));
   for (const auto& p : ports) {
     auto io = std::make_unique<PortIo>();
@@ -116,7 +118,7 @@ std::uint16_t Worker::pollPort(PortIo& io, const ForwardingSnapshot& snapshot,
             break;
           }
           out = ports_[r.egressPort].get();
-          if (r.backend < kStatsBackends) {
+          if (r.backend < kBackendSlots) {
             counters_.backendPackets[r.backend].add();
             if (r.newFlow) counters_.backendNewFlows[r.backend].add();
           }
@@ -204,7 +206,9 @@ void Worker::exportExceptionsSlice(const ForwardingSnapshot& snapshot,
   table.forEachLive(nowMs, exportCursor_, kBucketsPerSlice,
                     [&](std::uint64_t hash, std::uint32_t backend, FlowState state,
                         std::uint32_t idle, std::uint8_t vipTag) {
-                      if (isTableException(snapshot, hash, backend, vipTag)) {
+                      const SnapshotBackend* b = snapshot.backend(backend);
+                      if (b != nullptr && keepsTrackedFlows(b->state) &&
+                          isTableException(snapshot, hash, backend, vipTag)) {
                         exportChunk_[exportChunkSize_++] = ExportedFlow{hash, backend, state, idle};
                       }
                     });
@@ -229,10 +233,41 @@ void Worker::exportAllStopped(const ForwardingSnapshot& snapshot,
   table.forEachLive(lastNowMs_, 0, table.bucketCount(),
                     [&](std::uint64_t hash, std::uint32_t backend, FlowState state,
                         std::uint32_t idle, std::uint8_t vipTag) {
-                      if (isTableException(snapshot, hash, backend, vipTag)) {
+                      const SnapshotBackend* b = snapshot.backend(backend);
+                      if (b != nullptr && keepsTrackedFlows(b->state) &&
+                          isTableException(snapshot, hash, backend, vipTag)) {
                         out.push_back(ExportedFlow{hash, backend, state, idle});
                       }
                     });
+}
+
+void Worker::requestPurge(std::uint64_t n, const std::vector<std::uint32_t>& indices) noexcept {
+  for (std::uint32_t i : purgeIndices_) purgeBits_[i / 64] = 0;
+  purgeIndices_.clear();
+  for (std::uint32_t i : indices) {
+    if (i == 0 || i >= kBackendSlots || purgeIndices_.size() == purgeIndices_.capacity()) continue;
+    purgeBits_[i / 64] |= std::uint64_t{1} << (i % 64);
+    purgeIndices_.push_back(i);
+  }
+  purgeRequest_.store(n, std::memory_order_release);
+}
+
+void Worker::purgeSlice() noexcept {
+  constexpr std::size_t kBucketsPerSlice = 8192;  // as countFlowsSlice
+  FlowTable& table = steering_.flowTable();
+  if (purgingFor_ == 0) {
+    const std::uint64_t req = purgeRequest_.load(std::memory_order_acquire);
+    if (req == purgeDone_.load(std::memory_order_relaxed)) return;
+    purgingFor_ = req;
+    table.beginPurge(purgeBits_);
+  }
+  if (!table.purgeSlice(kBucketsPerSlice)) return;
+  for (std::uint32_t i : purgeIndices_) {
+    counters_.backendPackets[i].set(0);
+    counters_.backendNewFlows[i].set(0);
+  }
+  purgeDone_.store(purgingFor_, std::memory_order_release);
+  purgingFor_ = 0;
 }
 
 void Worker::run(const std::atomic<bool>& stop) noexcept {
@@ -277,6 +312,7 @@ void Worker::run(const std::atomic<bool>& stop) noexcept {
       // Idle-time housekeeping: a few flow-table buckets per drain period.
       (void)steering_.flowTable().sweep(nowMs, 64);
       countFlowsSlice(nowMs);
+      purgeSlice();
     }
   }
   flushAll();

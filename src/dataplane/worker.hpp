@@ -7,6 +7,18 @@
 // snapshots. Per packet: no lock, no read-modify-write atomic, no allocation,
 // no exception, no log line.
 //
+// Per-backend counters (packets, new flows, live flows) are arrays of
+// kBackendSlots (snapshot.hpp), one entry per possible backend index. Work
+// the control thread asks for runs in the idle housekeeping of each drain
+// period, a slice of the flow table at a time, never per packet:
+//  - live-flow counts by backend index (requestFlowCount), for drains;
+//  - purges of backend indices (requestPurge): before a removed backend's
+//    index is given to another backend, the worker erases every flow-table
+//    entry naming it (FlowTable::beginPurge) and then zeroes the index's
+//    packet and new-flow counters, so nothing of the old backend reaches the
+//    new one. Nothing can be counted on the index between the purge and its
+//    reuse: the snapshots in use list it in no table.
+//
 // Thread contract: a Worker is built by the main thread, then run() on its
 // own lcore until stop is set; counters are single-writer (stats.hpp) and
 // read by the control thread.
@@ -43,13 +55,10 @@ struct WorkerConfig {
   std::uint64_t hashSeed = 0;
 };
 
-// Backend indices below this get per-backend packet and new-flow counters.
-inline constexpr std::uint32_t kStatsBackends = 4096;
-
 struct WorkerCounters {
   WorkerCounters()
-      : backendPackets(std::make_unique<Counter[]>(kStatsBackends)),
-        backendNewFlows(std::make_unique<Counter[]>(kStatsBackends)) {}
+      : backendPackets(std::make_unique<Counter[]>(kBackendSlots)),
+        backendNewFlows(std::make_unique<Counter[]>(kBackendSlots)) {}
 
   Counter txPackets;
   Counter txDropped;       // TX ring full: freed; the stats add these to drops.tx_queue_full
@@ -120,6 +129,15 @@ class Worker {
   // After run() returned (no lcore owns the table any more): every exception
   // of the whole table against `snapshot`, appended to `out`.
   void exportAllStopped(const ForwardingSnapshot& snapshot, std::vector<ExportedFlow>& out) const;
+  // Purge of backend indices (control thread): the worker erases the
+  // flow-table entries naming `indices` (each below kBackendSlots) a slice per
+  // drain period, zeroes their packet and new-flow counters, then reports
+  // purgeDone() == n. Call only when purgeDone() has reached the previous
+  // request (the worker reads the indices until then); n increasing.
+  void requestPurge(std::uint64_t n, const std::vector<std::uint32_t>& indices) noexcept;
+  [[nodiscard]] std::uint64_t purgeDone() const noexcept {
+    return purgeDone_.load(std::memory_order_acquire);
+  }
 
  private:
   struct PortIo;
@@ -132,6 +150,7 @@ class Worker {
   void flushAll() noexcept;
   void countFlowsSlice(std::uint64_t nowMs) noexcept;
   void exportExceptionsSlice(const ForwardingSnapshot& snapshot, std::uint64_t nowMs) noexcept;
+  void purgeSlice() noexcept;
 
   WorkerConfig config_;
   QsbrDomain& qsbr_;
@@ -162,6 +181,13 @@ class Worker {
   std::uint64_t exportChunkLast_ = 0;  // the request this chunk ends, else 0
   bool exportChunkOut_ = false;        // published, not yet known to be taken
   std::uint64_t lastNowMs_ = 0;        // the lcore clock at its last round
+  // Written by the control thread before it stores purgeRequest_, read by
+  // this worker until it stores purgeDone_ (release/acquire both ways).
+  std::vector<std::uint64_t> purgeBits_;     // bitmap over kBackendSlots
+  std::vector<std::uint32_t> purgeIndices_;  // the same indices, listed
+  std::atomic<std::uint64_t> purgeRequest_{0};
+  std::atomic<std::uint64_t> purgeDone_{0};
+  std::uint64_t purgingFor_ = 0;  // request being purged; 0 = none
 };
 
 }  // namespace spillway

@@ -4,10 +4,12 @@
 #include <sys/timerfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <set>
 
 #include "control/cli_server.hpp"
 #include "control/control_plane.hpp"
@@ -186,6 +188,7 @@ int runDaemon(const Config& configIn, const DaemonOptions& options) {
 
   auto lastStats = start, lastNeighbours = start, lastRx = start;
   std::uint64_t rxSeen = 0;
+  std::set<std::uint64_t> solicitedHeld;
   while (!gStop.load()) {
     loop.wait();
     const auto now = Clock::now();
@@ -200,6 +203,22 @@ int runDaemon(const Config& configIn, const DaemonOptions& options) {
       if (changed > 0) control.markDirty();
     }
     cli.poll();
+    // Backends added at run time stay out of the tables until their next hop
+    // resolves: the kernel is asked at once and looked at every loop period.
+    if (const std::vector<std::uint64_t> held = builder.heldForNextHop(); !held.empty()) {
+      resolver.refresh(control.config(), held);
+      if (builder.refreshNextHops(resolver) > 0) control.markDirty();
+      std::vector<std::uint64_t> ask;
+      for (std::uint64_t id : builder.heldForNextHop()) {
+        if (solicitedHeld.insert(id).second) ask.push_back(id);
+      }
+      if (!ask.empty()) resolver.solicitUnresolved(control.config(), ask);
+      std::erase_if(solicitedHeld, [&](std::uint64_t id) {
+        return std::find(held.begin(), held.end(), id) == held.end();
+      });
+    } else {
+      solicitedHeld.clear();
+    }
     metrics.poll();
     if (control.tick(nowMs)) {
       if (auto next = control.takeSnapshot(nowMs)) {

@@ -643,7 +643,36 @@ TEST(WorkerRing, SteersEveryFrameToTheMaglevBackend) {
   // table per drain period.
   rig.worker().requestFlowCount(1);
   const bool counted = pollUntil([&] { return rig.worker().flowCountDone() == 1; });
+  std::array<std::uint64_t, kBackends + 1> liveBefore{}, packetsBefore{};
+  for (std::uint32_t b = 0; b <= kBackends; ++b) {
+    liveBefore[b] = rig.worker().liveFlows()[b].read();
+    packetsBefore[b] = rig.worker().counters().backendPackets[b].read();
+  }
+  // A purge of backend index 2 (as before its index is recycled): the worker
+  // erases its entries and zeroes its counters; a new count finds none.
+  constexpr std::uint32_t kPurged = 2;
+  rig.worker().requestPurge(1, {kPurged});
+  const bool purged = pollUntil([&] { return rig.worker().purgeDone() == 1; });
+  rig.worker().requestFlowCount(2);
+  const bool recounted = pollUntil([&] { return rig.worker().flowCountDone() == 2; });
   rig.stopAndJoin();
+  ASSERT_TRUE(purged) << "the worker never finished the purge";
+  ASSERT_TRUE(recounted);
+  // (Entries may expire between the counts on a slow run: others' counts only fall.)
+  for (std::uint32_t b = 1; b <= kBackends; ++b) {
+    const bool gone = b == kPurged;
+    if (gone) {
+      EXPECT_EQ(rig.worker().liveFlows()[b].read(), 0u);
+      EXPECT_EQ(rig.worker().counters().backendNewFlows[b].read(), 0u);
+    } else {
+      EXPECT_LE(rig.worker().liveFlows()[b].read(), liveBefore[b]) << "backend " << b;
+    }
+    EXPECT_EQ(rig.worker().counters().backendPackets[b].read(), gone ? 0 : packetsBefore[b])
+        << "backend " << b;
+  }
+  // Every slot naming it, live or expired.
+  EXPECT_GE(rig.worker().flowTable().purged, liveBefore[kPurged]);
+  EXPECT_GT(liveBefore[kPurged], 0u);
   rig.wire().drain(onFrame);
   ASSERT_TRUE(settled) << "rx " << c.rxPackets.read() << " of " << kFrames << ", out "
                        << rig.wire().received() << " of " << wantOut;
@@ -676,8 +705,8 @@ TEST(WorkerRing, SteersEveryFrameToTheMaglevBackend) {
   EXPECT_EQ(flowsOn[0], 0u) << "flows that never came out";
   for (std::uint32_t b = 1; b <= kBackends; ++b) {
     EXPECT_GT(perBackend[b], 0u) << "backend " << b;
-    EXPECT_EQ(rig.worker().counters().backendPackets[b].read(), perBackend[b]) << "backend " << b;
-    EXPECT_EQ(rig.worker().liveFlows()[b].read(), flowsOn[b]) << "backend " << b;
+    EXPECT_EQ(packetsBefore[b], perBackend[b]) << "backend " << b;
+    EXPECT_EQ(liveBefore[b], flowsOn[b]) << "backend " << b;
   }
   EXPECT_EQ(rig.worker().counters().snapshotGeneration.read(), 1u);
 }

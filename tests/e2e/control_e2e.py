@@ -467,10 +467,25 @@ def test_cli(e, ctl_exe):
             f"{pred.get('grpc', {}).get('entries_changed')} entries to move)")
     # -- add / remove ----------------------------------------------------------------------
     z, _, z_addr = [b for b in e.backends if b[0] == "onprem3"][0]
+
+    def unresolved_drops():
+        return ctl("stats").get("drops", {}).get("next_hop_unresolved", 0)
+    drops_before = unresolved_drops()
     out = ctl("backend", "add", z, "--address", z_addr, "--pool", "onprem", "--weight", 100)
+    # New connections at once, while z's next hop may still be resolving: z is
+    # held out of the tables until it resolves, so none of its first SYNs is
+    # dropped as next_hop_unresolved.
+    r_now = e.fanout(VIP_NCCL, 8000, 100, "just added")
     wait_until(f"{z} resolved and in the tables", lambda: (
         lambda b: b and b.get("state") == "active" and b.get("next_hop_resolved") and all(
             per.get(z, 0) > 0 for per in ctl.entries().values()))(ctl.backends().get(z)), 20)
+    entered = [ev for ev in ctl.events()
+               if ev.get("backend") == z and "enters the tables" in ev.get("cause", "")]
+    e.check(f"backend add {z}: held until its next hop resolved, no SYN dropped as "
+            "next_hop_unresolved", r_now["ok"] == 100 and unresolved_drops() == drops_before and
+            len(entered) == 1,
+            f"connections {r_now['ok']}/100, next_hop_unresolved {drops_before} -> "
+            f"{unresolved_drops()}, events {entered}")
     r = e.fanout(VIP_NCCL, 8000, 100, "added")
     e.check(f"backend add {z}: new connections reach it", r["ok"] == 100 and
             r["per_backend"].get(z, 0) > 0, f"{out}; {r['per_backend']}")

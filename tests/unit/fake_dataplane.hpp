@@ -39,6 +39,14 @@ class FakeDataplane final : public Dataplane {
     return exportFlows;
   }
 
+  void requestPurge(std::uint64_t n, const std::vector<std::uint32_t>& indices) override {
+    purgeAsked = n;
+    purgeRequests.push_back(indices);
+  }
+  [[nodiscard]] bool purgeDone(std::uint64_t n) const override {
+    return answerPurges && n <= purgeAsked;
+  }
+
   [[nodiscard]] std::optional<std::string> syncVips(std::span<const VipKey> vips) override {
     if (vipSyncError) return vipSyncError;
     vipSyncs.emplace_back(vips.begin(), vips.end());
@@ -59,6 +67,9 @@ class FakeDataplane final : public Dataplane {
     answerExports = true;
     exportFlows.clear();
     vipSyncError.reset();
+    purgeAsked = 0;
+    answerPurges = true;
+    purgeRequests.clear();
     vipSyncs.clear();
     stats = DataplaneCounters{};
   }
@@ -74,6 +85,9 @@ class FakeDataplane final : public Dataplane {
   std::uint64_t exportAsked = 0;
   bool answerExports = true;
   std::vector<ExportedFlow> exportFlows;
+  std::uint64_t purgeAsked = 0;
+  bool answerPurges = true;
+  std::vector<std::vector<std::uint32_t>> purgeRequests;
   std::optional<std::string> vipSyncError;
   std::vector<std::vector<VipKey>> vipSyncs;
   DataplaneCounters stats;

@@ -291,14 +291,14 @@ TEST(SnapshotBuilder, StableIndicesAcrossReloadsWithRemovalAndAddition) {
   auto s = b.build(2);
   ASSERT_TRUE(s);
   for (const char* n : {"a1", "a3", "c1", "c2"}) EXPECT_EQ(b.indexOf(id(n)), before[n]) << n;
-  EXPECT_EQ(b.indexOf(id("a4")), 6u);  // never a2's index
+  EXPECT_EQ(b.indexOf(id("a4")), 6u);  // not a2's index: it retires, unpurged
   ASSERT_EQ(s->backends.size(), 7u);
   EXPECT_EQ(s->backend(before["a2"])->id, id("a2"));
   EXPECT_EQ(s->backend(before["a2"])->state, BackendState::Removed);
   EXPECT_EQ(owners(vipNamed(*s, "v4").table).count(before["a2"]), 0u);
   EXPECT_FALSE(b.setState(id("a2"), BackendState::Active));  // not configured now
 
-  // a2 comes back: same index, its initial state again.
+  // a2 comes back before its index was purged: same index, its initial state again.
   next.push_back(kBackends[1]);
   ASSERT_FALSE(b.setConfig(estate(next)));
   s = b.build(3);

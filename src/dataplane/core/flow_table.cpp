@@ -299,6 +299,11 @@ unsigned FlowTable::takeFreeSlot(Bucket& bucket, std::uint32_t now32) noexcept {
 // the emptied slot or kNoSlot. Moves keep stamps and states: nothing is lost.
 unsigned FlowTable::makeRoom(std::size_t index, int depth, std::uint32_t now32) noexcept {
   Bucket& bucket = buckets_[index];
+  if (!purgeSet_.empty()) {
+    // Never move an entry that the running purge must erase (it could land
+    // behind the cursor): erase them here, which may be the room we need.
+    if (const unsigned freed = purgeBucket(bucket); freed != kNoSlot) return freed;
+  }
   std::array<std::size_t, kSlotsPerBucket> others;
   for (unsigned i = 0; i < kSlotsPerBucket; ++i) {
     others[i] = otherBucket(bucket.fingerprint[i], index);
@@ -489,10 +494,53 @@ std::size_t FlowTable::countByBackend(std::span<std::uint32_t> counts, Millis no
   return live;
 }
 
+inline bool FlowTable::inPurgeSet(std::uint32_t meta) const noexcept {
+  const std::uint32_t backend = meta & kBackendMask;
+  const std::size_t word = backend / 64;
+  return word < purgeSet_.size() && ((purgeSet_[word] >> (backend % 64)) & 1U) != 0;
+}
+
+unsigned FlowTable::purgeBucket(Bucket& bucket) noexcept {
+  unsigned freed = kNoSlot;
+  for (unsigned i = 0; i < kSlotsPerBucket; ++i) {
+    if (bucket.fingerprint[i] == 0 || !inPurgeSet(bucket.meta[i])) continue;
+    bucket.fingerprint[i] = 0;
+    bucket.meta[i] = 0;
+    --counters_.occupancy;
+    ++counters_.purged;
+    if (freed == kNoSlot) freed = i;
+  }
+  return freed;
+}
+
+void FlowTable::beginPurge(std::span<const std::uint64_t> backends) noexcept {
+  purgeSet_ = backends;
+  purgeCursor_ = 0;
+}
+
+bool FlowTable::purgeSlice(std::size_t maxBuckets) noexcept {
+  if (purgeSet_.empty()) return true;
+  const std::size_t end = std::min(bucketCount(), purgeCursor_ + maxBuckets);
+  for (; purgeCursor_ < end; ++purgeCursor_) (void)purgeBucket(buckets_[purgeCursor_]);
+  if (purgeCursor_ < bucketCount()) return false;
+  purgeSet_ = {};
+  purgeCursor_ = 0;
+  return true;
+}
+
+std::size_t FlowTable::purgeBackends(std::span<const std::uint64_t> backends) noexcept {
+  const std::uint64_t before = counters_.purged;
+  beginPurge(backends);
+  (void)purgeSlice(bucketCount());
+  return static_cast<std::size_t>(counters_.purged - before);
+}
+
 void FlowTable::clear() noexcept {
   std::memset(static_cast<void*>(buckets_.get()), 0, bucketCount() * sizeof(Bucket));
   counters_.occupancy = 0;
   sweepCursor_ = 0;
+  purgeSet_ = {};
+  purgeCursor_ = 0;
   embryonicRoomMisses_ = 0;
   floodInserts_ = 0;
 }

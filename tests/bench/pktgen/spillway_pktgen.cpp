@@ -305,8 +305,11 @@ struct Predictor {
 };
 
 // Builds the snapshot spillwayd builds from the same file at start.
-std::optional<Predictor> makePredictor(const Config& config, const std::string& path,
+std::optional<Predictor> makePredictor(const Config& fileConfig, const std::string& path,
                                        std::uint32_t vipIndex, std::string& error) {
+  // The file alone: no journal or checkpoint of a running daemon is read.
+  Config config = fileConfig;
+  config.control.stateDir = "";
   SnapshotBuilder builder;
   if (auto e = builder.setConfig(config)) {
     error = *e;
