@@ -258,10 +258,13 @@ def judge(d):
 
     # Reactions: detection (state failed) and the backend out of every table
     # for good, per action that takes one away.
-    for a in d.actions:
-        if a["do"] not in LEAVE:
-            continue
-        target = a["target"]
+    # A reload whose edited file no longer names a backend retires it (it
+    # drains): judged like a drain.
+    leaves = [(a, a["target"], a["do"]) for a in d.actions if a["do"] in LEAVE]
+    leaves += [(a, n, "reload-remove") for a in d.actions if a["do"] == "reload"
+               for n in a.get("remove", [])]
+    for a, target, do in sorted(leaves, key=lambda x: x[0]["t"]):
+        a = dict(a, do=do)
         until = next_action_on(target, a["t"])
         r = {"at": a["at"], "do": a["do"], "target": target}
         if a["do"] in TAKEDOWN:
