@@ -123,10 +123,11 @@ class Estate:
     run = swe.Estate.run
     stop = swe.Estate.stop
 
-    def spawn(self, args, ns=None, log_name=None, stdin=None, stdout=None):
+    def spawn(self, args, ns=None, log_name=None, stdin=None, stdout=None, append=False):
         if ns is not None:
             args = ["ip", "netns", "exec", ns] + args
-        err = open(os.path.join(self.work, log_name), "w") if log_name else subprocess.DEVNULL
+        err = (open(os.path.join(self.work, log_name), "a" if append else "w") if log_name
+               else subprocess.DEVNULL)
         out = open(stdout, "w") if stdout else err
         p = subprocess.Popen(args, stdout=out, stderr=err,
                              stdin=stdin if stdin is not None else subprocess.DEVNULL,
@@ -203,8 +204,10 @@ class Estate:
                        ns=ns, log_name=f"grpc-{name}.log"),
         ]
         for port in self.iperf_ports:
+            # Appended across restarts of the servers: the judge reads which
+            # backend served each elephant from these logs.
             servers.append(self.spawn(["iperf3", "-s", "-p", str(port), "--forceflush"], ns=ns,
-                                      log_name=f"iperf3-{name}-{port}.log"))
+                                      log_name=f"iperf3-{name}-{port}.log", append=True))
         if b["pool"] in self.loaded_pools():
             ctl = self.exporter_file(name)
             if not os.path.exists(ctl):

@@ -36,9 +36,12 @@ from estate import CLIENT, DATA_PORT, VIP_FLOWS  # noqa: E402
 # "error": a gRPC stream that ended in an RPC error (reset, unavailable,
 # corrupt echo) is broken whether or not it stalled first.
 BROKEN_STATES = {"reset", "corrupt", "connect_failed", "error"}
-# A restart's outage excuses new flows that began this long before the stop
-# (in flight) and up to this long after the daemon was ready again.
+# A restart's outage excuses new flows in flight during it, and up to this
+# long after the daemon was ready again.
 RESTART_SLACK_S = 0.2
+# How early before the monitor saw a victim fail its failure may have begun
+# (one monitor period and then some).
+VICTIM_SLACK_S = 0.5
 # How many broken or failed flows a verdict names.
 NAMED = 8
 TAKEDOWN = {"kill", "link-down"}
@@ -253,8 +256,8 @@ def judge(d):
                                     else "unknown")
         m["restarts"].append(row)
         if "t_stop" in r:
-            excused.append((r["t_stop"] - slow_ms / 1000.0 - RESTART_SLACK_S,
-                            r["t_ready"] + RESTART_SLACK_S, f"restart at {r['at']} s"))
+            excused.append((r["t_stop"], r["t_ready"] + RESTART_SLACK_S,
+                            f"restart at {r['at']} s"))
 
     # Reactions: detection (state failed) and the backend out of every table
     # for good, per action that takes one away.
@@ -288,9 +291,22 @@ def judge(d):
         r["_window"] = (a["t"] + bound, until, f"{a['do']} {target} at {a['at']} s")
         m["reactions"].append(r)
 
-    def excuse(t, backend=None, slow_only=False, own=None):
+    # A victim's failure (a takedown's target, or a backend the scenario
+    # names as a victim: ejected by health on purpose) also hits the new
+    # flows still connecting to it when it failed (they are re-steered and
+    # reset): around the moment the monitor saw it.
+    for name in sorted(victims):
+        for tf, _, to in mon.state_changes(name):
+            if to == "failed":
+                excused.append((tf - VICTIM_SLACK_S, tf + 0.3, f"{name} failed at {rel(tf)} s"))
+
+    def excuse(t, ms=None, backend=None, slow_only=False, own=None):
+        """Why a new flow that began at t and lasted ms (to its hello, or to
+        its failure) is excused: its life overlaps a window of the drill's own
+        doing."""
+        end = t + (ms or 0) / 1000.0
         for lo, hi, why in excused:
-            if lo <= t <= hi and why != own:
+            if t <= hi and end >= lo and why != own:
                 return why
         if slow_only and backend in victims:
             return f"{backend} is a victim"
@@ -305,7 +321,7 @@ def judge(d):
         reached = [p for p in probes if p["ok"] and p["backend"] == r["target"] and
                    lo < p["t"] < hi]
         failed = [p for p in probes if not p["ok"] and lo < p["t"] < hi and
-                  not excuse(p["t"], own=own)]
+                  not excuse(p["t"], p.get("ms"), own=own)]
         r["new_flows_after_removal"] = len(reached)
         r["failed_new_flows_after_removal"] = len(failed)
         r["_reached"], r["_failed"] = reached, failed
@@ -373,7 +389,9 @@ def judge(d):
     news = [{"kind": "probe", "t": p["t"], "backend": p["backend"], "ok": p["ok"],
              "ms": p.get("ms"), "error": p.get("error")} for p in probes]
     news += [{"kind": "flow", "t": f["opened"], "backend": f.get("backend"),
-              "ok": f["state"] != "connect_failed", "ms": f.get("connect_ms"),
+              "ok": f["state"] != "connect_failed",
+              "ms": (f.get("connect_ms") if f["state"] != "connect_failed" else
+                     ((f.get("ended") or f["opened"]) - f["opened"]) * 1000.0),
               "error": f.get("error"), "id": f.get("id")} for f in d.flow_report["flows"]
              if f["state"] != "not_opened"]
     bad, excused_n = [], 0
@@ -381,7 +399,7 @@ def judge(d):
         slow = x["ok"] and x["ms"] is not None and x["ms"] > slow_ms
         if x["ok"] and not slow:
             continue
-        if excuse(x["t"], x["backend"], slow_only=slow):
+        if excuse(x["t"], x["ms"], x["backend"], slow_only=slow):
             excused_n += 1
             continue
         bad.append(dict(x, slow=slow))

@@ -206,6 +206,22 @@ class JudgeTest(unittest.TestCase):
         self.assertTrue(v["new_flows"]["ok"], v["new_flows"])
         self.assertTrue(v["new_flows_avoid[onprem2]"]["ok"], v["new_flows_avoid[onprem2]"])
 
+    def test_new_flows_caught_by_a_victims_ejection_are_excused(self):
+        # cloud-latency-spike: cloud1 is ejected by health on purpose (a
+        # victim); probes still connecting to it then are reset.
+        d = self.drill(invariants={"victims": ["cloud1"]}, extra={"pools": {
+            "onprem": {"priority": 0}, "cloud": {"priority": 0}}})
+        d.victims = {"cloud1"}
+        d.set_samples(lambda t: sample(t, states={"cloud1": "failed"}), lo=11)
+        for p in d.flow_report["probes"]:
+            if T0 + 10 <= p["t"] < T0 + 10.5:  # reset when cloud1 was ejected
+                p.update(ok=False, backend=None, error="recv: Connection reset by peer",
+                         ms=(T0 + 10.95 - p["t"]) * 1000)
+        self.assertTrue(d.verdicts()["new_flows"]["ok"])
+        # Not one long before it.
+        d.flow_report["probes"][20].update(ok=False, backend=None, error="connect timed out")
+        self.assertFalse(d.verdicts()["new_flows"]["ok"])
+
     # -- slow and failed new flows ------------------------------------------------------
     def test_slow_new_flow_is_judged_with_its_bound(self):
         d = self.drill(extra={"connect_slow_ms": 800})
