@@ -19,6 +19,7 @@ import socket
 import subprocess
 import tempfile
 import sys
+import time
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 PY = "/usr/bin/python3"
@@ -301,7 +302,7 @@ class Estate:
             ns=self.ns("lb"), log_name=f"spillwayd-{tag}.log",
             stdout=os.path.join(self.work, f"spillwayd-{tag}.json"))
 
-    def wait_ready(self, timeout=30):
+    def wait_ready(self, timeout=30, settle_s=0.0):
         def ready():
             if self.lb.poll() is not None:
                 raise DrillError(f"spillwayd exited {self.lb.returncode}: " + tail(
@@ -315,6 +316,26 @@ class Estate:
                 w["snapshot_generation"] == s["generation"] for w in s["workers"])
         wait_until("spillwayd ready (next hops resolved)", ready, timeout)
         wait_until("the control socket", lambda: self._ctl_ok(), 10)
+        if settle_s:
+            # "Resolved" is the control plane's view; the snapshot that carries
+            # the MACs may be published a tick later. Before the first traffic,
+            # wait until the generation has held still for settle_s with every
+            # worker on it.
+            seen = {"gen": None, "since": 0.0}
+
+            def settled():
+                try:
+                    with open(self.lb_stats) as f:
+                        st = json.load(f)
+                except (OSError, ValueError):
+                    return False
+                now = time.monotonic()
+                if st["generation"] != seen["gen"]:
+                    seen.update(gen=st["generation"], since=now)
+                    return False
+                return now - seen["since"] >= settle_s and all(
+                    w["snapshot_generation"] == st["generation"] for w in st["workers"])
+            wait_until("spillwayd's snapshot generation settled", settled, timeout)
 
     def _ctl_ok(self):
         try:

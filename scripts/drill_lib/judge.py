@@ -291,6 +291,12 @@ def judge(d):
         r["_window"] = (a["t"] + bound, until, f"{a['do']} {target} at {a['at']} s")
         m["reactions"].append(r)
 
+    # The estate's start-up: the first burst of flows, until the flow
+    # checker's and the gRPC client's initial flows were all up. New flows
+    # then are counted in new_flow_connect but not judged (the scenario's
+    # subject starts with its first action).
+    if getattr(d, "traffic_ready", None):
+        excused.append((t0, d.traffic_ready, "traffic start-up"))
     # A victim's failure (a takedown's target, or a backend the scenario
     # names as a victim: ejected by health on purpose) also hits the new
     # flows still connecting to it when it failed (they are re-steered and
@@ -415,7 +421,8 @@ def judge(d):
     limit = inv.get("new_flows_failed_max", 0)
     check("new_flows", len(bad) <= limit,
           f"{len(bad)} new flows failed or took over {slow_ms} ms to connect (at most "
-          f"{limit}; {excused_n} excused by the drill's own failures and restarts)" +
+          f"{limit}; {excused_n} excused: the estate's start-up, the drill's own failures "
+          f"and restarts)" +
           ("" if not bad else ": " + "; ".join(
               f"{x['kind']}{' ' + str(x['id']) if x.get('id') is not None else ''} at "
               f"{rel(x['t'])} s " +

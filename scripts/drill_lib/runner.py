@@ -92,12 +92,15 @@ class Drill:
         for name in e.backends:
             e.start_servers(name)
         e.start_lb()
-        e.wait_ready()
+        e.wait_ready(settle_s=0.5)
         self.monitor = Monitor(e.ctl, ["nccl", "grpc"], period=0.1)
         self.monitor.start()
         self.t0 = time.time()
         self.flows = FlowCheck(e, traffic, sc["stall_ms"])
         self.grpc = GrpcStreams(e, traffic.get("grpc_streams", 0), sc["stall_ms"])
+        # The first flows are up: the estate's start-up is over (new flows
+        # before this are reported, not judged).
+        self.traffic_ready = time.time()
         self.elephants.start(self.t0, sc["duration"])
         log(f"   estate up: {len(e.backends)} backends, traffic running "
             f"({traffic.get('flows', 60)} flows, {traffic.get('grpc_streams', 0)} gRPC streams, "
