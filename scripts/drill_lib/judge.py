@@ -572,9 +572,11 @@ def judge(d):
             check("churn", False, "no control-plane sample to judge churn by" if not up else
                   f"churn_interval {interval} s is too short for the monitor's "
                   f"{mon.period} s samples")
-        # Each daemon's life on its own: a restart's first table is a rebuild,
-        # not a churn step.
-        lives = [t0 - 60] + [r["t_ready"] for r in d.restarts if "t_ready" in r]
+        # Each daemon's life on its own (the samples on either side of an
+        # outage are further apart than an interval); then each restart: the
+        # tables before the stop against the first ones after it.
+        stops = [r["t_stop"] for r in d.restarts if "t_stop" in r]
+        lives = [t0 - 60] + stops
         for vip, size in (up[0]["table_size"] if up else {}).items():
             limit = max(1, math.floor(budget * size))
             worst = max(mon.churn(vip, interval, since=lo, until=hi) for lo, hi in
@@ -582,6 +584,18 @@ def judge(d):
             check(f"churn[{vip}]", worst <= limit,
                   f"at most {worst} entries moved per churn interval ({interval} s); "
                   f"budget {limit} ({budget} of {size})")
+            for r in d.restarts:
+                before = [x for x in up if x["t"] < r["t_stop"]]
+                after = [x for x in up if x["t"] > r["t_stop"]]
+                if not before or not after:
+                    continue
+                a, b = before[-1]["entries"], after[0]["entries"]
+                moved = sum(abs(b.get(n, {}).get(vip, 0) - a.get(n, {}).get(vip, 0))
+                            for n in set(a) | set(b)) // 2
+                check(f"churn_across_restart[{vip}, {r['at']} s]", moved <= limit,
+                      f"{moved} entries moved between the last tables before the restart "
+                      f"and the first after it (budget {limit}: a restart moves no more "
+                      f"than a churn step)")
     if "restart_outage_max_s" in inv:
         for r in d.restarts:
             check("restart_outage", r["outage_s"] <= inv["restart_outage_max_s"],

@@ -119,10 +119,11 @@ class Monitor:
     def churn(self, vip, interval, since=0.0, until=None):
         """The most table entries of a VIP that changed owner within any
         window shorter than the churn interval (0.9 of it, so that one window
-        never holds two of the control plane's steps), bounded from below by the entry counts: half the sum
-        of |change| per backend between the first and last sample of each
-        window (a reassignment that keeps every count is invisible here;
-        Maglev moves for weight changes always change counts)."""
+        never holds two of the control plane's steps), bounded from below by
+        the entry counts: half the sum of |change| per backend between the
+        first and last sample of each window (a reassignment that keeps every
+        count is invisible here; Maglev moves for weight changes always
+        change counts)."""
         points = [s for s in self.samples if not s.get("down") and s["t"] >= since and
                   (until is None or s["t"] <= until)]
         worst = 0

@@ -3,9 +3,10 @@ probes (spillway-flowcheck), bidirectional gRPC streams (grpc_stream.py),
 and iperf3 elephants, each judged per flow at the end.
 
 A flow is broken when it was reset, its echo was corrupt, it never connected,
-it ended in error (a gRPC stream's RPC error), or it stalled (data outstanding, nothing received) longer than the
-scenario's stall threshold. Each broken flow is "theirs" when its backend is
-one the scenario's actions take down (a victim), else "others".
+it ended in error (a gRPC stream's RPC error), or it stalled (data
+outstanding, nothing received) longer than the scenario's stall threshold.
+Each broken flow is "theirs" when its backend is one the scenario's actions
+take down (a victim), else "others".
 
 iperf3 runs a control and a data connection to the same server port; an L4
 balancer hashes them independently, so they may land on different backends,

@@ -316,6 +316,26 @@ class JudgeTest(unittest.TestCase):
         d.set_samples(lambda t: sample(t), lo=9)
         self.assertFalse(d.verdicts()["intent_kept[onprem1]"]["ok"])
 
+    # -- churn across a restart -------------------------------------------------------------
+    def test_restart_that_rebuilds_other_tables_breaks_the_churn_budget(self):
+        d = self.drill(invariants={"churn_within_budget": True},
+                       extra={"policy": {"churn_budget": 0.05, "churn_interval": 1}})
+        d.restarts = [{"at": 10, "signal": "TERM", "t_stop": T0 + 10, "t_ready": T0 + 10.8,
+                       "outage_s": 0.8}]
+        skewed = {"onprem1": 10000, "onprem2": 10000, "onprem3": 45537}
+        d.set_samples(lambda t: sample(t, entries=skewed), hi=10)
+        d.set_samples(lambda t: sample(t, down=True), lo=10, hi=10.8)
+        d.set_samples(lambda t: sample(t, entries=skewed), lo=10.8)
+        v = d.verdicts()
+        self.assertTrue(v["churn[nccl]"]["ok"])
+        self.assertTrue(v["churn_across_restart[nccl, 10 s]"]["ok"])
+        # The restarted daemon starts from base weights: 23,816 entries move.
+        even = {"onprem1": 21846, "onprem2": 21846, "onprem3": 21845}
+        d.set_samples(lambda t: sample(t, entries=even), lo=10.8)
+        v = d.verdicts()
+        self.assertTrue(v["churn[nccl]"]["ok"])  # each life on its own is within budget
+        self.assertFalse(v["churn_across_restart[nccl, 10 s]"]["ok"])
+
     # -- crash: the loss window -------------------------------------------------------------
     def test_checkpoint_time_forms(self):
         probe = {"t": T0 + 10, "mono": 5000.0, "uptime_ms": 9000}
