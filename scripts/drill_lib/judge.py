@@ -512,8 +512,9 @@ def judge(d):
                   f"drain of {r['target']} complete {v} s after its last flows were closed "
                   f"(at most {inv['drain_complete_max_s']})")
     for name in inv.get("receives_new_flows", []):
-        added = [a["t"] for a in d.actions if a.get("target") == name]
-        since = added[0] if added else t0
+        # Since it was last added (a re-add: since the add, not the remove).
+        added = [a["t"] for a in d.actions if a.get("target") == name and a["do"] == "add"]
+        since = added[-1] if added else t0
         got = sum(1 for p in probes if p["ok"] and p["backend"] == name and p["t"] >= since)
         check(f"receives_new_flows[{name}]", got > 0, f"{got} new flows reached {name}")
     for name, limit in inv.get("state_changes_max", {}).items():
