@@ -67,7 +67,7 @@ class Drill:
         self.actions = []    # what was done: {"at", "t", "do", "target", "result", ...}
         self.victims = set(scenario["invariants"].get("victims", []))
         self.flappers = []
-        self.restarts = []   # {"at", "outage_s", "signal", "checkpoint"...}
+        self.restarts = []   # {"at", "signal", "t_stop", "t_ready", "outage_s", "before"}
         self.t0 = None
 
     # -- set-up ------------------------------------------------------------------
