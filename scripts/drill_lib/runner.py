@@ -74,6 +74,7 @@ class Drill:
     def setup(self):
         e, sc = self.e, self.sc
         log(f"== drill {sc['name']}: {sc.get('description', '').strip()}")
+        log(f"   namespaces {e.prefix}-*, work files {self.work}")
         e.topology_up()
         # The configuration file as the drill's reload actions edit it.
         self.file_members = list(sc["start_members"])

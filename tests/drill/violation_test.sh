@@ -30,7 +30,9 @@ check "report.json marks all_flows_keep_backend failed" grep -q "all_flows_keep_
 check "report.json says passed=False" grep -q "passed=False" <<<"$verdicts"
 check "the summary prints FAIL lines" grep -q "^  FAIL detection\[onprem2\]" "$work/run.log"
 check "the verdict names the broken flows" grep -qE "^  FAIL all_flows_keep_backend: .*flow [0-9]+ on onprem2" "$work/run.log"
-check "the estate is gone" bash -c "! ip netns list | grep -q '^swd'"
+# This drill's own namespaces (other drills may run on the machine).
+prefix=$(sed -n 's/^ *namespaces \(swd[0-9]*\)-\*.*/\1/p' "$work/run.log" | head -1)
+check "the estate ($prefix) is gone" bash -c '[ -n "$0" ] && ! ip netns list | grep -q "^$0-"' "$prefix"
 
 bad() {  # bad NAME TOML EXPECTED_MESSAGE
   printf '%s\n' "$2" >"$work/bad.toml"
