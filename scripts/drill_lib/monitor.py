@@ -5,7 +5,10 @@ snapshot generation, every `period` seconds, straight from the CLI socket
 completion and table churn are read from these samples.
 
 A sample that cannot be taken (spillwayd restarting in the lb-restart drill)
-is recorded as {"t": ..., "down": true}.
+is recorded as {"t": ..., "down": true}. Each sample also keeps the daemon's
+`status` "checkpoint" object when it reports one (the flow-exception
+checkpoint, issue #10) and its uptime, so the crash drill can state its loss
+window.
 """
 import json
 import threading
@@ -35,6 +38,7 @@ class Monitor:
         try:
             backends = self.ctl.call("backend.list")
             tables = self.ctl.call("table.show")
+            status = self.ctl.call("status")
             shares = {}
             for vip in self.vips:
                 shown = self.ctl.call("vip.show", name=vip)
@@ -50,12 +54,16 @@ class Monitor:
             "generation": tables["generation"],
             "backends": {b["name"]: {"state": b.get("state"), "health": b.get("health"),
                                      "live_flows": b.get("live_flows"),
+                                     "admin": b.get("admin"),
+                                     "base_weight": b.get("base_weight"),
                                      "gpu": b.get("gpu_utilization"),
                                      "queue": b.get("queue_depth"),
                                      "saturated": b.get("saturated")} for b in backends},
             "entries": entries,
             "table_size": {t_["vip"]: t_["table_size"] for t_ in tables["tables"]},
             "shares": shares,
+            "uptime_ms": status.get("uptime_ms"),
+            "checkpoint": status.get("checkpoint"),
         }
 
     def _run(self):
@@ -77,6 +85,25 @@ class Monitor:
                 return s["t"]
         return None
 
+    def left_tables(self, name, after, until=None):
+        """When the backend left every table for good after `after`: the first
+        sample of the last run of samples (up to `until`) in which it owns no
+        entry. None when it still owns entries at the end of the window. A
+        backend that had none yet and entered later is not "out" until it
+        leaves again (the first zero sample alone would be fooled by it)."""
+        out = None
+        for s in self.samples:
+            if s["t"] < after or s.get("down"):
+                continue
+            if until is not None and s["t"] > until:
+                break
+            if sum(s["entries"].get(name, {}).values()) == 0:
+                if out is None:
+                    out = s["t"]
+            else:
+                out = None
+        return out
+
     def state_changes(self, name, since=0.0):
         """[(t, from, to)] of a backend's effective state over the samples."""
         out, last = [], None
@@ -92,10 +119,11 @@ class Monitor:
     def churn(self, vip, interval, since=0.0, until=None):
         """The most table entries of a VIP that changed owner within any
         window shorter than the churn interval (0.9 of it, so that one window
-        never holds two of the control plane's steps), bounded from below by the entry counts: half the sum
-        of |change| per backend between the first and last sample of each
-        window (a reassignment that keeps every count is invisible here;
-        Maglev moves for weight changes always change counts)."""
+        never holds two of the control plane's steps), bounded from below by
+        the entry counts: half the sum of |change| per backend between the
+        first and last sample of each window (a reassignment that keeps every
+        count is invisible here; Maglev moves for weight changes always
+        change counts)."""
         points = [s for s in self.samples if not s.get("down") and s["t"] >= since and
                   (until is None or s["t"] <= until)]
         worst = 0

@@ -32,6 +32,8 @@ def build(d, measurements, verdicts):
         "reactions": measurements["reactions"],
         "shares": measurements["shares"],
         "restarts": measurements["restarts"],
+        "new_flow_connect": measurements.get("new_flow_connect"),
+        "placement": measurements.get("placement"),
         "new_flows": new_flow_shares(d),
         "invariants": verdicts,
         "passed": ok,
@@ -80,20 +82,35 @@ def summary(rep, out_dir):
             parts.append(f"out of the tables in {r['table_removal_s']} s")
         if "new_flows_after_removal" in r:
             parts.append(f"{r['new_flows_after_removal']} new flows after")
+        if "failed_new_flows_after_removal" in r:
+            parts.append(f"{r['failed_new_flows_after_removal']} failed new flows after")
         if "complete_s" in r:
             parts.append(f"drain complete {r['complete_s']} s after its flows closed")
         lines.append(f"  {r['do']} {r['target']} at {r['at']} s: " + ", ".join(parts))
     for r in rep["restarts"]:
-        lines.append(f"  restart at {r['at']} s: spillwayd back and ready in {r['outage_s']} s")
+        line = (f"  restart ({'SIGKILL' if r.get('signal') == 'KILL' else 'SIGTERM'}) at "
+                f"{r['at']} s: spillwayd back and ready in {r['outage_s']} s")
+        if r.get("signal") == "KILL":
+            line += (f"; last checkpoint at {r.get('checkpoint_t')} s, loss window "
+                     f"{r.get('loss_window_s')}" + (" s" if isinstance(
+                         r.get("loss_window_s"), (int, float)) else ""))
+        lines.append(line)
     for s in rep["shares"]:
-        lines.append(f"  share of new flows {s['from']:.1f}-{s['to']:.1f} s ({s['probes']} "
-                     f"flows): measured {s['measured']}, formula {s['expected']}, "
-                     f"control plane {s['reported']}")
+        seen = (f"measured {s['measured']} ({s['probes']} flows), " if "probes" in s else "")
+        lines.append(f"  share of new flows, VIP {s.get('vip', 'nccl')}, {s['from']:.1f}-"
+                     f"{s['to']:.1f} s: {seen}formula {s['expected']}, control plane "
+                     f"{s['reported']}")
+    c = rep.get("new_flow_connect")
+    if c:
+        lines.append(f"  new flows' connect + hello: p50 {c['p50_ms']} ms, p99 {c['p99_ms']} ms, "
+                     f"max {c['max_ms']} ms; {c['failed']} failed, {c['slow']} over "
+                     f"{c['slow_bound_ms']} ms, {c['excused']} of those excused")
     nf = rep["new_flows"]
     lines.append(f"  new flows over the drill: {nf['probes']} ({nf['failed']} failed), by pool "
                  f"{nf['by_pool']}")
     for e in rep["elephants"]:
-        lines.append(f"  iperf3 elephant {e['id']} on {e['backend']}: {e['mbps']} Mbit/s, "
+        lines.append(f"  iperf3 elephant {e['id']} on {e['backend']} (from "
+                     f"{e.get('started', 0)} s, {e.get('planned_s')} s): {e['mbps']} Mbit/s, "
                      f"longest silence {e['longest_silence_ms']} ms, "
                      f"{'BROKEN' if e['broken'] else 'unbroken'}")
     for v in rep["invariants"]:

@@ -4,6 +4,7 @@ judged and the report written (report.py). Times in the report are seconds
 from the start of traffic ("drill time").
 """
 import os
+import shutil
 import subprocess
 import threading
 import time
@@ -19,11 +20,15 @@ class Flapper(threading.Thread):
     """Flaps a backend every period_ms, for `seconds`:
       what = "health": blocks and opens its health port (an nftables drop
         rule in its namespace); data flows on other ports are untouched;
-      what = "load": its exporter reports gpu_high and gpu_low in turn."""
+      what = "load": the exporters of `targets` report gpu_high and gpu_low
+        in turn (load oscillation: table entries move within the churn
+        budget, so live flows end up on entries that have moved)."""
 
-    def __init__(self, estate, target, what, period_ms, seconds, gpu_high=98, gpu_low=20):
+    def __init__(self, estate, targets, what, period_ms, seconds, gpu_high=98, gpu_low=20):
         super().__init__(daemon=True)
-        self.e, self.target, self.ns = estate, target, estate.backends[target]["ns"]
+        self.e, self.targets = estate, list(targets)
+        self.target = self.targets[0]
+        self.ns = estate.backends[self.target]["ns"]
         self.what, self.period, self.seconds = what, period_ms / 1000.0, seconds
         self.gpu_high, self.gpu_low = gpu_high, gpu_low
         self.toggles = 0
@@ -34,7 +39,8 @@ class Flapper(threading.Thread):
 
     def set(self, bad):
         if self.what == "load":
-            self.e.write_exporter(self.target, self.gpu_high if bad else self.gpu_low, 0)
+            for t in self.targets:
+                self.e.write_exporter(t, self.gpu_high if bad else self.gpu_low, 0)
         elif bad:
             self.e.run(["nft", "add", "rule", "inet", NFT_TABLE, "input", "tcp", "dport",
                         str(HEALTH_PORT), "drop"], ns=self.ns, check=False)
@@ -61,29 +67,42 @@ class Drill:
         self.actions = []    # what was done: {"at", "t", "do", "target", "result", ...}
         self.victims = set(scenario["invariants"].get("victims", []))
         self.flappers = []
-        self.restarts = []   # {"at", "outage_s"}
+        self.restarts = []   # {"at", "signal", "t_stop", "t_ready", "outage_s", "before"}
         self.t0 = None
 
     # -- set-up ------------------------------------------------------------------
     def setup(self):
         e, sc = self.e, self.sc
         log(f"== drill {sc['name']}: {sc.get('description', '').strip()}")
+        log(f"   namespaces {e.prefix}-*, work files {self.work}")
         e.topology_up()
-        added_later = {a["target"] for a in sc["action"] if a["do"] == "add"}
-        e.write_config(only=[n for n in e.backends if n not in added_later])
+        # The configuration file as the drill's reload actions edit it.
+        self.file_members = list(sc["start_members"])
+        self.file_weights = dict(sc["weights"])
+        e.write_config(only=self.file_members)
+        # The starting file, for the placement model (reloads edit e.config).
+        e.config_at_start = os.path.join(self.work, "spillway-start.toml")
+        shutil.copyfile(e.config, e.config_at_start)
         traffic = sc["traffic"]
-        self.elephants = Elephants(e, traffic.get("elephants", []))
+        ends = {}
+        for a in sc["action"]:
+            if a["do"] == "close-flows":
+                ends.setdefault(a["target"], []).append(a["at"])
+        self.elephants = Elephants(e, traffic.get("elephants", []), ends)
         e.iperf_ports = self.elephants.ports()
         for name in e.backends:
             e.start_servers(name)
         e.start_lb()
-        e.wait_ready()
+        e.wait_ready(settle_s=0.5)
         self.monitor = Monitor(e.ctl, ["nccl", "grpc"], period=0.1)
         self.monitor.start()
         self.t0 = time.time()
         self.flows = FlowCheck(e, traffic, sc["stall_ms"])
         self.grpc = GrpcStreams(e, traffic.get("grpc_streams", 0), sc["stall_ms"])
-        self.elephants.start(sc["duration"] - (time.time() - self.t0) - 1)
+        # The first flows are up: the estate's start-up is over (new flows
+        # before this are reported, not judged).
+        self.traffic_ready = time.time()
+        self.elephants.start(self.t0, sc["duration"])
         log(f"   estate up: {len(e.backends)} backends, traffic running "
             f"({traffic.get('flows', 60)} flows, {traffic.get('grpc_streams', 0)} gRPC streams, "
             f"{len(traffic.get('elephants', []))} iperf3 elephants, "
@@ -111,11 +130,31 @@ class Drill:
             result = "ok" if r.returncode == 0 else f"error: {r.stderr.strip()}"
         elif do == "add":
             b = e.backends[target]
+            weight = a.get("weight", self.sc["weights"].get(target, 100))
             r = e.spillwayctl("backend", "add", target, "--address", b["address"], "--pool",
-                              b["pool"], "--weight", self.sc["weights"].get(target, 100))
+                              b["pool"], "--weight", weight)
+            rec["weight"] = weight
+            result = "ok" if r.returncode == 0 else f"error: {r.stderr.strip()}"
+        elif do == "weight":
+            r = e.spillwayctl("backend", "weight", target, a["weight"])
+            rec["weight"] = a["weight"]
+            result = "ok" if r.returncode == 0 else f"error: {r.stderr.strip()}"
+        elif do == "reload":
+            for n in a.get("add", []):
+                if n not in self.file_members:
+                    self.file_members.append(n)
+            self.file_members = [n for n in self.file_members if n not in a.get("remove", [])]
+            self.file_weights.update(a.get("weights", {}))
+            e.write_config(only=self.file_members, weights=self.file_weights)
+            r = e.spillwayctl("--json", "config", "reload")
+            rec.update({k: a[k] for k in ("add", "remove", "weights") if k in a})
+            rec["reply"] = r.stdout.strip() if r.returncode == 0 else r.stderr.strip()
             result = "ok" if r.returncode == 0 else f"error: {r.stderr.strip()}"
         elif do == "close-flows":
+            # Its flows end: the flow checker's (graceful close), its gRPC
+            # streams (half-close), and its elephants (planned to end now).
             self.flows.command(f"close {target}")
+            self.grpc.command(f"close {target}")
         elif do == "open-flows":
             self.flows.command(f"open {a.get('n', 10)}")
         elif do == "probe-rate":
@@ -133,34 +172,74 @@ class Drill:
             e.wan_set(**settings)
             rec.update(settings)
         elif do == "restart-lb":
+            sig = a.get("signal", "TERM")
+            # What the daemon last said about its checkpoint, just before the
+            # stop (a crash's loss window is measured from it).
+            before = self.checkpoint_probe()
             t_stop = time.time()
-            e.stop_lb()
+            e.stop_lb(sig)
             e.start_lb()
             e.wait_ready()
-            outage = time.time() - t_stop
-            self.restarts.append({"at": rec["at"], "outage_s": round(outage, 3)})
+            t_ready = time.time()
+            outage = t_ready - t_stop
+            self.restarts.append({"at": rec["at"], "signal": sig, "t_stop": t_stop,
+                                  "t_ready": t_ready, "outage_s": round(outage, 3),
+                                  "before": before})
+            rec["signal"] = sig
             rec["outage_s"] = round(outage, 3)
         elif do == "flap":
             what = a.get("what", "health")
-            f = Flapper(e, target, what, a.get("period_ms", 300), a.get("for", 5),
+            targets = ([target] if target else a.get("targets") or
+                       [n for n, b in e.backends.items() if b["pool"] == a.get("pool")])
+            f = Flapper(e, targets, what, a.get("period_ms", 300), a.get("for", 5),
                         a.get("gpu_high", 98), a.get("gpu_low", 20))
             f.start()
             self.flappers.append(f)
             rec.update({"what": what, "period_ms": a.get("period_ms", 300),
-                        "for": a.get("for", 5)})
+                        "for": a.get("for", 5), "targets": targets})
+            if what == "load":
+                rec.update({"gpu_high": a.get("gpu_high", 98), "gpu_low": a.get("gpu_low", 20)})
         rec["result"] = result
         detail = " ".join(f"{k}={v}" for k, v in rec.items()
-                          if k not in ("at", "t", "do", "target", "result", "targets"))
+                          if k not in ("at", "t", "do", "target", "result", "targets", "reply"))
         log(f"   t={rec['at']:6.2f}s {do} {target or rec.get('pool', '')} {detail} "
             f"{'' if result == 'ok' else result}")
         self.actions.append(rec)
 
+    def checkpoint_probe(self):
+        """The daemon's own word on its flow-exception checkpoint: `status`'s
+        "checkpoint" object and the last event of kind "checkpoint", with the
+        times they were read (None where the daemon has neither)."""
+        out = {"t": time.time(), "mono": time.monotonic()}
+        try:
+            st = self.e.ctl.call("status")
+            out["status"] = st.get("checkpoint")
+            out["uptime_ms"] = st.get("uptime_ms")
+        except (OSError, ValueError, DrillError):
+            out["status"] = None
+        try:
+            page = self.e.ctl.call("events", after=0, limit=1000)
+            cps = [ev for ev in page.get("events", []) if ev.get("kind") == "checkpoint"]
+            out["event"] = cps[-1] if cps else None
+        except (OSError, ValueError, DrillError):
+            out["event"] = None
+        return out
+
+    def start_elephant(self, plan):
+        note = self.elephants.start_late(plan, self.t0, self.sc["duration"])
+        log(f"   t={time.time() - self.t0:6.2f}s {note}")
+
     def run(self):
-        for a in sorted(self.sc["action"], key=lambda a: a["at"]):
-            delay = self.t0 + a["at"] - time.time()
+        steps = [(a["at"], 0, a) for a in self.sc["action"]]
+        steps += [(p["at"], 1, p) for p in self.elephants.late()]
+        for at, kind, x in sorted(steps, key=lambda s: (s[0], s[1])):
+            delay = self.t0 + at - time.time()
             if delay > 0:
                 time.sleep(delay)
-            self.act(a)
+            if kind == 0:
+                self.act(x)
+            else:
+                self.start_elephant(x)
         delay = self.t0 + self.sc["duration"] - time.time()
         if delay > 0:
             time.sleep(delay)

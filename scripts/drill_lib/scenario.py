@@ -22,13 +22,20 @@ ACTIONS = {
     "remove": (True, False),         # spillwayctl backend remove (drains first)
     "disable": (True, False),
     "enable": (True, False),
-    "add": (True, False),            # spillwayctl backend add (a backend the config left out)
-    "close-flows": (True, False),    # the flow checker closes its flows on the backend
+    "add": (True, False),            # spillwayctl backend add (left out of the starting
+                                     # configuration, or removed earlier: a re-add)
+    "weight": (True, False),         # spillwayctl backend weight TARGET `weight`
+    "close-flows": (True, False),    # the target's flows end: flow checker flows, gRPC
+                                     # streams (half-close) and elephants (planned end)
     "open-flows": (False, False),    # n more long-lived flows
     "set-load": (False, False),      # exporters of `targets` (or `pool`) report gpu / queue
     "wan": (False, False),           # delay line: delay_ms, jitter_ms, loss
-    "restart-lb": (False, False),    # SIGTERM spillwayd, start it again with the same config
-    "flap": (True, False),           # health port blocked / open every period_ms for `for` s
+    "restart-lb": (False, False),    # stop spillwayd (`signal` TERM, or KILL: a crash), start
+                                     # it again with the same configuration file
+    "reload": (False, False),        # edit the configuration file (`add`, `remove`: backend
+                                     # names; `weights`: a table), then spillwayctl config reload
+    "flap": (False, False),          # health port blocked / open (`target`), or GPU load high /
+                                     # low (`target`, `targets` or `pool`), every period_ms
     "probe-rate": (False, False),
 }
 
@@ -36,7 +43,19 @@ INVARIANTS = {"others_broken_max", "victims_broken_min", "victims", "detection_m
               "table_removal_max_s", "new_flows_avoid", "drain_complete_max_s",
               "receives_new_flows", "state_changes_max", "stable_until", "share",
               "share_tolerance", "churn_within_budget", "all_flows_keep_backend",
-              "restart_outage_max_s"}
+              "restart_outage_max_s", "new_flows_failed_max", "intent_kept",
+              "flows_before_checkpoint_keep_backend", "reload_reply_names_changes",
+              "elephants_placed"}
+
+# A new flow (probe or long-lived flow) whose connect + hello takes longer
+# than this is slow: a lost SYN costs TCP's 1 s initial retransmission
+# timeout, so anything near a second means the first SYN was dropped.
+DEFAULT_CONNECT_SLOW_MS = 800
+# After an action that takes a backend out of new flows, how long the judge
+# gives the control plane before a new flow that still reaches it (or fails)
+# counts against new_flows_avoid, unless table_removal_max_s names a bound.
+DEFAULT_AVOID_GRACE_S = 0.5
+SIGNALS = ("TERM", "KILL")
 
 TIME_KEYS_ACTION = ("at", "for")
 
@@ -81,6 +100,11 @@ def load(path, short=False):
             for k in TIME_KEYS_ACTION:
                 if k in a:
                     a[k] = round(a[k] * scale, 3)
+        traffic = sc.get("traffic", {})
+        if "traffic" not in short_table or "elephants" not in short_table["traffic"]:
+            for el in traffic.get("elephants", []):
+                if "at" in el:
+                    el["at"] = round(el["at"] * scale, 3)
         inv = sc.get("invariants", {})
         if "invariants" not in short_table or "stable_until" not in short_table["invariants"]:
             if "stable_until" in inv:
@@ -113,6 +137,9 @@ def validate(sc, path):
         bad("duration must be a positive number of seconds")
     sc.setdefault("duration", 30)
     sc.setdefault("stall_ms", 2000)
+    sc.setdefault("connect_slow_ms", DEFAULT_CONNECT_SLOW_MS)
+    if not isinstance(sc["connect_slow_ms"], (int, float)) or sc["connect_slow_ms"] <= 0:
+        bad("connect_slow_ms must be a positive number of milliseconds")
     names = {f"onprem{i}" for i in range(1, est["onprem"] + 1)} | \
         {f"cloud{i}" for i in range(1, est["cloud"] + 1)}
     for i, a in enumerate(sc.setdefault("action", [])):
@@ -129,7 +156,61 @@ def validate(sc, path):
         for t in a.get("targets", []):
             if t not in names:
                 bad(f"{where}: targets has {t!r}, not a backend of the estate")
+        if a["do"] == "weight" and not (isinstance(a.get("weight"), int) and
+                                        1 <= a["weight"] <= 1000000):
+            bad(f"{where}: weight = {a.get('weight')!r} must be an integer 1..1000000")
+        if a["do"] == "restart-lb" and a.get("signal", "TERM") not in SIGNALS:
+            bad(f"{where}: signal = {a.get('signal')!r} is not one of {', '.join(SIGNALS)}")
+        if a["do"] == "reload":
+            for k in ("add", "remove"):
+                for t in a.get(k, []):
+                    if t not in names:
+                        bad(f"{where}: {k} has {t!r}, not a backend of the estate")
+            for t, w in a.get("weights", {}).items():
+                if t not in names or not isinstance(w, int) or not 1 <= w <= 1000000:
+                    bad(f"{where}: weights.{t} = {w!r}: want a backend of the estate and an "
+                        f"integer weight 1..1000000")
+            if not (a.get("add") or a.get("remove") or a.get("weights")):
+                bad(f"{where}: a reload needs an edit (add, remove or weights)")
+        if a["do"] == "flap":
+            what = a.get("what", "health")
+            if what not in ("health", "load"):
+                bad(f"{where}: what = {what!r} is not health or load")
+            if what == "health" and a.get("target") not in names:
+                bad(f"{where}: target = {a.get('target')!r} is not a backend of the estate")
+            if what == "load" and not (a.get("target") or a.get("targets") or a.get("pool")):
+                bad(f"{where}: a load flap needs target, targets or pool")
+            if a.get("target") is not None and a["target"] not in names:
+                bad(f"{where}: target = {a.get('target')!r} is not a backend of the estate")
+    for i, el in enumerate(sc["traffic"].get("elephants", [])):
+        if el.get("backend") not in names:
+            bad(f"traffic.elephants[{i}]: backend = {el.get('backend')!r} is not a backend of "
+                f"the estate")
+        if not isinstance(el.get("at", 0), (int, float)) or not 0 <= el.get("at", 0) < \
+                sc["duration"] - 2:
+            bad(f"traffic.elephants[{i}]: at = {el.get('at')!r} must leave at least 2 s of "
+                f"the drill's duration")
+    if "new_flows_failed_max" in sc.get("invariants", {}) and not isinstance(
+            sc["invariants"]["new_flows_failed_max"], int):
+        bad("invariants.new_flows_failed_max must be an integer")
     for k in sc.setdefault("invariants", {}):
         if k not in INVARIANTS:
             bad(f"invariants.{k} is not a known invariant ({', '.join(sorted(INVARIANTS))})")
     sc["backend_names"] = sorted(names)
+    sc["start_members"] = start_members(sc, names)
+
+
+def start_members(sc, names):
+    """The backends in the starting configuration: all but those whose first
+    add/remove action is an `add` (a backend left out, to be added later). A
+    backend removed first and added later is in it (a re-add)."""
+    first = {}
+    for a in sorted(sc["action"], key=lambda a: a["at"]):
+        if a["do"] in ("add", "remove"):
+            first.setdefault(a["target"], a["do"])
+        elif a["do"] == "reload":
+            for n in a.get("add", []):
+                first.setdefault(n, "add")
+            for n in a.get("remove", []):
+                first.setdefault(n, "remove")
+    return sorted(n for n in names if first.get(n) != "add")

@@ -3,9 +3,10 @@ probes (spillway-flowcheck), bidirectional gRPC streams (grpc_stream.py),
 and iperf3 elephants, each judged per flow at the end.
 
 A flow is broken when it was reset, its echo was corrupt, it never connected,
-or it stalled (data outstanding, nothing received) longer than the
-scenario's stall threshold. Each broken flow is "theirs" when its backend is
-one the scenario's actions take down (a victim), else "others".
+it ended in error (a gRPC stream's RPC error), or it stalled (data
+outstanding, nothing received) longer than the scenario's stall threshold.
+Each broken flow is "theirs" when its backend is one the scenario's actions
+take down (a victim), else "others".
 
 iperf3 runs a control and a data connection to the same server port; an L4
 balancer hashes them independently, so they may land on different backends,
@@ -19,10 +20,13 @@ control connection lands on the backend the scenario names.
 """
 import json
 import os
+import re
 import sys
+import time
 
 from estate import (BULK, CLIENT, DATA_PORT, GRPC_PORT, GRPC_STREAM, IPERF_BASE_PORT,
-                    IPERF_CONTROL_PORT, PY, ROOT, VIP_FLOWS, VIP_GRPC, DrillError, wait_until)
+                    IPERF_CONTROL_PORT, PY, ROOT, SEED, VIP_FLOWS, VIP_GRPC, DrillError,
+                    wait_until)
 
 sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
 import maglev_model  # noqa: E402
@@ -83,11 +87,16 @@ class GrpcStreams:
                 [PY, GRPC_STREAM, "client", "--target", f"{VIP_GRPC}:{GRPC_PORT}", "--streams",
                  str(count), "--interval-ms", "100", "--stall-ms", str(stall_ms),
                  "--report", self.report_path, "--ready", ready],
-                ns=estate.ns("client"), log_name="grpc-client.log")
+                ns=estate.ns("client"), log_name="grpc-client.log", stdin=-1)
             wait_until("the gRPC streams", lambda: os.path.exists(ready) or
                        self.proc.poll() is not None, 30)
             if self.proc.poll() is not None:
                 raise DrillError(f"grpc_stream.py client exited {self.proc.returncode}")
+
+    def command(self, line):
+        if self.proc and self.proc.poll() is None:
+            self.proc.stdin.write(line + "\n")
+            self.proc.stdin.flush()
 
     def finish(self):
         if not self.proc:
@@ -97,21 +106,72 @@ class GrpcStreams:
             return json.load(f)
 
 
-class Elephants:
-    """plan() picks each elephant's server port and data port from the
-    configuration (before the backends' servers start: they listen on the
-    planned ports); start() runs the clients."""
+class LiveTable:
+    """Where spillwayd's CURRENT table of VIP `vip` sends a new TCP flow: the
+    table rebuilt from `backend list` (each backend's id, index and applied
+    Maglev weight per VIP) and `vip list` (table size) with the reference
+    arithmetic (tests/unit/maglev_reference.py), since the tables are a pure
+    function of (ids, weights, seed). Used to place elephants that start
+    after the starting configuration has changed (a backend added, a spill
+    to a pool that had no entries at the start)."""
 
-    def __init__(self, estate, specs):
+    def __init__(self, ctl, vip="nccl"):
+        backends = ctl.call("backend.list")
+        size = next(v["table_size"] for v in ctl.call("vip.list") if v["name"] == vip)
+        self.inputs = sorted((b["id"], b.get("weight", {}).get(vip, 0), b["index"])
+                             for b in backends if vip in (b.get("weight") or {}))
+        self.by_index = {b["index"]: b["name"] for b in backends}
+        self.hasher = maglev_model.ref.FlowHasher(maglev_model.parse_u64(SEED))
+        self.size = size
+        self.table = maglev_model.ref.build(self.hasher, self.inputs, size)
+
+    def backend(self, src, sport, dst, dport):
+        h = maglev_model.flow_hash(self.hasher, src, dst, sport, dport, 6)
+        return self.by_index.get(self.table[maglev_model.slot_of(h, self.size)])
+
+
+ACCEPTED = re.compile(r"Accepted connection from [0-9.]+, port (\d+)")
+CONNECTED = re.compile(r"connected to [0-9.]+ port (\d+)")
+
+
+class Elephants:
+    """iperf3 elephants. An elephant without `at` starts with the traffic and
+    is placed from the starting configuration (the Maglev model); one with
+    `at` (drill seconds) starts then and is placed from the live table
+    (LiveTable), so it can run on a backend that had no entries at the start
+    (added later, or a pool that only takes spilled flows). Its control
+    connection's source port is then chosen too: the bulk client's one
+    ephemeral port is switched to it for the moment the client connects.
+    `ends` gives, per backend, the drill time of the first close-flows on it:
+    an elephant on that backend runs until then (iperf3 ends its test
+    normally, as a finished transfer would) instead of to the drill's end.
+
+    plan() picks server ports before the backends' servers start (they listen
+    on every planned port)."""
+
+    def __init__(self, estate, specs, ends=None):
         self.e = estate
         self.plans = []
         self.runs = []
+        self.ends = ends or {}
         if not specs:
             return
         model = maglev_model.Model(estate.config)
         used_ports, used_cports = set(), set()
+        late_port = IPERF_BASE_PORT + 400
         for k, spec in enumerate(specs):
             want = spec["backend"]
+            at = spec.get("at", 0)
+            if at:
+                # A server port of its own, on every backend; the source
+                # ports are chosen at `at` from the live table.
+                while late_port in used_ports:
+                    late_port += 1
+                used_ports.add(late_port)
+                self.plans.append({"id": k, "backend": want, "port": late_port, "cport": None,
+                                   "control_port": None, "at": at,
+                                   "mbps": spec.get("mbps", 20)})
+                continue
             # The server port whose control connection (from the fixed
             # source port) lands on the backend asked for ...
             port = next((p for p in range(IPERF_BASE_PORT, IPERF_BASE_PORT + 400)
@@ -122,25 +182,92 @@ class Elephants:
                                    model.backend(BULK, c, VIP_FLOWS, port) == want), None)
             if not port or not cport:
                 raise DrillError(f"no port pair puts elephant {k} on {want} (is it in the "
-                                 f"starting configuration?)")
+                                 f"starting configuration? If not, give the elephant an `at`)")
             used_ports.add(port)
             used_cports.add(cport)
             self.plans.append({"id": k, "backend": want, "port": port, "cport": cport,
+                               "control_port": IPERF_CONTROL_PORT, "at": 0,
                                "mbps": spec.get("mbps", 20)})
 
     def ports(self):
         return [p["port"] for p in self.plans]
 
-    def start(self, duration_s):
+    def late(self):
+        return [p for p in self.plans if p["at"]]
+
+    def _length(self, plan, t0, duration):
+        """Whole seconds to run from now: to the first close-flows on its
+        backend after it starts, else to a second before the drill ends."""
+        now = time.time() - t0
+        ends = [t for t in self.ends.get(plan["backend"], []) if t > now]
+        end = min(ends) if ends else duration - 1
+        return max(1, int(end - now))
+
+    def _spawn(self, plan, t0, duration):
+        out = os.path.join(self.e.work, f"iperf3-{plan['id']}.json")
+        length = self._length(plan, t0, duration)
+        p = self.e.spawn(["iperf3", "-c", VIP_FLOWS, "-p", str(plan["port"]), "--cport",
+                          str(plan["cport"]), "-t", str(length),
+                          "-b", f"{plan['mbps']}M", "-i", "0.5", "-J",
+                          "--connect-timeout", "3000"],
+                         ns=self.e.ns("bulk"), log_name=f"iperf3-client-{plan['id']}.log",
+                         stdout=out)
+        self.runs.append(dict(plan, proc=p, out=out, started=round(time.time() - t0, 3),
+                              planned_s=length))
+
+    def start(self, t0, duration):
         for plan in self.plans:
-            out = os.path.join(self.e.work, f"iperf3-{plan['id']}.json")
-            p = self.e.spawn(["iperf3", "-c", VIP_FLOWS, "-p", str(plan["port"]), "--cport",
-                              str(plan["cport"]), "-t", str(max(2, int(duration_s))),
-                              "-b", f"{plan['mbps']}M", "-i", "0.5", "-J",
-                              "--connect-timeout", "3000"],
-                             ns=self.e.ns("bulk"), log_name=f"iperf3-client-{plan['id']}.log",
-                             stdout=out)
-            self.runs.append(dict(plan, proc=p, out=out))
+            if not plan["at"]:
+                self._spawn(plan, t0, duration)
+
+    def start_late(self, plan, t0, duration):
+        """Places the elephant on its backend in the table live now, then
+        starts it. Returns a note for the drill's log."""
+        want, port = plan["backend"], plan["port"]
+        used = {r["cport"] for r in self.runs} | {r["control_port"] for r in self.runs}
+        for _ in range(3):
+            live = LiveTable(self.e.ctl)
+            control = next((c for c in range(IPERF_CONTROL_PORT + 1, IPERF_CONTROL_PORT + 1000)
+                            if c not in used and
+                            live.backend(BULK, c, VIP_FLOWS, port) == want), None)
+            cport = control and next((c for c in range(43000, 60000) if c not in used and
+                                      live.backend(BULK, c, VIP_FLOWS, port) == want), None)
+            # The table must not have moved while we searched.
+            if control and cport and LiveTable(self.e.ctl).inputs == live.inputs:
+                break
+        else:
+            raise DrillError(f"elephant {plan['id']}: no port pair puts it on {want} in the "
+                             f"live table (does {want} own entries at {plan['at']} s?)")
+        plan["control_port"], plan["cport"] = control, cport
+        bulk = self.e.ns("bulk")
+        self.e.run(["sysctl", "-qw", f"net.ipv4.ip_local_port_range={control} {control}"],
+                   ns=bulk)
+        try:
+            self._spawn(plan, t0, duration)
+            proc = self.runs[-1]["proc"]
+            wait_until(f"elephant {plan['id']}'s control connection", lambda: proc.poll()
+                       is not None or self.e.run(["ss", "-Htn", f"sport = :{control}"],
+                                                 ns=bulk).stdout.strip(), 5)
+        finally:
+            self.e.run(["sysctl", "-qw", "net.ipv4.ip_local_port_range="
+                        f"{IPERF_CONTROL_PORT} {IPERF_CONTROL_PORT}"], ns=bulk)
+        return f"elephant {plan['id']} on {want}: ports {control}/{cport} -> :{port}"
+
+    def served_by(self, plan):
+        """Which backends' iperf3 servers saw the elephant's control and data
+        connections (from their logs)."""
+        control, data = [], []
+        for name in self.e.backends:
+            try:
+                with open(os.path.join(self.e.work, f"iperf3-{name}-{plan['port']}.log")) as f:
+                    text = f.read()
+            except OSError:
+                continue
+            if str(plan["control_port"]) in ACCEPTED.findall(text):
+                control.append(name)
+            if str(plan["cport"]) in CONNECTED.findall(text):
+                data.append(name)
+        return {"control": control, "data": data}
 
     def finish(self, stall_ms, timeout=30):
         results = []
@@ -167,8 +294,11 @@ class Elephants:
             error = doc.get("error")
             broken = rc != 0 or bool(error) or longest * 1000 > stall_ms
             results.append({"id": r["id"], "backend": r["backend"], "port": r["port"],
-                            "cport": r["cport"], "exit": rc, "error": error,
+                            "cport": r["cport"], "control_port": r["control_port"],
+                            "started": r["started"], "planned_s": r["planned_s"],
+                            "exit": rc, "error": error,
                             "bytes": sent.get("bytes", 0),
                             "mbps": round(sent.get("bits_per_second", 0) / 1e6, 1),
-                            "longest_silence_ms": round(longest * 1000), "broken": broken})
+                            "longest_silence_ms": round(longest * 1000), "broken": broken,
+                            "served_by": self.served_by(r)})
         return results

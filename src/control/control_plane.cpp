@@ -101,6 +101,23 @@ void ControlPlane::restoreAffinity(Millis now) {
         keeper_.exceptionTable([&](std::uint64_t id) { return builder_.indexOf(id); }));
   }
   if (!tables) return;
+  // Next hops the kernel does not know yet (starting an af_packet port
+  // flushes its neighbour table) start from the last ones resolved; the
+  // resolver replaces any that changed.
+  std::size_t macs = 0;
+  for (const BackendConfig& b : config_.backends) {
+    auto saved = tables->nextHops.find(b.id);
+    const BackendRuntime* rt = builder_.runtime(b.id);
+    if (saved != tables->nextHops.end() && rt != nullptr && !rt->nextHopMac &&
+        builder_.setNextHopMac(b.id, saved->second)) {
+      ++macs;
+    }
+  }
+  if (macs > 0) {
+    events_.append(now, "", kEventWarmup,
+                   std::to_string(macs) + " next hop(s) start from the last resolved MAC");
+    dirty_ = true;
+  }
   // A VIP's restored weights are used only when they name exactly its
   // current backends (the journal replayed, the file unchanged); otherwise
   // its first table follows the policy.
@@ -159,6 +176,9 @@ TablesState ControlPlane::tablesState() const {
   for (const auto& [vip, w] : weights_) t.weights[vip] = w;
   for (const BackendConfig& b : config_.backends) {
     if (policy_.saturated(b.id)) t.saturated.push_back(b.id);
+    if (const BackendRuntime* rt = builder_.runtime(b.id); rt != nullptr && rt->nextHopMac) {
+      t.nextHops[b.id] = *rt->nextHopMac;
+    }
   }
   return t;
 }

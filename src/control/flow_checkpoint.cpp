@@ -6,6 +6,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "control/config.hpp"
 #include "control/durable_file.hpp"
 #include "spillway/errno_text.hpp"
 
@@ -125,11 +126,14 @@ std::string encodeTablesState(const TablesState& state) {
     for (const auto& [id, weight] : weights) w[std::to_string(id)] = weight;
     vips[vip] = w;
   }
+  nlohmann::json macs = nlohmann::json::object();
+  for (const auto& [id, mac] : state.nextHops) macs[std::to_string(id)] = formatMacAddress(mac);
   return nlohmann::json{{"version", 1},
                         {"written_unix_ms", state.writtenUnixMs},
                         {"generation", state.generation},
                         {"weights", vips},
-                        {"saturated", state.saturated}}
+                        {"saturated", state.saturated},
+                        {"next_hops", macs}}
              .dump(1) +
          "\n";
 }
@@ -157,6 +161,15 @@ std::variant<TablesState, std::string> decodeTablesState(std::string_view text) 
     for (const auto& id : j.at("saturated")) {
       if (!id.is_number_unsigned()) return std::string("saturated: not a list of backend ids");
       s.saturated.push_back(id.get<std::uint64_t>());
+    }
+    if (j.contains("next_hops")) {
+      for (const auto& [id, mac] : j.at("next_hops").items()) {
+        std::size_t used = 0;
+        const std::uint64_t key = std::stoull(id, &used);
+        const auto parsed = mac.is_string() ? parseMacAddress(mac.get<std::string>()) : std::nullopt;
+        if (used != id.size() || !parsed) return "next_hops: bad entry for '" + id + "'";
+        s.nextHops[key] = *parsed;
+      }
     }
     return s;
   } catch (const std::exception& e) {

@@ -15,8 +15,10 @@
 // 160 MB at 10M (the worst case, every tracked flow an exception).
 //
 // tables.json: the weights each VIP's table was last published with, by
-// backend id, the policy's saturation states, the generation and the wall
-// time; so the first tables after a start are the last tables before it.
+// backend id, the policy's saturation states, the resolved next-hop MACs,
+// the generation and the wall time; so the first tables after a start are
+// the last tables before it, and a restarted daemon forwards at once even
+// when starting its port flushed the kernel's neighbour table.
 //
 // A file that is missing, truncated, of another version, of another seed or
 // failing its CRC is refused as a whole with a reason; nothing half-read is
@@ -35,6 +37,7 @@
 
 #include "control/durable_file.hpp"
 #include "spillway/flow_exceptions.hpp"
+#include "spillway/wire.hpp"
 
 namespace spillway {
 
@@ -51,6 +54,7 @@ struct TablesState {
   std::uint64_t generation = 0;
   std::map<std::string, std::map<std::uint64_t, std::uint32_t>> weights;  // by VIP, by id
   std::vector<std::uint64_t> saturated;                                   // backend ids
+  std::map<std::uint64_t, MacAddress> nextHops;  // resolved next-hop MACs, by backend id
 };
 
 // The bytes of flows.ckpt (exposed for tests and the size benchmark).

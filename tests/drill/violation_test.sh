@@ -29,7 +29,10 @@ check "report.json marks detection[onprem2] failed" grep -q "detection\[onprem2\
 check "report.json marks all_flows_keep_backend failed" grep -q "all_flows_keep_backend=False" <<<"$verdicts"
 check "report.json says passed=False" grep -q "passed=False" <<<"$verdicts"
 check "the summary prints FAIL lines" grep -q "^  FAIL detection\[onprem2\]" "$work/run.log"
-check "the estate is gone" bash -c "! ip netns list | grep -q '^swd'"
+check "the verdict names the broken flows" grep -qE "^  FAIL all_flows_keep_backend: .*flow [0-9]+ on onprem2" "$work/run.log"
+# This drill's own namespaces (other drills may run on the machine).
+prefix=$(sed -n 's/^ *namespaces \(swd[0-9]*\)-\*.*/\1/p' "$work/run.log" | head -1)
+check "the estate ($prefix) is gone" bash -c '[ -n "$0" ] && ! ip netns list | grep -q "^$0-"' "$prefix"
 
 bad() {  # bad NAME TOML EXPECTED_MESSAGE
   printf '%s\n' "$2" >"$work/bad.toml"
@@ -43,6 +46,10 @@ bad "unknown target" $'duration = 5\n[[action]]\nat = 1\ndo = "kill"\ntarget = "
   "target = 'onprem9' is not a backend"
 bad "action after the end" $'duration = 5\n[[action]]\nat = 7\ndo = "kill"\ntarget = "onprem1"' \
   "must be a time within the drill's duration"
+bad "unknown restart signal" $'duration = 5\n[[action]]\nat = 1\ndo = "restart-lb"\nsignal = "HUP"' \
+  "signal = 'HUP' is not one of"
+bad "reload without an edit" $'duration = 5\n[[action]]\nat = 1\ndo = "reload"' \
+  "a reload needs an edit"
 bad "unknown invariant" $'duration = 5\n[invariants]\nno_flow_breaks = 1' \
   "invariants.no_flow_breaks is not a known invariant"
 bad "not TOML" $'duration = = 5' "bad.toml"

@@ -468,6 +468,7 @@ struct Flow {
   int backend = -1;
   std::string hello;
   std::int64_t openedNs = 0;
+  std::int64_t liveNs = 0;  // when the hello arrived (0: never)
   std::int64_t endedNs = 0;
   std::int64_t nextSendNs = 0;
   std::int64_t closeDeadlineNs = 0;
@@ -784,6 +785,7 @@ bool FlowClient::consumeHello(Flow& flow, std::string_view data, std::int64_t no
   flow.hello.clear();
   flow.hello.shrink_to_fit();
   flow.phase = Phase::Live;
+  flow.liveNs = now;
   flow.nextSendNs = now;
   updateWaiting(flow, now);
   checkReady();
@@ -1216,6 +1218,9 @@ int FlowClient::writeReport(std::int64_t now) {
     entry["backend"] =
         flow.backend >= 0 ? Json(backends_[static_cast<std::size_t>(flow.backend)]) : Json(nullptr);
     entry["opened"] = clock_.at(flow.openedNs);
+    // Connect + hello: what a new flow waited before it could talk.
+    entry["connect_ms"] =
+        flow.liveNs != 0 ? Json(nsToMs(flow.liveNs - flow.openedNs)) : Json(nullptr);
     entry["ended"] =
         flow.endState == EndState::OpenAtEnd ? Json(nullptr) : Json(clock_.at(flow.endedNs));
     entry["state"] = endStateName(flow.endState);

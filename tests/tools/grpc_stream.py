@@ -31,6 +31,10 @@ SIGTERM, SIGINT or --duration-s: every live stream half-closes, waits up to
 3 s for the rest of its echoes and the server's OK (state "open_at_end"), the
 report is written and the client exits 0. Times are CLOCK_REALTIME seconds.
 One asyncio thread; exit 2 on bad arguments.
+
+Commands on stdin, one a line (the drill's close-flows): `close NAME`
+half-closes every live stream on backend NAME; a stream whose every echo and
+the server's OK arrive ends "closed" (not broken), otherwise "error".
 """
 
 import argparse
@@ -92,6 +96,7 @@ class Stream:
         self.error = None
         self.opened = now
         self.ended = None
+        self.closing = False  # `close NAME` asked this stream to end
         self.waiting = True
         self.wait_since = now
         self.max_stall = 0.0
@@ -151,7 +156,8 @@ class Stream:
             "messages": self.echoed,
             "sent": self.sent,
             "opened": self.clock.unix(self.opened),
-            "ended": self.clock.unix(self.ended) if self.state == "error" else None,
+            "ended": (self.clock.unix(self.ended) if self.state in ("error", "closed")
+                      else None),
             "max_stall_ms": round(self.max_stall * 1e3, 3),
             "stalls": self.stalls,
             "state": self.state,
@@ -174,6 +180,7 @@ class Client:
         self.finishing = asyncio.Event()
         self.streams = []
         self.settled = 0
+        self.pending_input = b""
 
     def settle(self):
         """One more stream has its first echo or has failed."""
@@ -182,10 +189,40 @@ class Client:
             with open(self.args.ready, "w") as ready:
                 ready.write("ready\n")
 
+    def command(self, line):
+        verb, _, arg = line.strip().partition(" ")
+        arg = arg.strip()
+        if verb == "close" and arg:
+            n = 0
+            for s in self.streams:
+                if s.state == "live" and s.backend == arg and not s.closing:
+                    s.closing = True
+                    n += 1
+            print(f"grpc_stream: close {arg}: closing {n} live stream(s)", file=sys.stderr)
+        elif verb:
+            print(f"grpc_stream: unknown command {line.strip()!r} (want: close BACKEND)",
+                  file=sys.stderr)
+
+    def on_stdin(self):
+        try:
+            data = os.read(0, 4096)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            asyncio.get_running_loop().remove_reader(0)
+            return
+        self.pending_input += data
+        while b"\n" in self.pending_input:
+            line, _, self.pending_input = self.pending_input.partition(b"\n")
+            self.command(line.decode("utf-8", "replace"))
+
     async def write_loop(self, stream, call):
         next_send = time.monotonic()
         try:
-            while not self.finishing.is_set() and stream.state == "live":
+            while (not self.finishing.is_set() and stream.state == "live" and
+                   not stream.closing):
                 if stream.sent - stream.echoed < MAX_OUTSTANDING:
                     message = b"%d" % stream.sent
                     stream.note_sent(time.monotonic())
@@ -215,7 +252,13 @@ class Client:
                     now = time.monotonic()
                     if message is grpc.aio.EOF:
                         code = await call.code()
-                        if not self.finishing.is_set():
+                        if stream.closing:
+                            if stream.echoed == stream.sent and code == grpc.StatusCode.OK:
+                                stream.end("closed", now)
+                            else:
+                                stream.end("error", now, f"{code.name} after {stream.echoed} "
+                                           f"of {stream.sent} echoes (closing)")
+                        elif not self.finishing.is_set():
                             stream.end("error", now, f"{code.name}: the server ended the stream")
                         elif stream.echoed != stream.sent:
                             stream.end("error", now, f"{code.name} after {stream.echoed} of "
@@ -245,6 +288,11 @@ class Client:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self.finishing.set)
+        try:
+            os.set_blocking(0, False)
+            loop.add_reader(0, self.on_stdin)
+        except (OSError, ValueError, PermissionError):
+            pass  # no usable stdin: no commands
         started = time.monotonic()
         if self.args.streams == 0:
             self.settled = -1

@@ -1,0 +1,452 @@
+#!/usr/bin/python3
+"""Unit tests of the drill judge (scripts/drill_lib/judge.py and intent.py) on
+synthetic drills: no estate, no root. Each test shows a judgement that the
+judge once got wrong (issue #10) now catching what it must, next to the
+same drill without the fault passing.
+
+    /usr/bin/python3 tests/drill/judge_test.py [-v]
+"""
+import copy
+import os
+import sys
+import tempfile
+import types
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "scripts", "drill_lib"))
+
+import intent  # noqa: E402
+import judge  # noqa: E402
+import scenario  # noqa: E402
+from monitor import Monitor  # noqa: E402
+
+T0 = 1_796_000_000.0  # unix seconds, as the drill records them
+ONPREM = ["onprem1", "onprem2", "onprem3"]
+CLOUD = ["cloud1"]
+CONFIG = """
+[dataplane]
+hash_seed = "0x0d7111d7111d7111"
+[[pool]]
+name = "onprem"
+priority = 0
+[[pool]]
+name = "cloud"
+priority = 1
+[[vip]]
+name = "nccl"
+address = "192.0.2.10"
+protocol = "tcp"
+port = 0
+pools = ["onprem", "cloud"]
+""" + "".join(f"""
+[[backend]]
+name = "{n}"
+address = "10.0.0.{i}"
+pool = "{n.rstrip('0123456789')}"
+""" for i, n in enumerate(ONPREM + CLOUD, start=1))
+
+
+def sample(t, states=None, entries=None, shares=None, weights=None, down=False):
+    if down:
+        return {"t": t, "down": True}
+    states = states or {}
+    entries = entries if entries is not None else {n: 100 for n in ONPREM}
+    return {
+        "t": t, "generation": 1,
+        "backends": {n: {"state": states.get(n, "active"), "live_flows": 1,
+                         "base_weight": (weights or {}).get(n, 100), "saturated": False}
+                     for n in ONPREM + CLOUD},
+        "entries": {n: {"nccl": c} for n, c in entries.items() if c},
+        "table_size": {"nccl": 65537},
+        "shares": shares or {"nccl": {"onprem": 1.0, "cloud": 0.0},
+                             "grpc": {"onprem": 1.0, "cloud": 0.0}},
+    }
+
+
+class Drill:
+    """A finished drill as judge.judge() reads it, from plain data."""
+
+    def __init__(self, tmp, actions=(), invariants=None, duration=20, extra=None):
+        sc = {"name": "synthetic", "duration": duration, "estate": {"onprem": 3, "cloud": 1},
+              "pools": {"onprem": {"priority": 0}, "cloud": {"priority": 1}},
+              "action": [dict(a) for a in actions], "invariants": invariants or {}}
+        sc.update(extra or {})
+        scenario.validate(sc, "synthetic")
+        self.sc = sc
+        self.t0 = T0
+        config = os.path.join(tmp, "spillway.toml")
+        with open(config, "w") as f:
+            f.write(CONFIG)
+        self.e = types.SimpleNamespace(
+            backends={n: {"pool": n.rstrip("0123456789")} for n in ONPREM + CLOUD},
+            config=config, config_at_start=config)
+        self.monitor = Monitor(None, ["nccl", "grpc"])
+        self.monitor.samples = [sample(T0 + i / 10) for i in range(-5, duration * 10)]
+        self.actions = []
+        for a in sc["action"]:
+            rec = dict(a, t=T0 + a["at"], result="ok")
+            self.actions.append(rec)
+        self.victims = {a["target"] for a in sc["action"] if a["do"] in ("kill", "link-down")}
+        self.flow_report = {"flows": [], "probes": []}
+        for i in range(duration * 20):  # 20 new flows a second, round robin on-prem
+            self.flow_report["probes"].append({"t": T0 + i / 20, "ok": True,
+                                               "backend": ONPREM[i % 3], "ms": 3.0,
+                                               "local_port": 0})
+        self.grpc_report = None
+        self.elephant_results = []
+        self.restarts = []
+        self.health_end = {}
+
+    def set_samples(self, fn, lo=None, hi=None):
+        """Replace samples in [lo, hi) (drill seconds) by fn(t)."""
+        for i, s in enumerate(self.monitor.samples):
+            rel = s["t"] - T0
+            if (lo is None or rel >= lo) and (hi is None or rel < hi):
+                self.monitor.samples[i] = fn(s["t"])
+
+    def verdicts(self):
+        _, v = judge.judge(self)
+        return {x["name"]: x for x in v}
+
+
+class JudgeTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="judge-test-")
+
+    def drill(self, *args, **kw):
+        return Drill(self.tmp, *args, **kw)
+
+    # -- gRPC streams that end in error --------------------------------------------
+    def test_grpc_error_without_stall_is_broken(self):
+        d = self.drill(invariants={"all_flows_keep_backend": True})
+        stream = {"id": 0, "backend": "onprem1", "state": "open_at_end", "max_stall_ms": 100,
+                  "opened": T0, "ended": None, "error": None}
+        d.grpc_report = {"streams": [stream]}
+        self.assertTrue(d.verdicts()["all_flows_keep_backend"]["ok"])
+        d.grpc_report = {"streams": [dict(stream, state="error", ended=T0 + 7,
+                                          error="UNAVAILABLE: Socket closed")]}
+        v = d.verdicts()["all_flows_keep_backend"]
+        self.assertFalse(v["ok"])
+        self.assertIn("gRPC stream 0 on onprem1 error", v["detail"])
+        self.assertIn("UNAVAILABLE", v["detail"])
+
+    def test_closed_grpc_stream_is_not_broken(self):
+        d = self.drill(invariants={"all_flows_keep_backend": True})
+        d.grpc_report = {"streams": [{"id": 0, "backend": "onprem1", "state": "closed",
+                                      "max_stall_ms": 100, "opened": T0, "ended": T0 + 5,
+                                      "error": None}]}
+        self.assertTrue(d.verdicts()["all_flows_keep_backend"]["ok"])
+
+    # -- "out of the tables" ---------------------------------------------------------
+    def test_backend_with_no_entries_yet_that_enters_later_is_not_out(self):
+        # cloud1 has no entries when it is drained at 5 s (spill not started);
+        # it enters the tables at 8 s anyway (the drain lost) and stays.
+        acts = [{"at": 5, "do": "drain", "target": "cloud1"}]
+        d = self.drill(acts, {"table_removal_max_s": 0.5})
+        d.set_samples(lambda t: sample(t, entries=dict({n: 80 for n in ONPREM}, cloud1=60)),
+                      lo=8)
+        v = d.verdicts()["table_removal[cloud1]"]
+        self.assertFalse(v["ok"], v)
+        # It left the tables again at 12 s: out after 7 s, still too late.
+        d.set_samples(lambda t: sample(t), lo=12)
+        v = d.verdicts()["table_removal[cloud1]"]
+        self.assertFalse(v["ok"])
+        self.assertIn("after 7.0", v["detail"])
+        # Never entered: out at once.
+        d = self.drill(acts, {"table_removal_max_s": 0.5})
+        self.assertTrue(d.verdicts()["table_removal[cloud1]"]["ok"])
+
+    def test_left_tables_is_the_last_zero_run(self):
+        m = Monitor(None, ["nccl"])
+        ent = [0, 0, 5, 5, 0, 0, 0]
+        m.samples = [sample(T0 + i, entries={"onprem1": c}) for i, c in enumerate(ent)]
+        self.assertEqual(m.left_tables("onprem1", T0), T0 + 4)
+        self.assertIsNone(m.left_tables("onprem1", T0, until=T0 + 3))
+        self.assertEqual(m.left_tables("onprem1", T0, until=T0 + 1.5), T0)
+
+    # -- new flows avoid a backend: failed ones count ------------------------------------
+    def test_failed_new_flows_after_removal_count(self):
+        acts = [{"at": 5, "do": "kill", "target": "onprem2"}]
+        inv = {"new_flows_avoid": True, "table_removal_max_s": 1.0}
+
+        def gone(t):
+            return sample(t, states={"onprem2": "failed"}, entries={"onprem1": 150,
+                                                                   "onprem3": 150})
+        d = self.drill(acts, inv)
+        d.set_samples(gone, lo=5.5)
+        for p in d.flow_report["probes"]:
+            if p["t"] >= T0 + 5 and p["backend"] == "onprem2":
+                p["backend"] = "onprem1"
+        self.assertTrue(d.verdicts()["new_flows_avoid[onprem2]"]["ok"])
+        # The balancer keeps sending some new flows to the dead backend: they
+        # fail (no backend name), and the old judge counted ok probes only.
+        for p in d.flow_report["probes"]:
+            if T0 + 9 <= p["t"] < T0 + 10 and p["backend"] == "onprem1":
+                p.update(ok=False, backend=None, error="connect: Connection refused")
+        v = d.verdicts()["new_flows_avoid[onprem2]"]
+        self.assertFalse(v["ok"])
+        self.assertIn("new flows failed", v["detail"])
+        # And the general new-flow verdict counts them too.
+        self.assertFalse(d.verdicts()["new_flows"]["ok"])
+
+    def test_failures_before_removal_of_a_killed_backend_are_excused(self):
+        acts = [{"at": 5, "do": "kill", "target": "onprem2"}]
+        d = self.drill(acts, {"new_flows_avoid": True, "table_removal_max_s": 1.0})
+        d.set_samples(lambda t: sample(t, states={"onprem2": "failed"},
+                                       entries={"onprem1": 150, "onprem3": 150}), lo=5.8)
+        for p in d.flow_report["probes"]:
+            if p["backend"] == "onprem2" and p["t"] >= T0 + 5:
+                if p["t"] < T0 + 5.7:
+                    p.update(ok=False, backend=None, error="connect: Connection refused")
+                else:
+                    p["backend"] = "onprem3"
+        v = d.verdicts()
+        self.assertTrue(v["new_flows"]["ok"], v["new_flows"])
+        self.assertTrue(v["new_flows_avoid[onprem2]"]["ok"], v["new_flows_avoid[onprem2]"])
+
+    def test_new_flows_caught_by_a_victims_ejection_are_excused(self):
+        # cloud-latency-spike: cloud1 is ejected by health on purpose (a
+        # victim); probes still connecting to it then are reset.
+        d = self.drill(invariants={"victims": ["cloud1"]}, extra={"pools": {
+            "onprem": {"priority": 0}, "cloud": {"priority": 0}}})
+        d.victims = {"cloud1"}
+        d.set_samples(lambda t: sample(t, states={"cloud1": "failed"}), lo=11)
+        for p in d.flow_report["probes"]:
+            if T0 + 10 <= p["t"] < T0 + 10.5:  # reset when cloud1 was ejected
+                p.update(ok=False, backend=None, error="recv: Connection reset by peer",
+                         ms=(T0 + 10.95 - p["t"]) * 1000)
+        self.assertTrue(d.verdicts()["new_flows"]["ok"])
+        # Not one long before it.
+        d.flow_report["probes"][20].update(ok=False, backend=None, error="connect timed out")
+        self.assertFalse(d.verdicts()["new_flows"]["ok"])
+
+    # -- slow and failed new flows ------------------------------------------------------
+    def test_slow_new_flow_is_judged_with_its_bound(self):
+        d = self.drill(extra={"connect_slow_ms": 800})
+        self.assertTrue(d.verdicts()["new_flows"]["ok"])
+        d.flow_report["probes"][100]["ms"] = 1015.0  # a dropped SYN, retransmitted
+        v = d.verdicts()["new_flows"]
+        self.assertFalse(v["ok"])
+        self.assertIn("took 1015 ms", v["detail"])
+        self.assertIn("over 800 ms", v["detail"])
+        d.sc["connect_slow_ms"] = 1500
+        self.assertTrue(d.verdicts()["new_flows"]["ok"])
+
+    def test_long_lived_flow_connect_delay_counts(self):
+        d = self.drill()
+        d.flow_report["flows"] = [{"id": 3, "backend": "onprem1", "opened": T0 + 6,
+                                   "state": "open_at_end", "connect_ms": 1200.0,
+                                   "max_stall_ms": 0, "local_port": 0}]
+        v = d.verdicts()["new_flows"]
+        self.assertFalse(v["ok"])
+        self.assertIn("flow 3", v["detail"])
+
+    def test_restart_outage_excuses_slow_and_failed_new_flows(self):
+        d = self.drill(invariants={"new_flows_failed_max": 0})
+        d.restarts = [{"at": 10, "signal": "TERM", "t_stop": T0 + 10, "t_ready": T0 + 10.8,
+                       "outage_s": 0.8}]
+        d.set_samples(lambda t: sample(t, down=True), lo=10, hi=10.8)
+        for p in d.flow_report["probes"]:
+            if T0 + 10 <= p["t"] < T0 + 10.5:
+                p["ms"] = 1050.0
+            elif T0 + 10.5 <= p["t"] < T0 + 10.8:
+                p.update(ok=False, backend=None, error="connect timed out")
+        self.assertTrue(d.verdicts()["new_flows"]["ok"])
+        # ... but not a slow one a second after the daemon was ready.
+        for p in d.flow_report["probes"]:
+            if T0 + 12 <= p["t"] < T0 + 12.1:
+                p["ms"] = 1050.0
+        self.assertFalse(d.verdicts()["new_flows"]["ok"])
+
+    # -- shares from the intended states --------------------------------------------------
+    def test_shares_use_intended_states_not_reported_ones(self):
+        # onprem3 is drained at 4 s; a restart at 8 s loses the drain: the
+        # balancer says every on-prem backend is active and shares follow that.
+        acts = [{"at": 4, "do": "drain", "target": "onprem3"}]
+        inv = {"share": [{"from": 12, "to": 16}], "share_tolerance": 0.05}
+        d = self.drill(acts, inv, extra={"pools": {
+            "onprem": {"priority": 0, "load": {"gpu": 95}}, "cloud": {"priority": 1}}})
+        # Formula, load factor 0.2 on-prem: all active: s = 0.2 * 1.4 = 0.28;
+        # onprem3 draining: 0.2 * 2/3 * 1.4 = 0.1867.
+        lost = {"nccl": {"onprem": 0.28, "cloud": 0.72}, "grpc": {"onprem": 0.28, "cloud": 0.72}}
+        d.set_samples(lambda t: sample(t, shares=lost))
+        probes = []
+        for i in range(400):
+            t = T0 + 12 + i / 100
+            probes.append({"t": t, "ok": True, "ms": 3.0, "local_port": 0,
+                           "backend": ONPREM[i % 3] if i % 100 < 28 else "cloud1"})
+        d.flow_report["probes"] = probes
+        v = d.verdicts()
+        bad = [k for k, x in v.items() if k.startswith("share[") and not x["ok"]]
+        self.assertIn("share[nccl 12-16 s, onprem]", bad)
+        self.assertIn("share[grpc 12-16 s, onprem]", bad)  # every VIP is judged
+        self.assertIn("onprem3", v["share[nccl 12-16 s, onprem]"]["detail"])
+        # The balancer that kept the drain passes.
+        kept = {"nccl": {"onprem": 0.187, "cloud": 0.813},
+                "grpc": {"onprem": 0.187, "cloud": 0.813}}
+        d.set_samples(lambda t: sample(t, states={"onprem3": "draining"}, shares=kept))
+        for i, p in enumerate(d.flow_report["probes"]):
+            p["backend"] = ONPREM[i % 2] if i % 100 < 19 else "cloud1"
+        v = d.verdicts()
+        self.assertEqual([k for k, x in v.items() if k.startswith("share[") and not x["ok"]],
+                         [])
+
+    # -- intent kept across a restart -----------------------------------------------------
+    def test_drain_lost_at_restart_fails_intent(self):
+        acts = [{"at": 4, "do": "drain", "target": "onprem3"}]
+        d = self.drill(acts, {"intent_kept": True})
+        d.restarts = [{"at": 10, "signal": "TERM", "t_stop": T0 + 10, "t_ready": T0 + 10.8,
+                       "outage_s": 0.8}]
+        d.set_samples(lambda t: sample(t, states={"onprem3": "draining"}), lo=4.1)
+        d.set_samples(lambda t: sample(t, down=True), lo=10, hi=10.8)
+        self.assertTrue(d.verdicts()["intent_kept[onprem3]"]["ok"])
+        d.set_samples(lambda t: sample(t), lo=10.8)  # back as active
+        v = d.verdicts()["intent_kept[onprem3]"]
+        self.assertFalse(v["ok"])
+        self.assertIn("intended draining, control plane says active", v["detail"])
+        self.assertIn("after the restart at 10 s", v["detail"])
+
+    def test_weight_lost_fails_intent(self):
+        acts = [{"at": 4, "do": "weight", "target": "onprem1", "weight": 300}]
+        d = self.drill(acts, {"intent_kept": True})
+        d.set_samples(lambda t: sample(t, weights={"onprem1": 300}), lo=4.1)
+        self.assertTrue(d.verdicts()["intent_kept[onprem1]"]["ok"])
+        d.set_samples(lambda t: sample(t), lo=9)
+        self.assertFalse(d.verdicts()["intent_kept[onprem1]"]["ok"])
+
+    # -- churn across a restart -------------------------------------------------------------
+    def test_restart_that_rebuilds_other_tables_breaks_the_churn_budget(self):
+        d = self.drill(invariants={"churn_within_budget": True},
+                       extra={"policy": {"churn_budget": 0.05, "churn_interval": 1}})
+        d.restarts = [{"at": 10, "signal": "TERM", "t_stop": T0 + 10, "t_ready": T0 + 10.8,
+                       "outage_s": 0.8}]
+        skewed = {"onprem1": 10000, "onprem2": 10000, "onprem3": 45537}
+        d.set_samples(lambda t: sample(t, entries=skewed), hi=10)
+        d.set_samples(lambda t: sample(t, down=True), lo=10, hi=10.8)
+        d.set_samples(lambda t: sample(t, entries=skewed), lo=10.8)
+        v = d.verdicts()
+        self.assertTrue(v["churn[nccl]"]["ok"])
+        self.assertTrue(v["churn_across_restart[nccl, 10 s]"]["ok"])
+        # The restarted daemon starts from base weights: 23,816 entries move.
+        even = {"onprem1": 21846, "onprem2": 21846, "onprem3": 21845}
+        d.set_samples(lambda t: sample(t, entries=even), lo=10.8)
+        v = d.verdicts()
+        self.assertTrue(v["churn[nccl]"]["ok"])  # each life on its own is within budget
+        self.assertFalse(v["churn_across_restart[nccl, 10 s]"]["ok"])
+
+    # -- crash: the loss window -------------------------------------------------------------
+    def test_checkpoint_time_forms(self):
+        probe = {"t": T0 + 10, "mono": 5000.0, "uptime_ms": 9000}
+        self.assertIsNone(judge.checkpoint_time(dict(probe, status=None, event=None)))
+        self.assertAlmostEqual(judge.checkpoint_time(dict(probe, status={"last_ms": 8800})),
+                               T0 + 9.8)
+        self.assertAlmostEqual(judge.checkpoint_time(
+            dict(probe, status={"last_ms": (T0 + 9.5) * 1000})), T0 + 9.5)
+        self.assertAlmostEqual(judge.checkpoint_time(
+            dict(probe, status={"last_ms": 4_999_700})), T0 + 9.7)
+        self.assertAlmostEqual(judge.checkpoint_time(
+            dict(probe, status=None, event={"time_ms": 8900})), T0 + 9.9)
+
+    def crash_drill(self, checkpoint):
+        d = self.drill(invariants={"flows_before_checkpoint_keep_backend": True})
+        d.restarts = [{"at": 10, "signal": "KILL", "t_stop": T0 + 10, "t_ready": T0 + 10.8,
+                       "outage_s": 0.8, "before": {"t": T0 + 10, "mono": 1.0,
+                                                   "uptime_ms": 10000,
+                                                   "status": checkpoint, "event": None}}]
+        d.flow_report["flows"] = [
+            {"id": 1, "backend": "onprem1", "opened": T0 + 1, "state": "open_at_end",
+             "connect_ms": 2.0, "max_stall_ms": 900, "local_port": 0},
+            {"id": 2, "backend": "cloud1", "opened": T0 + 9.9, "state": "reset",
+             "ended": T0 + 11, "connect_ms": 2.0, "max_stall_ms": 0, "local_port": 0,
+             "error": "recv: Connection reset by peer"}]
+        return d
+
+    def test_crash_without_checkpoint_fails_and_says_unknown(self):
+        d = self.crash_drill(None)
+        v = d.verdicts()["flows_before_checkpoint[10 s]"]
+        self.assertFalse(v["ok"])
+        self.assertIn("loss window unknown", v["detail"])
+        m, _ = judge.judge(d)
+        self.assertEqual(m["restarts"][0]["loss_window_s"], "unknown")
+
+    def test_crash_flows_in_the_loss_window_may_break(self):
+        d = self.crash_drill({"last_ms": 9800, "exceptions": 12})
+        v = d.verdicts()["flows_before_checkpoint[10 s]"]
+        self.assertTrue(v["ok"], v)
+        self.assertIn("loss window 0.2 s", v["detail"])
+        # A flow from before the checkpoint broken: fails, named.
+        d.flow_report["flows"][0].update(state="reset", ended=T0 + 11, error="reset")
+        v = d.verdicts()["flows_before_checkpoint[10 s]"]
+        self.assertFalse(v["ok"])
+        self.assertIn("flow 1 on onprem1 reset", v["detail"])
+
+    # -- reload reply -------------------------------------------------------------------------
+    def test_reload_reply_must_name_the_changes(self):
+        acts = [{"at": 5, "do": "reload", "add": ["cloud1"], "weights": {"onprem1": 200}}]
+        d = self.drill(acts, {"reload_reply_names_changes": True})
+        d.actions[0]["reply"] = '{"path": "/x.toml", "applied": true, "backends": 4}'
+        self.assertFalse(d.verdicts()["reload_reply[5 s]"]["ok"])
+        d.actions[0]["reply"] = ('{"applied": true, "changes": [{"backend": "cloud1", '
+                                 '"added": true}, {"backend": "onprem1", "weight": [100, 200]}]}')
+        self.assertTrue(d.verdicts()["reload_reply[5 s]"]["ok"])
+
+
+class IntentTest(unittest.TestCase):
+    def test_remove_then_readd(self):
+        acts = [{"t": 1, "do": "remove", "target": "a"}, {"t": 2, "do": "add", "target": "a",
+                                                           "weight": 50}]
+        it = intent.Intent(["a", "b"], ["a", "b"], {}, acts)
+        self.assertEqual(it.states(0.5)["a"], "active")
+        self.assertEqual(it.states(1.5)["a"], "removed")
+        self.assertEqual(it.states(2.5)["a"], "active")
+        self.assertEqual(it.weights_at(2.5)["a"], 50)
+
+    def test_reload_keeps_runtime_intent_and_retires_dropped_backends(self):
+        acts = [{"t": 1, "do": "add", "target": "c"}, {"t": 2, "do": "drain", "target": "a"},
+                {"t": 3, "do": "weight", "target": "b", "weight": 300},
+                {"t": 4, "do": "reload", "add": ["d"], "remove": ["b"],
+                 "weights": {"a": 200}}]
+        it = intent.Intent(["a", "b", "c", "d"], ["a", "b"], {}, acts)
+        s = it.states(5)
+        self.assertEqual(s, {"a": "draining", "b": "removed", "c": "active", "d": "active"})
+        self.assertEqual(it.weights_at(5), {"a": 200, "c": 100, "d": 100})
+        self.assertIsNone(it.states(0.5)["c"])
+        self.assertEqual([x[2] for x in it.intervals("a", 0, 6)], ["active", "draining"])
+
+    def test_start_members_leave_out_first_added(self):
+        sc = {"duration": 10, "estate": {"onprem": 3, "cloud": 1},
+              "action": [{"at": 1, "do": "remove", "target": "onprem1"},
+                         {"at": 2, "do": "add", "target": "onprem1"},
+                         {"at": 3, "do": "add", "target": "onprem3"},
+                         {"at": 4, "do": "reload", "add": ["cloud1"]}]}
+        scenario.validate(sc, "x")
+        self.assertEqual(sc["start_members"], ["onprem1", "onprem2"])
+
+
+class ScenarioFormatTest(unittest.TestCase):
+    def test_every_drill_in_conf_loads_long_and_short(self):
+        folder = os.path.join(ROOT, "conf", "drills")
+        for f in sorted(os.listdir(folder)):
+            if f.endswith(".toml"):
+                for short in (False, True):
+                    sc = scenario.load(os.path.join(folder, f), short=short)
+                    self.assertTrue(sc["start_members"], f)
+
+    def test_bad_new_actions_are_refused(self):
+        base = {"duration": 10, "estate": {"onprem": 2, "cloud": 0}}
+        for action, msg in [({"do": "restart-lb", "signal": "HUP"}, "signal"),
+                            ({"do": "weight", "target": "onprem1"}, "weight"),
+                            ({"do": "reload"}, "needs an edit"),
+                            ({"do": "reload", "add": ["onprem9"]}, "onprem9"),
+                            ({"do": "flap", "what": "load"}, "needs target")]:
+            sc = copy.deepcopy(base)
+            sc["action"] = [dict(action, at=1)]
+            with self.assertRaises(scenario.ScenarioError) as e:
+                scenario.validate(sc, "x")
+            self.assertIn(msg, str(e.exception))
+
+
+if __name__ == "__main__":
+    unittest.main()
