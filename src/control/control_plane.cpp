@@ -184,7 +184,7 @@ TablesState ControlPlane::tablesState() const {
 }
 
 void ControlPlane::finalCheckpoint(Millis now, std::vector<ExportedFlow> flows) {
-  keeper_.finalCheckpoint(now, unixNow(), std::move(flows), tablesState(),
+  keeper_.finalCheckpoint(now, unixNow(), std::move(flows), publishedTables_,
                           [&](std::uint32_t index) { return builder_.idAt(index); });
 }
 
@@ -401,7 +401,7 @@ bool ControlPlane::tick(Millis now) {
   if (dataplane_ != nullptr) {
     keeper_.tick(
         now, unixNow(), generation_, dataplane_->appliedGeneration(),
-        [&] { return tablesState(); }, [&](std::uint32_t index) { return builder_.idAt(index); },
+        [&] { return publishedTables_; }, [&](std::uint32_t index) { return builder_.idAt(index); },
         ExceptionExportHooks{
             [&](std::uint64_t n) { dataplane_->requestExceptionExport(n); },
             [&](std::uint64_t n) { return dataplane_->collectExceptionExport(n); }});
@@ -427,6 +427,13 @@ void ControlPlane::recycleIndices() {
   if (purgeAsked_ != 0) {
     if (!dataplane_->purgeDone(purgeAsked_)) return;
     builder_.indicesPurged(purging_);
+    // Restored exceptions name backends by id: map them again, so none keeps
+    // an index that may now go to another backend.
+    if (keeper_.stats().restoredAlive > 0) {
+      builder_.setExceptions(
+          keeper_.exceptionTable([&](std::uint64_t id) { return builder_.indexOf(id); }));
+      dirty_ = true;
+    }
     if (flowCountAt_ != 0) recycledDuringCount_.insert(purging_.begin(), purging_.end());
     purging_.clear();
     purgeAsked_ = 0;
@@ -476,6 +483,9 @@ std::unique_ptr<ForwardingSnapshot> ControlPlane::takeSnapshot(Millis now) {
   }
   ++generation_;
   ++publishes_;
+  // What a checkpoint writes with the exceptions judged against this
+  // snapshot: the weights it was built with, not later ones.
+  publishedTables_ = tablesState();
   dirty_ = false;
   pendingApply_ = {generation_, now};
   return s;

@@ -204,6 +204,7 @@ class ControlPlane final : public ControlApi {
   std::uint64_t publishes_ = 0;
 
   AffinityKeeper keeper_;
+  TablesState publishedTables_;  // as of the newest snapshot taken
   // Warm-up: the start-up tables are the last process's (tables.json) and
   // the policy holds them until every backend has a health result and, where
   // its pool scrapes load, a load sample; or until kWarmupLimit.
