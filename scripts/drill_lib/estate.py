@@ -94,6 +94,10 @@ class Estate:
         self.backends = {}  # name -> {"ns", "address", "pool", "servers": [Popen]}
         self.lb = None
         self.lb_starts = 0
+        # Backends whose servers this run started already: logs are appended
+        # and exporter settings kept only across restarts within one run,
+        # never taken over from an earlier run in the same --out folder.
+        self.servers_started = set()
         self.delayline = None
         self.sock = os.path.join(work, "spillway.sock")
         self.wan_sock = os.path.join(work, "wan.sock")
@@ -190,14 +194,16 @@ class Estate:
             self.spawn([PY, GRPC_STREAM, "serve", "--name", name, "--port", str(GRPC_PORT)],
                        ns=ns, log_name=f"grpc-{name}.log"),
         ]
+        again = name in self.servers_started
+        self.servers_started.add(name)
         for port in self.iperf_ports:
             # Appended across restarts of the servers: the judge reads which
             # backend served each elephant from these logs.
             servers.append(self.spawn(["iperf3", "-s", "-p", str(port), "--forceflush"], ns=ns,
-                                      log_name=f"iperf3-{name}-{port}.log", append=True))
+                                      log_name=f"iperf3-{name}-{port}.log", append=again))
         if b["pool"] in self.loaded_pools():
             ctl = self.exporter_file(name)
-            if not os.path.exists(ctl):
+            if not again or not os.path.exists(ctl):
                 load = self.sc["pools"][b["pool"]]["load"]
                 self.write_exporter(name, load.get("gpu", 10), load.get("queue", 0))
             servers.append(self.spawn(
@@ -279,12 +285,17 @@ class Estate:
     def start_lb(self):
         self.lb_starts += 1
         tag = self.lb_starts
+        state = os.path.join(self.work, "state")
+        if tag == 1:
+            # A drill's first daemon starts fresh: the journal and checkpoint
+            # of an earlier run in the same --out folder are not this estate's.
+            shutil.rmtree(state, ignore_errors=True)
         self.lb_stats = os.path.join(self.work, f"stats-{tag}.json")
         self.lb = self.spawn(
             [self.tools.spillwayd, "--no-huge", "-m", "512", "--file-prefix", self.prefix, "--",
              "--config", self.config, "--stats-file", self.lb_stats, "--stats-interval-ms", "100",
              "--control-socket", self.sock, "--metrics-listen", "", "--quiet",
-             "--state-dir", os.path.join(self.work, "state")],
+             "--state-dir", state],
             ns=self.ns("lb"), log_name=f"spillwayd-{tag}.log",
             stdout=os.path.join(self.work, f"spillwayd-{tag}.json"))
 

@@ -254,6 +254,14 @@ def judge(d):
             row["checkpoint_t"] = rel(t_cp) if t_cp is not None else None
             row["loss_window_s"] = (round(r["t_stop"] - t_cp, 3) if t_cp is not None
                                     else "unknown")
+        # How long the new daemon held its start-up tables (warm-up), from the
+        # first control sample after the restart that says it is over.
+        if "t_ready" in r:
+            done = [s_ for s_ in d.monitor.samples
+                    if s_["t"] >= r["t_ready"] and not s_.get("down") and
+                    s_.get("warmup") is False and s_.get("warmup_ms") is not None]
+            if done:
+                row["warmup_s"] = round(done[0]["warmup_ms"] / 1000.0, 3)
         m["restarts"].append(row)
         if "t_stop" in r:
             excused.append((r["t_stop"], r["t_ready"] + RESTART_SLACK_S,

@@ -64,6 +64,8 @@ class Monitor:
             "shares": shares,
             "uptime_ms": status.get("uptime_ms"),
             "checkpoint": status.get("checkpoint"),
+            "warmup": status.get("warmup"),
+            "warmup_ms": status.get("warmup_ms"),
         }
 
     def _run(self):

@@ -90,6 +90,8 @@ def summary(rep, out_dir):
     for r in rep["restarts"]:
         line = (f"  restart ({'SIGKILL' if r.get('signal') == 'KILL' else 'SIGTERM'}) at "
                 f"{r['at']} s: spillwayd back and ready in {r['outage_s']} s")
+        if "warmup_s" in r:
+            line += f"; held its start-up tables for {r['warmup_s']} s (warm-up)"
         if r.get("signal") == "KILL":
             line += (f"; last checkpoint at {r.get('checkpoint_t')} s, loss window "
                      f"{r.get('loss_window_s')}" + (" s" if isinstance(

@@ -197,8 +197,9 @@ void AffinityKeeper::complete(Millis now, std::uint64_t unixMs,
     events_.append(now, "", kEventCheckpoint, "checkpoint failed: " + *error);
     return;
   }
-  const bool quiet = stats_.lastAt && stats_.lastExceptions == records.size() &&
-                     stats_.lastGeneration == tables.generation;
+  // An event for the first checkpoint, the first after a failure, and then
+  // at most one a minute (status and the metrics show every one).
+  const bool quiet = lastEventAt_ && stats_.lastError.empty() && now < *lastEventAt_ + 60'000;
   ++stats_.checkpoints;
   stats_.lastAt = now;
   stats_.lastGeneration = tables.generation;
@@ -208,6 +209,7 @@ void AffinityKeeper::complete(Millis now, std::uint64_t unixMs,
   stats_.lastDurationMs = now - exportStarted_ + stats_.lastWriteMs;
   stats_.lastError.clear();
   if (!quiet) {
+    lastEventAt_ = now;
     events_.append(now, "", kEventCheckpoint,
                    "checkpoint: generation " + std::to_string(tables.generation) + ", " +
                        std::to_string(records.size()) + " flow exceptions (" +

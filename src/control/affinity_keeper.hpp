@@ -132,6 +132,7 @@ class AffinityKeeper {
   std::optional<TablesState> exportTables_;
   std::uint64_t checkpointedGeneration_ = 0;
   std::optional<Millis> lastStart_;
+  std::optional<Millis> lastEventAt_;  // of the last "checkpoint" event
 };
 
 }  // namespace spillway

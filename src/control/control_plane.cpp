@@ -385,6 +385,7 @@ bool ControlPlane::tick(Millis now) {
   }
   if (warmup_ && (warmupComplete() || now >= warmupStarted_ + kWarmupLimit)) {
     warmup_ = false;
+    warmupTook_ = now - warmupStarted_;
     events_.append(now, "", kEventWarmup,
                    std::string("warm-up over after ") + std::to_string(now - warmupStarted_) +
                        " ms (" + (warmupComplete() ? "health and load known" : "time limit") +
@@ -591,6 +592,8 @@ ApiResult ControlPlane::status() {
               {"policy", vips},
               {"config", configPath_},
               {"warmup", warmup_},
+              {"warmup_ms", warmup_ ? Json(now_ - warmupStarted_)
+                                    : warmupTook_ ? Json(*warmupTook_) : Json(nullptr)},
               {"checkpoint", checkpointStatsJson(keeper_, now_)}};
 }
 
@@ -1332,15 +1335,6 @@ std::variant<ControlPlane::ApplyPlan, ApiError> ControlPlane::planApply(
 }
 
 namespace {
-
-std::vector<VipKey> vipKeysOf(const Config& config) {
-  std::vector<VipKey> keys;
-  for (const VipConfig& v : config.vips) {
-    keys.push_back(VipKey{v.address.bytes, v.address.version,
-                          static_cast<std::uint8_t>(v.protocol), v.port});
-  }
-  return keys;
-}
 
 std::string vipKey(const VipConfig& v) {
   return formatIpAddress(v.address) + "/" + (v.protocol == IpProto::Udp ? "udp" : "tcp") + "/" +

@@ -210,6 +210,7 @@ class ControlPlane final : public ControlApi {
   // its pool scrapes load, a load sample; or until kWarmupLimit.
   bool warmup_ = false;
   Millis warmupStarted_ = 0;
+  std::optional<Millis> warmupTook_;  // how long the last warm-up held the tables
 };
 
 }  // namespace spillway

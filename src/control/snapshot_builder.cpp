@@ -405,6 +405,15 @@ std::optional<std::uint32_t> SnapshotBuilder::predictChanged(
   return result.value().changed;
 }
 
+std::vector<VipKey> vipKeysOf(const Config& config) {
+  std::vector<VipKey> keys;
+  for (const VipConfig& v : config.vips) {
+    keys.push_back(VipKey{v.address.bytes, v.address.version,
+                          static_cast<std::uint8_t>(v.protocol), v.port});
+  }
+  return keys;
+}
+
 std::unique_ptr<ForwardingSnapshot> SnapshotBuilder::build(std::uint64_t generation) {
   lastError_.clear();
   auto snapshot = std::make_unique<ForwardingSnapshot>();

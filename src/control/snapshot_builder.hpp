@@ -82,6 +82,9 @@ struct BackendRuntime {
   std::optional<MacAddress> nextHopMac;  // std::nullopt: unresolved
 };
 
+// The data path's key of every configured VIP (a port filter's VIP set).
+[[nodiscard]] std::vector<VipKey> vipKeysOf(const Config& config);
+
 struct VipBuildReport {
   std::string name;
   std::uint32_t tableSize = 0;

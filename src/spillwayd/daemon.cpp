@@ -83,15 +83,6 @@ class ControlLoopWait {
   int timerFd_ = -1;
 };
 
-std::vector<VipKey> vipKeysOf(const Config& config) {
-  std::vector<VipKey> keys;
-  for (const auto& v : config.vips) {
-    keys.push_back(VipKey{v.address.bytes, v.address.version,
-                          static_cast<std::uint8_t>(v.protocol), v.port});
-  }
-  return keys;
-}
-
 void writeStatsFile(const std::string& path, const Json& stats) {
   // Best effort and not fsynced: a statistics view, rewritten every period.
   const std::string tmp = path + ".tmp";

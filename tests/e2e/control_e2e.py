@@ -2,7 +2,7 @@
 """End-to-end tests of Spillway's control plane (meson suite 'e2e').
 
     control_e2e.py TEST SPILLWAYD SPILLWAY_DECAP SPILLWAYCTL
-    TEST: health | spillover | cli | restart
+    TEST: health | spillover | cli | restart | affinity-restart | affinity-crash | restart
 
 Each builds a scripts/topology estate through spillwayd_e2e.Estate (imported,
 not copied) and drives the running daemon through spillwayctl --json on its
@@ -29,7 +29,19 @@ not copied) and drives the running daemon through spillwayctl --json on its
              override's journal sequence, `config clear-overrides` ends the
              drain, and a second restart keeps what is left.
 
-Prints one line per check and "e2e-control-<test>: N passed, M failed".
+  affinity-restart, affinity-crash
+             60 echoing TCP connections held through spillwayd, then a
+             `config reload` of a file that gives onprem1 four times the
+             weight moves table entries under them: the held flows whose
+             entries moved are exceptions. The checkpoint must count exactly
+             those (from the independent Maglev model of both files). Then
+             SIGTERM (a last checkpoint) or SIGKILL after the checkpoint, and
+             a new spillwayd from the second file: every held connection
+             completes on the backend it began on, one backend MAC per flow
+             on the client's wire, and the new instance places exactly the
+             moved flows by its restored exceptions (exception_hits).
+
+Prints one line per check and "e2e-<test>: N passed, M failed".
 Exit 0 when all passed, 1 when any failed, 77 (skipped) without root,
 network namespaces or veth. Every wait polls against a deadline.
 """
@@ -45,8 +57,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import maglev_model  # noqa: E402
 import spillwayd_e2e as swe  # noqa: E402
-from spillwayd_e2e import Fail, Skip, log, wait_until, PY, VIP_NCCL, VIP_GRPC  # noqa: E402
+from spillwayd_e2e import CLIENT, Fail, Skip, log, wait_until, PY, VIP_NCCL, VIP_GRPC  # noqa: E402
 
 FAKE_EXPORTER = os.path.join(swe.ROOT, "tests", "tools", "fake_exporter.py")
 IDENTITY_SERVER = swe.IDENTITY_SERVER
@@ -90,7 +103,14 @@ class Ctl:
         return {p["pool"]: p["share"] for p in self("vip", "show", vip).get("pools", [])}.get(pool)
 
     def events(self):
-        return self("events", "--after", 0)["events"]
+        """Every event in the daemon's log, page by page."""
+        out, after = [], 0
+        while True:
+            page = self("events", "--after", after, "--limit", 1000)
+            out += page["events"]
+            if len(page["events"]) < 1000 or page["next"] <= after:
+                return out
+            after = page["next"]
 
 
 def established(e, ns, remote=None, local_port=None):
@@ -606,10 +626,99 @@ def test_restart(e, ctl_exe):
     return None
 
 
+HELD = 60
+HOLD = 20.0
+ECHO_TIMEOUT = 10.0
+
+
+def affinity(e, ctl_exe, kill):
+    e.topology_up(onprem=3, cloud=2)
+    e.start_servers(ports=(8000,))
+    first_conf = e.write_config()
+    model1 = maglev_model.Model(first_conf)
+    lb = e.start_lb("first")
+    e.wait_ready(lb)
+    ctl = Ctl(ctl_exe, os.path.join(e.work, "spillway.sock"))
+    tap = e.start_tap("affinity", vips=(VIP_NCCL,))
+    client, out = e.fanout(VIP_NCCL, 8000, HELD, "held", hold=HOLD, timeout=ECHO_TIMEOUT,
+                           background=True)
+    wait_until(f"{HELD} connections through the first instance",
+               lambda: (lb.read_stats() or {}).get("new_flows", 0) >= HELD, 20)
+
+    # Move entries under the held flows.
+    weights = dict(swe.WEIGHTS, onprem1=4 * swe.WEIGHTS["onprem1"])
+    second_conf = e.write_config(weights=weights, path=os.path.join(e.work, "second.toml"))
+    model2 = maglev_model.Model(second_conf)
+    sports = [int(line.split()[2].rsplit(":", 1)[1]) for line in e.run(
+        ["ss", "-Htn", "state", "established", "dst", VIP_NCCL], ns=e.ns("client")).stdout
+        .splitlines() if line.strip()]
+    e.check("held connections established", len(sports) == HELD, f"{len(sports)}")
+    moved = [p for p in sports if model1.backend(CLIENT, p, VIP_NCCL, 8000) !=
+             model2.backend(CLIENT, p, VIP_NCCL, 8000)]
+    e.check("the second file moves some held flows' entries (the test is not vacuous)",
+            len(moved) >= 5, f"{len(moved)} of {len(sports)}")
+    reply = ctl("config", "reload", second_conf)
+    e.config = second_conf
+    generation = ctl("status")["generation"]
+
+    def checkpointed():
+        c = ctl("status")["checkpoint"]
+        return c if c.get("generation", 0) >= generation and c.get("exceptions", 0) > 0 else None
+    c = wait_until("a checkpoint of the moved tables", checkpointed, 10)
+    e.check("the checkpoint holds exactly the moved held flows",
+            c["exceptions"] == len(moved),
+            f"{c['exceptions']} exceptions, {len(moved)} moved; reload said {json.dumps(reply)[:200]}")
+
+    t_stop = time.monotonic()
+    if kill:
+        lb.proc.kill()
+        lb.proc.wait()
+        e.procs.remove(lb.proc)
+        e.check("spillwayd killed (SIGKILL)", lb.proc.returncode == -signal.SIGKILL,
+                f"exit {lb.proc.returncode}")
+    else:
+        rc, took, _ = e.stop_lb(lb)
+        e.check("SIGTERM stops spillwayd cleanly", rc == 0, f"exit {rc} after {took:.2f} s")
+    lb2 = e.start_lb("second")
+    e.wait_ready(lb2)
+    gap = time.monotonic() - t_stop
+    status = ctl("status")
+    e.check("the new instance restored the moved flows",
+            status["checkpoint"].get("restored_at_start") == len(moved),
+            f"restored {status['checkpoint'].get('restored_at_start')}, moved {len(moved)}")
+
+    result, wire, final2 = e.finish_held(client, out, lb2, tap, HOLD + 3 * ECHO_TIMEOUT)
+
+    conns = result["connections"]
+    bad = [c for c in conns if not c.get("ok")]
+    for c in bad[:10]:
+        log(f"FAIL held connection {c.get('sport')}: {c.get('error')} after "
+            f"{c.get('messages')} echoes (backend {c.get('backend')})")
+    e.check("every held connection completed without reset or bad echo",
+            len(conns) == HELD and not bad, f"{len(conns) - len(bad)}/{HELD} ok")
+    wrong = [c for c in conns if c.get("backend") and
+             model1.backend(CLIENT, c["sport"], VIP_NCCL, 8000) != c["backend"]]
+    e.check("every held connection stayed on the backend it began on", not wrong,
+            f"{len(wrong)} elsewhere")
+    moved_wire = {k: v for k, v in wire["flows"].items() if len(v["macs"]) != 1}
+    e.check("one backend MAC per held flow on the client's wire, across the "
+            + ("crash" if kill else "restart"), not moved_wire and len(wire["flows"]) == HELD,
+            f"{len(wire['flows'])} flows, {len(moved_wire)} saw two backends")
+    e.check("the new instance placed exactly the moved flows by restored exceptions",
+            final2.get("exception_hits") == len(moved),
+            f"exception_hits {final2.get('exception_hits')}, moved {len(moved)}")
+    e.check("the new instance tracked every held flow", final2["new_flows"] == HELD,
+            f"new_flows {final2['new_flows']}")
+    return f"{HELD - len(bad)} of {HELD} held flows kept ({len(moved)} moved); outage {gap:.2f} s"
+
+
 TESTS = {"health": ("e2e-control-health", test_health),
          "spillover": ("e2e-control-spillover", test_spillover),
          "cli": ("e2e-control-cli", test_cli),
-         "restart": ("e2e-control-restart", test_restart)}
+         "restart": ("e2e-control-restart", test_restart),
+         "affinity-restart": ("e2e-affinity-restart",
+                              lambda e, ctl: affinity(e, ctl, kill=False)),
+         "affinity-crash": ("e2e-affinity-crash", lambda e, ctl: affinity(e, ctl, kill=True))}
 
 
 def main():
