@@ -74,7 +74,7 @@ class AffinityKeeper {
     std::uint64_t hashSeed = 0;
     FlowTimeouts timeouts{};
     Millis minInterval = 250;
-    Millis maxInterval = 10'000;
+    Millis maxInterval = 60'000;
   };
 
   AffinityKeeper(Options options, EventLog& events);
