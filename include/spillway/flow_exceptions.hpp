@@ -15,12 +15,14 @@
 // which every instance shares.
 //
 // Classification (isTableException): the flow table records, beside the
-// backend, a 5-bit tag of the VIP that placed the flow (vipTagOf: index mod 31,
-// plus 1; 0 = unknown). A flow on backend b is "not an exception" only when
-// every VIP with that tag whose table b belongs to gives b for the flow's
-// hash; otherwise it is kept. With at most 31 VIPs this is exact; with more,
-// or with an unknown tag, it is conservative: it may keep a few flows that
-// did not need it, never drop one that did.
+// backend, a 5-bit tag of the VIP that placed the flow (SnapshotVip::tag:
+// vipTagOf(its address, protocol and port), 1 .. 31; 0 = unknown). The tag is
+// a function of the VIP's key, not of its place in the configuration, so a
+// reload that adds, removes or reorders VIPs re-tags nothing. A flow on
+// backend b is "not an exception" only when every VIP with that tag whose
+// table b belongs to gives b for the flow's hash; otherwise it is kept. Two
+// VIPs that share a tag (or an unknown tag) only make it conservative: it may
+// keep a few flows that did not need it, never drop one that did.
 //
 // ExceptionTable: open addressing over a power-of-two array at most half
 // full, 16 bytes a slot (fingerprint, backend index | state << 24); built
@@ -67,11 +69,6 @@ struct FlowExceptionRecord {
 // (see the design note).
 [[nodiscard]] bool isTableException(const ForwardingSnapshot& snapshot, std::uint64_t hash,
                                     std::uint32_t backend, std::uint8_t vipTag) noexcept;
-
-// The flow-table tag of the VIP at `index` in the snapshot: 1 .. 31.
-[[nodiscard]] constexpr std::uint8_t vipTagOf(std::uint32_t index) noexcept {
-  return static_cast<std::uint8_t>(index % FlowTable::kMaxVipTag + 1);
-}
 
 struct ExceptionEntry {
   std::uint64_t hash = 0;

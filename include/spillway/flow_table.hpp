@@ -173,7 +173,7 @@ class FlowTable {
 
   // Sets backend, state, VIP tag and stamp of the entry for `hash`, creating
   // it if absent. See the design note for which entries a full pair may
-  // evict. vipTag (0 = unknown, else vipTagOf(the flow's VIP index)) lets the
+  // evict. vipTag (0 = unknown, else the flow's SnapshotVip::tag) lets the
   // exception export tell which VIP's table placed the flow.
   InsertResult insert(std::uint64_t hash, std::uint32_t backend, FlowState state, Millis now,
                       std::uint8_t vipTag = 0) noexcept;

@@ -81,8 +81,25 @@ struct VipKey {
   friend bool operator==(const VipKey&, const VipKey&) = default;
 };
 
+// The flow-table tag of a VIP (flow_exceptions.hpp): FNV-1a of its key, folded
+// to 1 .. 31 (FlowTable::kMaxVipTag).
+[[nodiscard]] constexpr std::uint8_t vipTagOf(const VipKey& key) noexcept {
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  auto mix = [&h](std::uint8_t b) {
+    h ^= b;
+    h *= 0x100000001b3ULL;
+  };
+  for (const std::byte b : key.address) mix(static_cast<std::uint8_t>(b));
+  mix(static_cast<std::uint8_t>(key.version));
+  mix(key.proto);
+  mix(static_cast<std::uint8_t>(key.port >> 8));
+  mix(static_cast<std::uint8_t>(key.port & 0xff));
+  return static_cast<std::uint8_t>(h % FlowTable::kMaxVipTag + 1);
+}
+
 struct SnapshotVip {
   VipKey key{};
+  std::uint8_t tag = 0;  // vipTagOf(key), set by the builder; 0 = unknown
   std::string name;
   MaglevTable table;
   bool answerEcho = false;  // reply to ICMP echo requests sent to the address

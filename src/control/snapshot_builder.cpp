@@ -450,6 +450,7 @@ std::unique_ptr<ForwardingSnapshot> SnapshotBuilder::build(std::uint64_t generat
     sv.key =
         VipKey{v.address.bytes, v.address.version, static_cast<std::uint8_t>(v.protocol), v.port};
     sv.name = v.name;
+    sv.tag = vipTagOf(sv.key);
     sv.answerEcho = v.answerPing;
     VipBuildReport& r = reports[i];
     r.name = v.name;

@@ -56,14 +56,16 @@ Walk& walkFor(std::size_t flows) {
     walk = std::make_unique<Walk>();
     walk->table = std::make_unique<FlowTable>(FlowTableConfig{.capacity = flows});
     const MaglevTable old = tableWith(100);
+    constexpr std::uint8_t kTag = 7;
     for (std::size_t i = 0; i < flows; ++i) {
       const std::uint64_t h = splitmix64(i);
-      (void)walk->table->insert(h, old.lookup(h), FlowState::Established, kNow, vipTagOf(0));
+      (void)walk->table->insert(h, old.lookup(h), FlowState::Established, kNow, kTag);
     }
     ForwardingSnapshot& s = walk->snapshot;
     s.backends.resize(kBackends + 1);
     for (std::uint32_t i = 1; i <= kBackends; ++i) s.backends[i].state = BackendState::Active;
     SnapshotVip v;
+    v.tag = kTag;
     v.table = tableWith(400);
     s.vips.push_back(std::move(v));
     s.vipsOfBackend.assign(kBackends + 1, {0});

@@ -57,11 +57,13 @@ class SteeringTest : public ::testing::Test {
     SnapshotVip v4;
     v4.key = {test::ipBytes("192.0.2.10"), IpVersion::V4, 6, 0};
     v4.name = "nccl";
+    v4.tag = vipTagOf(v4.key);
     v4.answerEcho = true;
     v4.table = builder_.build(mb, FlowHasher(kSeed), 1009).value().table;
     SnapshotVip v6;
     v6.key = {test::ipBytes("2001:db8::10"), IpVersion::V6, 6, 443};
     v6.name = "grpc6";
+    v6.tag = vipTagOf(v6.key);
     v6.table = builder_.build(mb, FlowHasher(kSeed), 1009).value().table;
     s->vips = {std::move(v4), std::move(v6)};
     s->indexVips();
@@ -467,14 +469,15 @@ TEST_F(SteeringExceptionTest, ClassificationAgainstTheTables) {
   for (std::uint32_t b = 1; b <= 4; ++b) snapshot_->vipsOfBackend[b] = {0, 1};
   const auto [hash, other] = flowAndOtherBackend(41007);
   const std::uint32_t table = snapshot_->vips[0].table.lookup(hash);
-  const std::uint8_t nccl = vipTagOf(0);
+  ASSERT_NE(snapshot_->vips[0].tag, snapshot_->vips[1].tag);
+  const std::uint8_t nccl = snapshot_->vips[0].tag;
   EXPECT_FALSE(isTableException(*snapshot_, hash, table, nccl));
   EXPECT_TRUE(isTableException(*snapshot_, hash, other, nccl));
   EXPECT_TRUE(isTableException(*snapshot_, hash, 5, nccl));   // in no table
   EXPECT_TRUE(isTableException(*snapshot_, hash, 99, nccl));  // unknown index
   // Placed by the other VIP: judged by that VIP's table alone.
   const std::uint32_t grpc = snapshot_->vips[1].table.lookup(hash);
-  EXPECT_FALSE(isTableException(*snapshot_, hash, grpc, vipTagOf(1)));
+  EXPECT_FALSE(isTableException(*snapshot_, hash, grpc, snapshot_->vips[1].tag));
   // Unknown tag: not an exception only when both tables agree.
   EXPECT_EQ(isTableException(*snapshot_, hash, table, 0), grpc != table);
 }
@@ -488,7 +491,7 @@ TEST_F(SteeringExceptionTest, TrackedFlowsCarryTheirVipTag) {
       now_, 0, steering_.flowTable().bucketCount(),
       [&](std::uint64_t, std::uint32_t backend, FlowState, std::uint32_t, std::uint8_t tag) {
         EXPECT_EQ(backend, r.backend);
-        EXPECT_EQ(tag, vipTagOf(0));
+        EXPECT_EQ(tag, snapshot_->vips[0].tag);
         ++seen;
       });
   EXPECT_EQ(seen, 1u);
@@ -571,6 +574,19 @@ TEST(FlowTableWalk, VipTagSurvivesStateChangesAndResteering) {
   EXPECT_EQ(seen, 1u);
   // The closing timeout (10 s) applies, whatever the tag bits.
   EXPECT_EQ(t.lookup(77, 1003 + 10'001), 0u);
+}
+
+TEST(VipTag, StableKeyFunctionInRange) {
+  VipKey a{test::ipBytes("192.0.2.10"), IpVersion::V4, 6, 0};
+  VipKey b = a;
+  b.port = 443;
+  for (std::uint16_t port = 0; port < 2000; ++port) {
+    b.port = port;
+    const std::uint8_t t = vipTagOf(b);
+    EXPECT_GE(t, 1);
+    EXPECT_LE(t, FlowTable::kMaxVipTag);
+  }
+  EXPECT_EQ(vipTagOf(a), vipTagOf(VipKey{test::ipBytes("192.0.2.10"), IpVersion::V4, 6, 0}));
 }
 
 }  // namespace

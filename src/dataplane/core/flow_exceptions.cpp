@@ -11,8 +11,9 @@ bool isTableException(const ForwardingSnapshot& snapshot, std::uint64_t hash,
   if (backend >= snapshot.vipsOfBackend.size()) return true;
   bool any = false;  // a table that could have placed it
   for (const std::uint32_t v : snapshot.vipsOfBackend[backend]) {
-    if (vipTag != 0 && vipTagOf(v) != vipTag) continue;
-    if (v >= snapshot.vips.size() || snapshot.vips[v].table.lookup(hash) != backend) return true;
+    if (v >= snapshot.vips.size()) return true;
+    if (vipTag != 0 && snapshot.vips[v].tag != vipTag) continue;
+    if (snapshot.vips[v].table.lookup(hash) != backend) return true;
     any = true;
   }
   return !any;  // in no such table: nothing would place it there again

@@ -168,7 +168,7 @@ void Steering::finishVipFrame(const FrameRef& frame, Pending& p, SteerResult& r,
   // answered with an MTU error or dropped is not a flow yet.
   if (r.verdict != Verdict::Forward) return;
   const InsertResult ins =
-      flows_.insert(p.hash, backend, firstState(p.view), now, vipTagOf(p.vip));
+      flows_.insert(p.hash, backend, firstState(p.view), now, vip.tag);
   if (ins == InsertResult::Inserted) {
     counters_.newFlows.add();
     // (packets of one flow in one burst all miss the batched lookup: count
