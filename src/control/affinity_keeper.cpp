@@ -1,7 +1,6 @@
 #include "control/affinity_keeper.hpp"
 
 #include <chrono>
-#include <unordered_set>
 
 #include "control/durable_file.hpp"
 
@@ -151,17 +150,24 @@ void AffinityKeeper::complete(Millis now, std::uint64_t unixMs,
                               const std::function<std::uint64_t(std::uint32_t)>& idOf) {
   std::vector<FlowExceptionRecord> records;
   records.reserve(flows.size() + restored_.size());
-  std::unordered_set<std::uint64_t> tracked;
+  // Tracked flows, with how long their entries live on without a packet.
+  std::unordered_map<std::uint64_t, Millis> tracked;
   tracked.reserve(flows.size());
   for (const ExportedFlow& f : flows) {
     const std::uint64_t id = idOf(f.backend);
     if (id == 0) continue;
-    if (!tracked.insert(f.hash).second) continue;  // on two lcores: keep the first
+    const Millis timeout = timeoutOf(f.state);
+    const Millis left = timeout > f.idleMs ? timeout - f.idleMs : 0;
+    if (!tracked.emplace(f.hash, left).second) continue;  // on two lcores: keep the first
     records.push_back(FlowExceptionRecord{f.hash, id, f.state, f.idleMs});
   }
   const std::size_t before = restored_.size();
   for (auto it = restored_.begin(); it != restored_.end();) {
-    if (it->second.deadline <= now || tracked.contains(it->first)) {
+    // A restored flow leaves once a worker tracks it for at least as long as
+    // the restored record would have kept it.
+    auto t = tracked.find(it->first);
+    const bool covered = t != tracked.end() && now + t->second >= it->second.deadline;
+    if (it->second.deadline <= now || covered) {
       it = restored_.erase(it);
       continue;
     }

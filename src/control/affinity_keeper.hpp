@@ -106,6 +106,8 @@ class AffinityKeeper {
                        const std::function<std::uint64_t(std::uint32_t index)>& idOf);
 
   [[nodiscard]] const CheckpointStats& stats() const noexcept { return stats_; }
+  // An export asked of the workers and not yet collected.
+  [[nodiscard]] bool exporting() const noexcept { return exporting_; }
 
  private:
   struct Restored {

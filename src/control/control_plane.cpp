@@ -159,12 +159,16 @@ bool ControlPlane::warmupComplete() const {
   for (const BackendConfig& b : config_.backends) {
     const PoolConfig& pool = config_.pools[b.poolIndex];
     if (pool.health.kind != HealthCheckKind::None) {
+      // A settled verdict: rise successes, or fall failures (or already down).
       auto h = health_.status(b.id);
-      if (!h || h->probes == 0) return false;
+      if (!h || !(h->consecutiveOk >= pool.health.rise ||
+                  h->consecutiveFail >= pool.health.fall || !h->up)) {
+        return false;
+      }
     }
     if (pool.load.enabled) {
       auto l = scraper_.status(b.id);
-      if (!l || l->scrapes == 0) return false;
+      if (!l || !l->lastSuccess) return false;  // a sample, not only attempts
     }
   }
   return true;
@@ -427,6 +431,9 @@ void ControlPlane::recycleIndices() {
   if (dataplane_ == nullptr) return;
   if (purgeAsked_ != 0) {
     if (!dataplane_->purgeDone(purgeAsked_)) return;
+    // Exported flows name backends by index until the export is collected:
+    // no index is freed (and so reused) while one is in flight.
+    if (keeper_.exporting()) return;
     builder_.indicesPurged(purging_);
     // Restored exceptions name backends by id: map them again, so none keeps
     // an index that may now go to another backend.

@@ -113,8 +113,10 @@ std::variant<FlowCheckpoint, std::string> decodeFlowCheckpoint(std::string_view 
     if (ord >= backends || state < FlowState::Embryonic || state > FlowState::Other) {
       return "record " + std::to_string(i) + " is invalid";
     }
-    c.records.push_back(FlowExceptionRecord{get<std::uint64_t>(bytes, at), ids[ord], state,
-                                            (meta & kMaxIdleSeconds) * 1000});
+    const std::uint64_t idleMs = std::uint64_t{meta & kMaxIdleSeconds} * 1000;
+    c.records.push_back(FlowExceptionRecord{
+        get<std::uint64_t>(bytes, at), ids[ord], state,
+        static_cast<std::uint32_t>(std::min<std::uint64_t>(idleMs, UINT32_MAX))});
   }
   return c;
 }

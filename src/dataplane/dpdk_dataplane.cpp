@@ -253,8 +253,10 @@ std::optional<std::vector<ExportedFlow>> DpdkDataplane::collectExceptionExport(s
     while (!p.done) {
       const std::uint64_t published = w.exportPublished();
       if (published == p.taken) break;
-      const auto chunk = w.exportChunk();
-      exportFlows_.insert(exportFlows_.end(), chunk.begin(), chunk.end());
+      if (w.exportChunkFor() == n) {  // a given-up request's chunks are dropped
+        const auto chunk = w.exportChunk();
+        exportFlows_.insert(exportFlows_.end(), chunk.begin(), chunk.end());
+      }
       p.done = w.exportChunkLast() == n;
       p.taken = published;
       w.takeExportChunk(published);
@@ -262,6 +264,7 @@ std::optional<std::vector<ExportedFlow>> DpdkDataplane::collectExceptionExport(s
     all = all && p.done;
   }
   if (!all) return std::nullopt;
+  exportFor_ = 0;  // collected: a second collect(n) is not a second, empty export
   return std::move(exportFlows_);
 }
 

@@ -197,8 +197,11 @@ void Worker::exportExceptionsSlice(const ForwardingSnapshot& snapshot,
     exportChunkSize_ = 0;
     exportChunkLast_ = 0;
   }
+  const std::uint64_t req = exportRequest_.load(std::memory_order_acquire);
+  if (exportingFor_ != 0 && req != exportingFor_) {
+    exportingFor_ = 0;  // a newer request (the old one was given up): start over
+  }
   if (exportingFor_ == 0) {
-    const std::uint64_t req = exportRequest_.load(std::memory_order_acquire);
     if (req == exportDoneFor_) return;
     exportingFor_ = req;
     exportCursor_ = 0;
@@ -220,6 +223,7 @@ void Worker::exportExceptionsSlice(const ForwardingSnapshot& snapshot,
     return;  // room for another slice
   }
   exportChunkLast_ = finished ? exportingFor_ : 0;
+  exportChunkFor_ = exportingFor_;
   exportChunkOut_ = true;
   exportPublished_.store(exportPublished_.load(std::memory_order_relaxed) + 1,
                          std::memory_order_release);

@@ -123,6 +123,8 @@ class Worker {
     return {exportChunk_.data(), exportChunkSize_};
   }
   [[nodiscard]] std::uint64_t exportChunkLast() const noexcept { return exportChunkLast_; }
+  // The request the ready chunk belongs to.
+  [[nodiscard]] std::uint64_t exportChunkFor() const noexcept { return exportChunkFor_; }
   void takeExportChunk(std::uint64_t published) noexcept {
     exportTaken_.store(published, std::memory_order_release);
   }
@@ -179,6 +181,7 @@ class Worker {
   std::vector<ExportedFlow> exportChunk_;  // kExportChunk, allocated once
   std::size_t exportChunkSize_ = 0;
   std::uint64_t exportChunkLast_ = 0;  // the request this chunk ends, else 0
+  std::uint64_t exportChunkFor_ = 0;   // the request this chunk belongs to
   bool exportChunkOut_ = false;        // published, not yet known to be taken
   std::uint64_t lastNowMs_ = 0;        // the lcore clock at its last round
   // Written by the control thread before it stores purgeRequest_, read by

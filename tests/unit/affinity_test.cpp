@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -84,6 +85,19 @@ TEST(FlowCheckpointFile, DamageIsRefusedWhole) {
   std::string big = good;
   big[32] = '\x7f';
   EXPECT_NE(error(decodeFlowCheckpoint(big, kSeed)), "");
+}
+
+TEST(FlowCheckpointFile, LargestIdleFieldDoesNotWrapToFresh) {
+  std::string bytes = encodeFlowCheckpoint(kSeed, 1, {{{0x42, 7, FlowState::Established, 0}}});
+  // Set the record's idle seconds to the field's maximum, and fix the CRC.
+  const std::size_t meta = 40 + 8 + 12;
+  const std::uint32_t v = (static_cast<std::uint32_t>(FlowState::Established) << 24) | 0xffffff;
+  std::memcpy(bytes.data() + meta, &v, 4);
+  const std::uint32_t crc = crc32c(std::string_view(bytes).substr(0, bytes.size() - 4));
+  std::memcpy(bytes.data() + bytes.size() - 4, &crc, 4);
+  auto parsed = decodeFlowCheckpoint(bytes, kSeed);
+  ASSERT_TRUE(std::holds_alternative<FlowCheckpoint>(parsed)) << std::get<std::string>(parsed);
+  EXPECT_EQ(std::get<FlowCheckpoint>(parsed).records[0].idleMs, UINT32_MAX);
 }
 
 TEST(TablesStateFile, RoundTripAndMalformed) {

@@ -401,6 +401,25 @@ TEST_F(SteeringExceptionTest, UntrackedMidFlowPacketGoesWhereTheExceptionSays) {
   expectAllCounted();
 }
 
+TEST_F(SteeringExceptionTest, ExceptionFlowIsTrackedWithItsRecordedStateNotAsEmbryonic) {
+  const auto [hash, other] = flowAndOtherBackend(41010);
+  setExceptions({{hash, other, FlowState::Established}});
+  Frame f(syn(41010, kTcpAck));
+  ASSERT_EQ(steer(f).backend, other);
+  // A sparse flow: its next packet comes after the embryonic timeout (5 s)
+  // but well within the established one.
+  now_ += 60'000;
+  EXPECT_EQ(steering_.flowTable().lookup(hash, now_), other);
+  // A new flow's mid-flow first packet is still embryonic (unsolicited ACKs
+  // cannot pin the table).
+  Frame g(syn(41011, kTcpAck));
+  const SteerResult r = steer(g);
+  now_ += 60'000;
+  const auto view = parsePacket(g.ref.buffer.subspan(kHeadroom, g.ref.length));
+  EXPECT_NE(r.backend, 0u);
+  EXPECT_EQ(steering_.flowTable().lookup(FlowHasher(kSeed).hash(view.key), now_), 0u);
+}
+
 TEST_F(SteeringExceptionTest, OtherFlowsFollowTheTable) {
   const auto [hash, other] = flowAndOtherBackend(41001);
   setExceptions({{hash, other, FlowState::Established}});

@@ -140,6 +140,7 @@ void Steering::finishVipFrame(const FrameRef& frame, Pending& p, SteerResult& r,
     return;
   }
   bool byException = false;
+  FlowState state = firstState(p.view);
   if (snapshot.exceptions != nullptr) {
     // Not tracked here, but placed before these tables (a restored checkpoint,
     // a peer's flow): it keeps that backend while the backend keeps flows. A
@@ -155,6 +156,13 @@ void Steering::finishVipFrame(const FrameRef& frame, Pending& p, SteerResult& r,
       if (b != nullptr && keepsTrackedFlows(b->state) && !newConnection) {
         backend = hit.backend;
         byException = true;
+        // A flow the checkpoint knew as established (or UDP, other) is
+        // tracked as such again, not as a new embryonic entry: a sparse flow
+        // (keepalives minutes apart) must not time out after 5 s.
+        if (state == FlowState::Embryonic && hit.state != FlowState::Closing &&
+            hit.state != FlowState::Embryonic && (p.view.tcpFlags & kTcpSyn) == 0) {
+          state = hit.state;
+        }
       }
     }
   }
@@ -167,8 +175,7 @@ void Steering::finishVipFrame(const FrameRef& frame, Pending& p, SteerResult& r,
   // A flow is tracked once its first packet is on its way to the backend; one
   // answered with an MTU error or dropped is not a flow yet.
   if (r.verdict != Verdict::Forward) return;
-  const InsertResult ins =
-      flows_.insert(p.hash, backend, firstState(p.view), now, vip.tag);
+  const InsertResult ins = flows_.insert(p.hash, backend, state, now, vip.tag);
   if (ins == InsertResult::Inserted) {
     counters_.newFlows.add();
     // (packets of one flow in one burst all miss the batched lookup: count
