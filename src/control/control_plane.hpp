@@ -206,8 +206,8 @@ class ControlPlane final : public ControlApi {
   AffinityKeeper keeper_;
   TablesState publishedTables_;  // as of the newest snapshot taken
   // Warm-up: the start-up tables are the last process's (tables.json) and
-  // the policy holds them until every backend has a health result and, where
-  // its pool scrapes load, a load sample; or until kWarmupLimit.
+  // the policy holds them until every backend has a settled health verdict
+  // and, where its pool scrapes load, a successful sample; or kWarmupLimit.
   bool warmup_ = false;
   Millis warmupStarted_ = 0;
   std::optional<Millis> warmupTook_;  // how long the last warm-up held the tables
