@@ -60,6 +60,7 @@ struct DataplaneCounters {
     std::uint64_t newFlows = 0;
     std::uint64_t flowTableOccupancy = 0;
     std::uint64_t snapshotGeneration = 0;  // the one it last used
+    std::uint64_t idleSleeps = 0;          // pauses of an idle-sleeping worker
   };
   std::vector<Lcore> lcores;
 };

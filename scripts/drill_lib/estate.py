@@ -42,6 +42,16 @@ IPERF_BASE_PORT = 5201  # elephants' server ports are chosen from here up
 # control and data connections on one backend (see traffic.Elephants).
 IPERF_CONTROL_PORT = 42000
 SEED = "0x0d7111d7111d7111"
+# A tier estate: the router and the instances lb1..lbN (scripts/topology --tier).
+ROUTER_ADDR = "10.99.0.1"
+TIER_PORT = 7900
+# Actions that stop a tier instance (the primary is one they spare).
+INSTANCE_STOPS = ("kill-instance", "stop-instance", "lb-drain")
+
+
+def tier_address(i):
+    """lb<i>'s fabric address: 10.99.0.2, .3, ..."""
+    return f"10.99.0.{1 + i}"
 
 # The e2e tests' helpers: log, polling against a deadline, and their failure
 # type, which here means "the drill could not run" (not an invariant verdict).
@@ -83,6 +93,31 @@ class Ctl:
         return reply["result"]
 
 
+class Instance:
+    """One spillwayd of the estate: the single gateway "lb", or in a tier
+    estate ([estate] instances = N) one of lb1..lbN behind the router. Each
+    has its own namespace, address, configuration file, control socket, state
+    directory, DPDK file prefix, and log/stats files numbered by start."""
+
+    def __init__(self, estate, name, address, tag=""):
+        self.name, self.address = name, address
+        work = estate.work
+        self.ns = estate.ns(name)
+        self.file_prefix = estate.prefix + tag
+        self.sock = os.path.join(work, f"spillway{tag and '-' + name}.sock")
+        self.ctl = Ctl(self.sock)
+        self.config = os.path.join(work, f"spillway{tag and '-' + name}.toml")
+        self.state = os.path.join(work, f"state{tag and '-' + name}")
+        self.files = f"{tag and name + '-'}"  # prefix of its numbered log/stats files
+        self.proc = None
+        self.starts = 0
+        self.stats = None
+        self.started_at = None  # time.time() of the last start
+
+    def log_path(self, work):
+        return os.path.join(work, f"spillwayd-{self.files}{self.starts}.log")
+
+
 class Estate:
     def __init__(self, tools, scenario, work):
         self.tools = tools
@@ -92,18 +127,56 @@ class Estate:
         self.procs = []
         self.up = False
         self.backends = {}  # name -> {"ns", "address", "pool", "servers": [Popen]}
-        self.lb = None
-        self.lb_starts = 0
+        # The gateways: "lb" alone, or lb1..lbN of a tier (instance_names()).
+        self.tier = scenario["estate"].get("instances", 0)
+        self.instances = {}
+        if self.tier:
+            for i in range(1, self.tier + 1):
+                name = f"lb{i}"
+                self.instances[name] = Instance(self, name, tier_address(i), str(i))
+        else:
+            self.instances["lb"] = Instance(self, "lb", LB_ADDR)
+        # The instance the monitor and single-gateway actions talk to: in a
+        # tier, the first one no action of the scenario stops.
+        stopped = {a.get("target") for a in scenario.get("action", [])
+                   if a["do"] in INSTANCE_STOPS}
+        self.primary = next((n for n in self.instances if n not in stopped),
+                            next(iter(self.instances)))
+        self.tier_file = os.path.join(work, "tier.conf")
+        self.tier_key = os.path.join(work, "tier.key")
         # Backends whose servers this run started already: logs are appended
         # and exporter settings kept only across restarts within one run,
         # never taken over from an earlier run in the same --out folder.
         self.servers_started = set()
         self.delayline = None
-        self.sock = os.path.join(work, "spillway.sock")
         self.wan_sock = os.path.join(work, "wan.sock")
-        self.ctl = Ctl(self.sock)
-        self.config = os.path.join(work, "spillway.toml")
         self.iperf_ports = []  # the elephants' server ports (traffic.Elephants plans them)
+
+    # The primary instance's, for the single-gateway code paths.
+    @property
+    def lb(self):
+        return self.instances[self.primary].proc
+
+    @property
+    def sock(self):
+        return self.instances[self.primary].sock
+
+    @property
+    def ctl(self):
+        return self.instances[self.primary].ctl
+
+    @property
+    def config(self):
+        return self.instances[self.primary].config
+
+    @property
+    def lb_stats(self):
+        return self.instances[self.primary].stats
+
+    def running(self):
+        """The instances whose spillwayd runs now."""
+        return [i for i in self.instances.values() if i.proc is not None and
+                i.proc.poll() is None]
 
     # -- processes -------------------------------------------------------------
     def ns(self, host):
@@ -134,7 +207,8 @@ class Estate:
                 pass
         if self.up:
             subprocess.run([TOPOLOGY, "down", "--prefix", self.prefix], capture_output=True)
-        shutil.rmtree(f"/var/run/dpdk/{self.prefix}", ignore_errors=True)
+        for inst in self.instances.values():
+            shutil.rmtree(f"/var/run/dpdk/{inst.file_prefix}", ignore_errors=True)
 
     # -- topology ----------------------------------------------------------------
     def topology_up(self):
@@ -143,6 +217,8 @@ class Estate:
                 str(est["cloud"]), "--bulk-client"]
         if est.get("wan"):
             opts.append("--wan")
+        if self.tier:
+            opts += ["--tier", str(self.tier)]
         self.up = True
         self.run([TOPOLOGY, "up"] + opts, env=dict(os.environ, SW_DECAP=self.tools.decap))
         text = self.run([TOPOLOGY, "env"] + opts).stdout
@@ -235,19 +311,27 @@ class Estate:
 
     # -- the gateway -----------------------------------------------------------------
     def write_config(self, only=None, weights=None):
-        """spillwayd's configuration: the scenario's pools, both VIPs, the
-        backends named in `only` (default all) with `weights` (default the
-        scenario's). A reload rewrites it with the edited members/weights."""
+        """spillwayd's configuration, one file per instance: the scenario's
+        pools, both VIPs, the backends named in `only` (default all) with
+        `weights` (default the scenario's). A reload rewrites it with the
+        edited members/weights. A tier's instances differ only in their own
+        address, [announce] and [tier]."""
+        for inst in self.instances.values():
+            self._write_config(inst, only, weights)
+
+    def _write_config(self, inst, only, weights):
         sc = self.sc
         weights = dict(sc["weights"], **(weights or {}))
+        # Several instances share the 2 cores: idle workers sleep.
+        idle = ["idle_sleep_us = 100"] if self.tier else []
         lines = ["# Generated by scripts/drill for scenario " + sc["name"] + ".",
                  "[dataplane]", "lcores = [1]", f'hash_seed = "{SEED}"',
-                 "flow_capacity = 65536", "",
+                 "flow_capacity = 65536"] + idle + ["",
                  # Closed flows leave the tables 2 s after their FIN (default
                  # 10), so a drain completes soon after its last flow ends.
                  "[dataplane.timeouts]", "closing = 2", "",
                  "[[port]]", 'name = "fabric"', 'devargs = "net_af_packet0,iface=eth0"',
-                 f'address = "{LB_ADDR}"', "mtu = 1600", 'kernel_interface = "eth0"', ""]
+                 f'address = "{inst.address}"', "mtu = 1600", 'kernel_interface = "eth0"', ""]
         for pool, conf in sc["pools"].items():
             lines += ["[[pool]]", f'name = "{pool}"', f'site = "{pool}"',
                       f"priority = {conf.get('priority', 0)}",
@@ -276,43 +360,70 @@ class Estate:
                 continue
             lines += ["[[backend]]", f'name = "{name}"', f'address = "{b["address"]}"',
                       f'pool = "{b["pool"]}"', f"weight = {weights.get(name, 100)}", ""]
-        tmp = self.config + ".tmp"
+        if self.tier:
+            lines += self.tier_lines(inst)
+        tmp = inst.config + ".tmp"
         with open(tmp, "w") as f:
             f.write("\n".join(lines))
-        os.replace(tmp, self.config)
-        self.run([self.tools.spillwayd, "--check-config", self.config])
+        os.replace(tmp, inst.config)
+        self.run([self.tools.spillwayd, "--check-config", inst.config])
 
-    def start_lb(self):
-        self.lb_starts += 1
-        tag = self.lb_starts
-        state = os.path.join(self.work, "state")
+    def tier_lines(self, inst):
+        """A tier instance's own sections: it announces its VIPs to the
+        router (FRR in its namespace redistributes the routes spillwayd owns)
+        and shares its flow exceptions with every other instance."""
+        if not os.path.exists(self.tier_key):
+            fd = os.open(self.tier_key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(os.urandom(32).hex() + "\n")
+            with open(self.tier_file, "w") as f:
+                f.write("# The drill's tier: NAME SOCKET\n")
+                for i in self.instances.values():
+                    f.write(f"{i.name} {i.sock}\n")
+        peers = ", ".join(f'{{ name = "{i.name}", address = "{i.address}:{TIER_PORT}" }}'
+                          for i in self.instances.values() if i is not inst)
+        return ["[announce]", "enabled = true", "",
+                "[tier]", f'node = "{inst.name}"', f'listen = "{inst.address}:{TIER_PORT}"',
+                f"peers = [{peers}]", f'secret_file = "{self.tier_key}"', ""]
+
+    @property
+    def lb_starts(self):
+        return self.instances[self.primary].starts
+
+    def start_lb(self, name=None):
+        inst = self.instances[name or self.primary]
+        inst.starts += 1
+        tag = inst.starts
         if tag == 1:
             # A drill's first daemon starts fresh: the journal and checkpoint
             # of an earlier run in the same --out folder are not this estate's.
-            shutil.rmtree(state, ignore_errors=True)
-        self.lb_stats = os.path.join(self.work, f"stats-{tag}.json")
-        self.lb = self.spawn(
-            [self.tools.spillwayd, "--no-huge", "-m", "512", "--file-prefix", self.prefix, "--",
-             "--config", self.config, "--stats-file", self.lb_stats, "--stats-interval-ms", "100",
-             "--control-socket", self.sock, "--metrics-listen", "", "--quiet",
-             "--state-dir", state],
-            ns=self.ns("lb"), log_name=f"spillwayd-{tag}.log",
-            stdout=os.path.join(self.work, f"spillwayd-{tag}.json"))
+            shutil.rmtree(inst.state, ignore_errors=True)
+        inst.stats = os.path.join(self.work, f"stats-{inst.files}{tag}.json")
+        inst.started_at = time.time()
+        inst.proc = self.spawn(
+            [self.tools.spillwayd, "--no-huge", "-m", "512", "--file-prefix", inst.file_prefix,
+             "--", "--config", inst.config, "--stats-file", inst.stats,
+             "--stats-interval-ms", "100", "--control-socket", inst.sock,
+             "--metrics-listen", "", "--quiet", "--state-dir", inst.state],
+            ns=inst.ns, log_name=f"spillwayd-{inst.files}{tag}.log",
+            stdout=os.path.join(self.work, f"spillwayd-{inst.files}{tag}.json"))
 
-    def wait_ready(self, timeout=30, settle_s=0.0):
+    def wait_ready(self, timeout=30, settle_s=0.0, name=None):
+        inst = self.instances[name or self.primary]
+
         def ready():
-            if self.lb.poll() is not None:
-                raise DrillError(f"spillwayd exited {self.lb.returncode}: " + tail(
-                    os.path.join(self.work, f"spillwayd-{self.lb_starts}.log")))
+            if inst.proc.poll() is not None:
+                raise DrillError(f"spillwayd {inst.name} exited {inst.proc.returncode}: " +
+                                 tail(inst.log_path(self.work)))
             try:
-                with open(self.lb_stats) as f:
+                with open(inst.stats) as f:
                     s = json.load(f)
             except (OSError, ValueError):
                 return None
             return all(b["next_hop_resolved"] for b in s["backends"]) and all(
                 w["snapshot_generation"] == s["generation"] for w in s["workers"])
-        wait_until("spillwayd ready (next hops resolved)", ready, timeout)
-        wait_until("the control socket", lambda: self._ctl_ok(), 10)
+        wait_until(f"spillwayd {inst.name} ready (next hops resolved)", ready, timeout)
+        wait_until("the control socket", lambda: self._ctl_ok(inst), 10)
         if settle_s:
             # "Resolved" is the control plane's view; the snapshot that carries
             # the MACs may be published a tick later. Before the first traffic,
@@ -322,7 +433,7 @@ class Estate:
 
             def settled():
                 try:
-                    with open(self.lb_stats) as f:
+                    with open(inst.stats) as f:
                         st = json.load(f)
                 except (OSError, ValueError):
                     return False
@@ -334,30 +445,44 @@ class Estate:
                     w["snapshot_generation"] == st["generation"] for w in st["workers"])
             wait_until("spillwayd's snapshot generation settled", settled, timeout)
 
-    def _ctl_ok(self):
+    def _ctl_ok(self, inst):
         try:
-            self.ctl.call("status")
+            inst.ctl.call("status")
             return True
         except (OSError, DrillError, ValueError):
             return False
 
-    def stop_lb(self, signal_name="TERM"):
+    def stop_lb(self, signal_name="TERM", name=None):
         """TERM: spillwayd's orderly stop (up to 10 s, then SIGKILL). KILL: a
         crash, nothing flushed."""
+        proc = self.instances[name or self.primary].proc
         if signal_name == "KILL":
-            self.lb.kill()
+            proc.kill()
             try:
-                self.lb.wait(10)
+                proc.wait(10)
             except subprocess.TimeoutExpired:
                 pass
-            if self.lb in self.procs:
-                self.procs.remove(self.lb)
-            return self.lb.returncode
-        return self.stop(self.lb, timeout=10)
+            if proc in self.procs:
+                self.procs.remove(proc)
+            return proc.returncode
+        return self.stop(proc, timeout=12)
 
-    def spillwayctl(self, *args):
-        return self.run([self.tools.spillwayctl, "--socket", self.sock] + [str(a) for a in args],
-                        check=False)
+    def spillwayctl(self, *args, name=None):
+        """An operator command: to the named instance, to the single gateway,
+        or in a tier to every running instance (spillwayctl --tier, which
+        reports per instance and fails if any instance failed)."""
+        args = [str(a) for a in args]
+        if self.tier and name is None:
+            running = [i.name for i in self.running()]
+            with open(self.tier_file + ".running", "w") as f:
+                for i in self.running():
+                    f.write(f"{i.name} {i.sock}\n")
+            r = self.run([self.tools.spillwayctl, "--tier", self.tier_file + ".running"] + args,
+                         check=False)
+            r.instances = running
+            return r
+        sock = self.instances[name].sock if name else self.sock
+        return self.run([self.tools.spillwayctl, "--socket", sock] + args, check=False)
 
 
 def toml_value(v):

@@ -32,6 +32,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
                                 "tests", "e2e"))
 import maglev_model  # noqa: E402
 from estate import CLIENT, DATA_PORT, VIP_FLOWS  # noqa: E402
+import tier as tier_mod  # noqa: E402
 
 # "error": a gRPC stream that ended in an RPC error (reset, unavailable,
 # corrupt echo) is broken whether or not it stalled first.
@@ -266,6 +267,9 @@ def judge(d):
         if "t_stop" in r:
             excused.append((r["t_stop"], r["t_ready"] + RESTART_SLACK_S,
                             f"restart at {r['at']} s"))
+
+    if getattr(d, "tier_monitor", None):
+        excused += tier_mod.excused_windows(d)
 
     # Reactions: detection (state failed) and the backend out of every table
     # for good, per action that takes one away.
@@ -630,6 +634,8 @@ def judge(d):
             check(f"elephant_placed[{x['id']}]", ok,
                   f"elephant {x['id']} planned on {x['backend']}: control connection served "
                   f"by {by.get('control')}, data by {by.get('data')}")
+    if getattr(d, "tier_monitor", None):
+        m["tier"] = tier_mod.judge_tier(d, check, rel)
     for a in d.actions:
         if a["result"] != "ok":
             check(f"action[{a['do']} {a.get('target', '')}]", False, a["result"])

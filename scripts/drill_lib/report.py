@@ -32,6 +32,7 @@ def build(d, measurements, verdicts):
         "reactions": measurements["reactions"],
         "shares": measurements["shares"],
         "restarts": measurements["restarts"],
+        "tier": measurements.get("tier"),
         "new_flow_connect": measurements.get("new_flow_connect"),
         "placement": measurements.get("placement"),
         "new_flows": new_flow_shares(d),
@@ -97,6 +98,23 @@ def summary(rep, out_dir):
                      f"{r.get('loss_window_s')}" + (" s" if isinstance(
                          r.get("loss_window_s"), (int, float)) else ""))
         lines.append(line)
+    tier = rep.get("tier")
+    if tier:
+        lines.append("  instances (tracked flows, most / at the end): " + ", ".join(
+            f"{n} {c['max']} / {c['last']}" for n, c in tier["instances"].items()))
+        for w in tier["withdrawals"]:
+            lines.append(f"  {w['do']} {w['instance']} at {w['at']} s: the router stopped using "
+                         f"it after " + ", ".join(f"{w[v]} s ({v})" for v in w
+                                                    if v not in ("at", "do", "instance")))
+        for j in tier["joins"]:
+            lines.append(f"  start-instance {j['instance']} at {j['at']} s: warm after "
+                         f"{j['warm_after_s']} s, in the router's next hops after "
+                         f"{j['announced_after_s']} s")
+        hops = {}
+        for r in tier["router"]:
+            hops.setdefault(r["vip"], []).append(f"{r['t']} s {'+'.join(r['next_hops']) or '-'}")
+        for vip, rows in hops.items():
+            lines.append(f"  router next hops for {vip}: " + "; ".join(rows[-8:]))
     for s in rep["shares"]:
         seen = (f"measured {s['measured']} ({s['probes']} flows), " if "probes" in s else "")
         lines.append(f"  share of new flows, VIP {s.get('vip', 'nccl')}, {s['from']:.1f}-"

@@ -9,8 +9,9 @@ import subprocess
 import threading
 import time
 
-from estate import (HEALTH_PORT, DrillError, Estate, log)
+from estate import (HEALTH_PORT, VIP_FLOWS, VIP_GRPC, DrillError, Estate, log, wait_until)
 from monitor import Monitor
+from tier import TierMonitor
 from traffic import Elephants, FlowCheck, GrpcStreams
 
 NFT_TABLE = "spillway_drill"
@@ -92,8 +93,12 @@ class Drill:
         e.iperf_ports = self.elephants.ports()
         for name in e.backends:
             e.start_servers(name)
-        e.start_lb()
-        e.wait_ready(settle_s=0.5)
+        self.tier_monitor = None
+        if e.tier:
+            self.start_tier()
+        else:
+            e.start_lb()
+            e.wait_ready(settle_s=0.5)
         self.monitor = Monitor(e.ctl, ["nccl", "grpc"], period=0.1)
         self.monitor.start()
         self.t0 = time.time()
@@ -107,6 +112,24 @@ class Drill:
             f"({traffic.get('flows', 60)} flows, {traffic.get('grpc_streams', 0)} gRPC streams, "
             f"{len(traffic.get('elephants', []))} iperf3 elephants, "
             f"{traffic.get('probe_rate', 20)} new flows/s)")
+
+    def start_tier(self):
+        """Every instance no start-instance action starts later, each ready
+        and announced: the router's route to the flows' VIP has them all as
+        next hops before traffic begins."""
+        e = self.e
+        late = {a["target"] for a in self.sc["action"] if a["do"] == "start-instance"}
+        first = [n for n in e.instances if n not in late]
+        for name in first:
+            e.start_lb(name)
+        for name in first:
+            e.wait_ready(settle_s=0.5, name=name)
+        self.tier_monitor = TierMonitor(e)
+        want = sorted(e.instances[n].address for n in first)
+        wait_until("the router's ECMP routes over " + ", ".join(first),
+                   lambda: all(self.tier_monitor.routes(v) == want
+                               for v in (VIP_FLOWS, VIP_GRPC)), 40)
+        self.tier_monitor.start()
 
     # -- actions ---------------------------------------------------------------------
     def act(self, a):
@@ -187,6 +210,17 @@ class Drill:
                                   "before": before})
             rec["signal"] = sig
             rec["outage_s"] = round(outage, 3)
+        elif do in ("kill-instance", "stop-instance"):
+            sig = "KILL" if do == "kill-instance" else "TERM"
+            rc = e.stop_lb(sig, name=target)
+            rec["signal"], rec["exit"] = sig, rc
+        elif do in ("lb-drain", "lb-undrain"):
+            r = e.spillwayctl("lb", do[3:], name=target)
+            result = "ok" if r.returncode == 0 else f"error: {r.stderr.strip()}"
+        elif do == "start-instance":
+            e.start_lb(target)
+            e.wait_ready(name=target)
+            rec["ready_s"] = round(time.time() - rec["t"], 3)
         elif do == "flap":
             what = a.get("what", "health")
             targets = ([target] if target else a.get("targets") or
@@ -256,6 +290,9 @@ class Drill:
         self.elephant_results = self.elephants.finish(self.sc["stall_ms"])
         self.monitor.stop()
         self.monitor.write(os.path.join(self.work, "control-samples.jsonl"))
+        if self.tier_monitor:
+            self.tier_monitor.stop()
+            self.tier_monitor.write(os.path.join(self.work, "tier-samples.jsonl"))
         self.timeline = self.flows.read_timeline()
         try:
             self.wan_counters = self.e.wan_show() if self.e.delayline else None

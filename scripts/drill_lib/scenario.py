@@ -37,7 +37,15 @@ ACTIONS = {
     "flap": (False, False),          # health port blocked / open (`target`), or GPU load high /
                                      # low (`target`, `targets` or `pool`), every period_ms
     "probe-rate": (False, False),
+    # A tier estate's instances ([estate] instances = N; target lb1..lbN):
+    "kill-instance": (False, False),   # SIGKILL: a crash, the router must notice
+    "stop-instance": (False, False),   # SIGTERM: withdraw, then stop
+    "lb-drain": (False, False),        # spillwayctl lb drain: withdraw, keep forwarding
+    "lb-undrain": (False, False),
+    "start-instance": (False, False),  # an instance joins (not started with the others)
 }
+INSTANCE_ACTIONS = ("kill-instance", "stop-instance", "lb-drain", "lb-undrain",
+                    "start-instance")
 
 INVARIANTS = {"others_broken_max", "victims_broken_min", "victims", "detection_max_s",
               "table_removal_max_s", "new_flows_avoid", "drain_complete_max_s",
@@ -45,7 +53,8 @@ INVARIANTS = {"others_broken_max", "victims_broken_min", "victims", "detection_m
               "share_tolerance", "churn_within_budget", "all_flows_keep_backend",
               "restart_outage_max_s", "new_flows_failed_max", "intent_kept",
               "flows_before_checkpoint_keep_backend", "reload_reply_names_changes",
-              "elephants_placed"}
+              "elephants_placed", "router_withdraw_max_s", "joins_after_warmup",
+              "instances_carry_flows"}
 
 # A new flow (probe or long-lived flow) whose connect + hello takes longer
 # than this is slow: a lost SYN costs TCP's 1 s initial retransmission
@@ -140,6 +149,10 @@ def validate(sc, path):
     sc.setdefault("connect_slow_ms", DEFAULT_CONNECT_SLOW_MS)
     if not isinstance(sc["connect_slow_ms"], (int, float)) or sc["connect_slow_ms"] <= 0:
         bad("connect_slow_ms must be a positive number of milliseconds")
+    tier = est.setdefault("instances", 0)
+    if not isinstance(tier, int) or tier not in (0, 2, 3, 4):
+        bad(f"estate.instances must be 0 (one gateway) or 2..4 (a tier), not {tier!r}")
+    instances = {f"lb{i}" for i in range(1, tier + 1)}
     names = {f"onprem{i}" for i in range(1, est["onprem"] + 1)} | \
         {f"cloud{i}" for i in range(1, est["cloud"] + 1)}
     for i, a in enumerate(sc.setdefault("action", [])):
@@ -149,6 +162,12 @@ def validate(sc, path):
         if not isinstance(a.get("at"), (int, float)) or not 0 <= a["at"] < sc["duration"]:
             bad(f"{where}: at = {a.get('at')!r} must be a time within the drill's duration "
                 f"({sc['duration']} s)")
+        if a["do"] in INSTANCE_ACTIONS and a.get("target") not in instances:
+            bad(f"{where}: target = {a.get('target')!r} is not an instance of the tier "
+                f"({', '.join(sorted(instances)) or 'estate.instances is 0'})")
+        if a["do"] == "restart-lb" and tier:
+            bad(f"{where}: restart-lb is for one gateway; a tier uses kill-instance, "
+                f"stop-instance and start-instance")
         needs_target, _ = ACTIONS[a["do"]]
         if needs_target and a.get("target") not in names:
             bad(f"{where}: target = {a.get('target')!r} is not a backend of the estate "

@@ -745,6 +745,9 @@ void Loader::loadDataplane(const toml::table& root, std::set<std::string>& used)
   if (auto v = s.integer("tx_drain_us", 0, kMaxTxDrainUs)) {
     d.txDrainUs = static_cast<std::uint32_t>(*v);
   }
+  if (auto v = s.integer("idle_sleep_us", 0, kMaxIdleSleepUs)) {
+    d.idleSleepUs = static_cast<std::uint32_t>(*v);
+  }
   if (const toml::table* tt = s.table("timeouts")) {
     Section ts(*this, *tt, "dataplane.timeouts");
     if (auto v = ts.seconds("embryonic")) d.timeouts.embryonic = *v;

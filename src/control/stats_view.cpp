@@ -29,7 +29,8 @@ Json statsDocument(const DataplaneCounters& c, const Config& config,
                        {"forwarded", l.forwarded},
                        {"new_flows", l.newFlows},
                        {"flow_table_occupancy", l.flowTableOccupancy},
-                       {"snapshot_generation", l.snapshotGeneration}});
+                       {"snapshot_generation", l.snapshotGeneration},
+                       {"idle_sleeps", l.idleSleeps}});
   }
   return Json{{"generation", generation},
               {"rx_packets", c.rxPackets},

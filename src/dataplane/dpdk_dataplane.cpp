@@ -140,6 +140,7 @@ std::unique_ptr<DpdkDataplane> DpdkDataplane::open(const Options& options, std::
     wc.qsbrReader = i;
     wc.burst = options.burst;
     wc.txDrainUs = options.txDrainUs;
+    wc.idleSleepUs = options.idleSleepUs;
     wc.flowTable = options.flowTable;
     wc.hashSeed = options.hashSeed;
     try {
@@ -324,7 +325,7 @@ DataplaneCounters DpdkDataplane::counters() const {
     }
     c.lcores.push_back(DataplaneCounters::Lcore{
         w->config().lcore, s.rxPackets.read(), s.forwarded.read(), s.newFlows.read(),
-        w->flowTable().occupancy, wc.snapshotGeneration.read()});
+        w->flowTable().occupancy, wc.snapshotGeneration.read(), wc.idleSleeps.read()});
   }
   return c;
 }

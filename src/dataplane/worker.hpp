@@ -51,6 +51,12 @@ struct WorkerConfig {
   // (low added latency below line rate); false: only full bursts and the drain
   // deadline send (tests that hold frames buffered).
   bool flushWhenIdle = true;
+  // 0: poll without pause (a dedicated core). Otherwise, after
+  // kIdleRoundsBeforeSleep rounds in a row found every RX queue empty, the
+  // worker sleeps this many microseconds between rounds until a frame comes:
+  // cores shared with other work (kernel-port modes, several instances on one
+  // host) at the cost of up to this much added latency for the first frame.
+  std::uint32_t idleSleepUs = 0;
   FlowTableConfig flowTable{};
   std::uint64_t hashSeed = 0;
 };
@@ -69,6 +75,7 @@ struct WorkerCounters {
   DropCounters drops;      // drops the adapter decides: multi_segment, no_exception_path,
                            // and bad egress ports (no_backend)
   Counter idlePolls;
+  Counter idleSleeps;  // pauses of an idle-sleeping worker (WorkerConfig::idleSleepUs)
   Counter snapshotGeneration;  // the generation this worker last used
   std::unique_ptr<Counter[]> backendPackets;   // forwarded, by backend index
   std::unique_ptr<Counter[]> backendNewFlows;  // flows opened, by backend index

@@ -899,6 +899,62 @@ TEST(WorkerRing, StopFlushesTheTxBuffer) {
 }
 
 // ---------------------------------------------------------------------------
+// 4. An idle-sleeping worker (WorkerConfig::idleSleepUs): it pauses once its
+// queues stay empty, and a frame that arrives during a pause is still
+// forwarded, as are the frames of a burst that follows.
+
+TEST(WorkerRing, IdleWorkerSleepsAndWakesForTraffic) {
+  WorkerConfig config = WorkerRig::defaultConfig();
+  config.idleSleepUs = 200;
+  WorkerRig rig("idle", config);
+  ASSERT_TRUE(rig.build());
+  MaglevBuilder builder;
+  rig.publisher().publish(makeSnapshot(builder, 1, {}, 1031));
+  ASSERT_TRUE(rig.launch());
+  const Counter& sleeps = rig.worker().counters().idleSleeps;
+  ASSERT_TRUE(pollUntil([&] { return sleeps.read() > 10; })) << "never paused while idle";
+  const auto& c = rig.worker().steering();
+  std::uint32_t sent = 0;
+  for (std::uint32_t round = 0; round < 20; ++round) {
+    // One frame into an idle worker, then a burst after it: every one out.
+    std::vector<std::vector<std::byte>> frames;
+    const std::uint32_t n = round % 2 == 0 ? 1 : 64;
+    for (std::uint32_t i = 0; i < n; ++i) frames.push_back(vipTcp(1 + sent + i, kTcpSyn, i));
+    std::size_t next = 0;
+    ASSERT_TRUE(pollUntil([&] {
+      rig.wire().inject(frames, next);
+      return next == frames.size();
+    }));
+    sent += n;
+    ASSERT_TRUE(pollUntil([&] { return c.forwarded.read() == sent; }))
+        << "forwarded " << c.forwarded.read() << " of " << sent;
+  }
+  const std::uint64_t before = sleeps.read();
+  ASSERT_TRUE(pollUntil([&] { return sleeps.read() > before; })) << "no pause after the traffic";
+  rig.stopAndJoin();
+  EXPECT_EQ(rig.worker().counters().txPackets.read(), sent);
+}
+
+// A polling worker (the default) never pauses.
+TEST(WorkerRing, PollingWorkerNeverSleeps) {
+  WorkerRig rig("poll", WorkerRig::defaultConfig());
+  ASSERT_TRUE(rig.build());
+  MaglevBuilder builder;
+  rig.publisher().publish(makeSnapshot(builder, 1, {}, 1031));
+  ASSERT_TRUE(rig.launch());
+  const auto& c = rig.worker().steering();
+  std::vector<std::vector<std::byte>> frames{vipTcp(1, kTcpSyn, 0)};
+  std::size_t next = 0;
+  ASSERT_TRUE(pollUntil([&] {
+    rig.wire().inject(frames, next);
+    return next == frames.size();
+  }));
+  ASSERT_TRUE(pollUntil([&] { return c.forwarded.read() == 1; }));
+  rig.stopAndJoin();
+  EXPECT_EQ(rig.worker().counters().idleSleeps.read(), 0u);
+}
+
+// ---------------------------------------------------------------------------
 
 int skip(const std::string& why) {
   std::printf("SKIP: %s\n", why.c_str());

@@ -109,6 +109,7 @@ TEST(Config, Defaults) {
   EXPECT_EQ(d.flowCapacity, std::size_t{1} << 20);
   EXPECT_EQ(d.burst, 32u);
   EXPECT_EQ(d.txDrainUs, 100u);
+  EXPECT_EQ(d.idleSleepUs, 0u);
   const FlowTimeouts t{};
   EXPECT_EQ(d.timeouts.embryonic, t.embryonic);
   EXPECT_EQ(d.timeouts.established, t.established);
@@ -185,6 +186,7 @@ TEST(Config, HexSeedIdsAndBothFamilies) {
   EXPECT_EQ(c.dataplane.flowCapacity, 4096u);
   EXPECT_EQ(c.dataplane.burst, 64u);
   EXPECT_EQ(c.dataplane.txDrainUs, 0u);
+  EXPECT_EQ(c.dataplane.idleSleepUs, 50u);
   EXPECT_EQ(c.dataplane.timeouts.embryonic, 2500u);
   EXPECT_EQ(c.dataplane.timeouts.established, 86'400'000u);
   EXPECT_EQ(c.dataplane.timeouts.udp, 30'000u);
@@ -248,6 +250,8 @@ const Invalid kInvalid[] = {
     {"control_metrics_listen_hostname", 29,
      "control.metrics_listen = \"localhost:9550\": expected \"address:port\""},
     {"control_socket_relative", 29, "control.socket = \"spillway.sock\": must be an absolute path"},
+    {"dataplane_idle_sleep_too_long", 5,
+     "dataplane.idle_sleep_us = 20000: out of range; must be in [0, 10000]"},
     {"dataplane_missing", 1, "dataplane: missing"},
     {"duplicate_backend_address", 29,
      "backend[1].address = \"10.0.0.11\": the same address as "

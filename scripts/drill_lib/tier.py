@@ -1,0 +1,210 @@
+"""A tier estate's own watch and verdicts ([estate] instances = N): the
+router's next hops for each VIP over time (sampled from its kernel FIB, which
+FRR fills from BGP), each instance's tracked flows and announcement state,
+and the invariants of the lb-* drills: how fast the router stops using an
+instance that dies, drains or stops, that a joining instance is used only
+after its warm-up, and that ECMP really spread the flows over the instances.
+"""
+import json
+import subprocess
+import threading
+import time
+
+from estate import VIP_FLOWS, VIP_GRPC, DrillError
+
+
+def next_hops(route_json):
+    """The gateways of `ip -j route show PREFIX` output: [] without a route,
+    one for a single path, several for an ECMP (multipath) route."""
+    hops = set()
+    for r in route_json:
+        if r.get("type", "unicast") != "unicast":
+            continue
+        if r.get("gateway"):
+            hops.add(r["gateway"])
+        for nh in r.get("nexthops", []):
+            if nh.get("gateway"):
+                hops.add(nh["gateway"])
+    return sorted(hops)
+
+
+class TierMonitor:
+    """Samples the router's routes every `period` s (changes only) and each
+    running instance's status and stats every `status_period` s."""
+
+    def __init__(self, estate, period=0.02, status_period=0.25):
+        self.e = estate
+        self.period, self.status_period = period, status_period
+        self.router = []     # [(t, vip, [next hops])], a row per change
+        self.instances = {n: [] for n in estate.instances}  # name -> [sample]
+        self._last = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self):
+        self._thread.start()
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join(5)
+
+    def routes(self, vip):
+        r = subprocess.run(["ip", "-j", "-n", self.e.ns("router"), "route", "show", vip],
+                           capture_output=True, text=True, timeout=5)
+        if r.returncode != 0:
+            return None
+        try:
+            return next_hops(json.loads(r.stdout or "[]"))
+        except ValueError:
+            return None
+
+    def sample_router(self):
+        t = time.time()
+        for vip in (VIP_FLOWS, VIP_GRPC):
+            hops = self.routes(vip)
+            if hops is not None and hops != self._last.get(vip):
+                self._last[vip] = hops
+                self.router.append((t, vip, hops))
+
+    def sample_instances(self):
+        for inst in self.e.running():
+            t = time.time()
+            row = {"t": t}
+            try:
+                st = inst.ctl.call("status")
+                row.update(warmup=st.get("warmup"), announce=st.get("announce"),
+                           tier=st.get("tier"))
+            except (OSError, ValueError, DrillError):
+                row["down"] = True
+            try:
+                with open(inst.stats) as f:
+                    stats = json.load(f)
+                row["flows"] = sum(w.get("flow_table_occupancy", 0) for w in stats["workers"])
+                row["rx_packets"] = stats.get("rx_packets")
+            except (OSError, ValueError, KeyError, TypeError):
+                pass
+            self.instances[inst.name].append(row)
+
+    def _run(self):
+        next_status = 0.0
+        while not self._stop.is_set():
+            try:
+                self.sample_router()
+                if time.monotonic() >= next_status:
+                    next_status = time.monotonic() + self.status_period
+                    self.sample_instances()
+            except (OSError, subprocess.SubprocessError):
+                pass
+            self._stop.wait(self.period)
+
+    def write(self, path):
+        with open(path, "w") as f:
+            for t, vip, hops in self.router:
+                f.write(json.dumps({"t": t, "vip": vip, "next_hops": hops}) + "\n")
+            for name, rows in self.instances.items():
+                for row in rows:
+                    f.write(json.dumps(dict(row, instance=name)) + "\n")
+
+    # -- queries ----------------------------------------------------------------
+    def hops_at(self, vip, t):
+        """The router's next hops for `vip` at time t (None before any sample)."""
+        out = None
+        for ts, v, hops in self.router:
+            if v != vip:
+                continue
+            if ts > t:
+                break
+            out = hops
+        return out
+
+    def first_change(self, vip, after, predicate):
+        """The time of the first router state at or after `after` whose next
+        hops satisfy predicate (the state current at `after` counts at
+        `after`)."""
+        current = self.hops_at(vip, after)
+        if current is not None and predicate(current):
+            return after
+        for ts, v, hops in self.router:
+            if v == vip and ts >= after and predicate(hops):
+                return ts
+        return None
+
+    def warm_since(self, name, after):
+        """The first status sample of `name` at or after `after` that says its
+        warm-up is over."""
+        for row in self.instances.get(name, []):
+            if row["t"] >= after and not row.get("down") and row.get("warmup") is False:
+                return row["t"]
+        return None
+
+    def flow_counts(self, name):
+        rows = [r for r in self.instances.get(name, []) if "flows" in r]
+        if not rows:
+            return {"max": None, "last": None}
+        return {"max": max(r["flows"] for r in rows), "last": rows[-1]["flows"]}
+
+
+def excused_windows(d):
+    """New flows whose first SYN went to an instance the drill killed, before
+    the router stopped sending to it: lost with the instance (TCP retries
+    after 1 s). From the kill until the router's last next hop through it
+    went (or 1 s, if it never went: router_withdraw_max_s fails then)."""
+    out, mon = [], d.tier_monitor
+    for a in d.actions:
+        if a["do"] != "kill-instance":
+            continue
+        x = d.e.instances[a["target"]].address
+        gone = [mon.first_change(v, a["t"], lambda h: x not in h) for v in (VIP_FLOWS, VIP_GRPC)]
+        until = max((g for g in gone if g is not None), default=a["t"] + 1.0)
+        out.append((a["t"], until + 0.1, f"kill-instance {a['target']} at {a['at']} s"))
+    return out
+
+
+def judge_tier(d, check, rel):
+    """The tier invariants; returns the report's "tier" measurements."""
+    e, inv, mon = d.e, d.sc["invariants"], d.tier_monitor
+    addr = {n: i.address for n, i in e.instances.items()}
+    out = {"instances": {}, "router": [], "withdrawals": [], "joins": []}
+    for name in e.instances:
+        out["instances"][name] = mon.flow_counts(name)
+    out["router"] = [{"t": rel(t), "vip": vip, "next_hops": hops}
+                     for t, vip, hops in mon.router]
+    bound = inv.get("router_withdraw_max_s")
+    for a in d.actions:
+        name = a.get("target")
+        if a["do"] in ("kill-instance", "stop-instance", "lb-drain"):
+            row = {"at": a["at"], "do": a["do"], "instance": name}
+            for vip in (VIP_FLOWS, VIP_GRPC):
+                t = mon.first_change(vip, a["t"], lambda h, x=addr[name]: x not in h)
+                row[vip] = round(t - a["t"], 3) if t is not None else None
+            out["withdrawals"].append(row)
+            if bound is not None:
+                worst = [row[v] for v in (VIP_FLOWS, VIP_GRPC)]
+                ok = all(w is not None and w <= bound for w in worst)
+                check(f"router_withdraw[{a['do']} {name}]", ok,
+                      f"the router stopped using {name} ({addr[name]}) "
+                      f"{', '.join(f'{v} after {w} s' if w is not None else f'{v}: never' for v, w in zip((VIP_FLOWS, VIP_GRPC), worst))}"
+                      f" (at most {bound})")
+        elif a["do"] == "start-instance":
+            t_add = mon.first_change(VIP_FLOWS, a["t"], lambda h, x=addr[name]: x in h)
+            t_warm = mon.warm_since(name, a["t"])
+            row = {"at": a["at"], "instance": name,
+                   "announced_after_s": round(t_add - a["t"], 3) if t_add else None,
+                   "warm_after_s": round(t_warm - a["t"], 3) if t_warm else None}
+            out["joins"].append(row)
+            if inv.get("joins_after_warmup"):
+                # The status poll runs every status_period: a route that
+                # appears before the first "warm" sample by less than that is
+                # not evidence of an early announcement.
+                ok = t_add is not None and t_warm is not None and \
+                    t_add >= t_warm - mon.status_period - 0.05
+                check(f"join_after_warmup[{name}]", ok,
+                      f"{name} in the router's next hops {row['announced_after_s']} s after "
+                      f"its start, warm-up over by {row['warm_after_s']} s")
+    if inv.get("instances_carry_flows"):
+        for name, counts in out["instances"].items():
+            ok = counts["max"] is not None and counts["max"] > 0
+            check(f"carries_flows[{name}]", ok,
+                  f"{name} tracked at most {counts['max']} flows (ECMP must spread flows over "
+                  f"every instance, or the drill proves nothing about moving them)")
+    return out
