@@ -286,7 +286,9 @@ void Worker::run(const std::atomic<bool>& stop) noexcept {
   // offset so that it never sits near zero (flow stamps are 32-bit).
   const std::uint64_t tscPerMs = hz / 1000 == 0 ? 1 : hz / 1000;
   qsbr_.online(config_.qsbrReader);
+  std::uint64_t rounds = rounds_.load(std::memory_order_relaxed);
   while (!stop.load(std::memory_order_relaxed)) {
+    rounds_.store(++rounds, std::memory_order_relaxed);
     const std::uint64_t tsc = rte_get_tsc_cycles();
     const std::uint64_t nowMs = (tsc - start) / tscPerMs + 1'000'000;
     const ForwardingSnapshot* snapshot = publisher_.current();
