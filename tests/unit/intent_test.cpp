@@ -968,12 +968,13 @@ TEST(ControlIntent, AnnounceInputsAndTransitionsBecomeStatusAndEvents) {
   EXPECT_NE(metrics.find("spillway_vip_announced{vip=\"v\"} 1"), std::string::npos) << metrics;
   EXPECT_NE(metrics.find("spillway_vip_announced{vip=\"w\"} 0"), std::string::npos);
   bool sawEvent = false;
-  for (const Json& e : std::get<Json>(d.cp().events(0, 1000))["events"]) {
+  const Json events = std::get<Json>(d.cp().events(0, 1000));
+  for (const Json& e : events["events"]) {
     if (e["kind"] == "announce") {
       sawEvent = e["cause"] == "VIP w withdrawn: no_active_backend";
     }
   }
-  EXPECT_TRUE(sawEvent);
+  EXPECT_TRUE(sawEvent) << events.dump();
 }
 
 TEST(ControlIntent, WithoutAnAnnouncerStatusSaysDisabled) {
