@@ -291,6 +291,9 @@ bool ControlPlane::applyPolicy(Millis now, bool forceChurn) {
       auto it = applied.find(in.backends[i].id);
       if (it != applied.end()) current[i] = it->second;
     }
+    // An empty table has no flow to move: filling it is not churn (and any
+    // partial step would fill it whole, so the budget could never pass).
+    first = first || std::all_of(current.begin(), current.end(), [](auto w) { return w == 0; });
     std::vector<std::uint32_t> next = target;
     if (!first && current != target) {
       auto toMap = [&](const std::vector<std::uint32_t>& w) {

@@ -12,6 +12,7 @@ router's kernel routing table (what ECMP forwards by):
     (polled every 10 ms, the measured time printed), `lb undrain` brings it
     back;
   - disabling every backend of one VIP withdraws that VIP only;
+  - a cut link takes lb1's next hop out through BFD (time printed);
   - SIGKILL of lb2 takes its next hop out within 0.5 s (the kernel destroys
     its announce device, and the routes with it);
   - SIGTERM of lb1 withdraws before the process exits (withdraw_grace_ms);
@@ -141,6 +142,16 @@ def test_announce(e, ctl_exe):
                       VIP_SOLO, lambda hops: hops == {addr1, addr2})
     e.check("backend enabled: the VIP back after the hold-down", took >= 0.5,
             f"{took * 1000:.0f} ms (hold_down_ms = 500)")
+
+    # A failure the process cannot report (the instance's link cut): BFD.
+    link = ["ip", "-n", e.ns("fabric"), "link", "set", f"f-{lb1}"]
+    took, _ = measure(e, "lb1's next hop out by BFD", lambda: e.run(link + ["down"]), VIP_NCCL,
+                      lambda hops: hops == {addr2})
+    timings["bfd"] = took
+    e.check("link cut: BFD takes lb1's next hop out", True, f"{took * 1000:.0f} ms")
+    e.run(link + ["up"])
+    wait_until("lb1's next hop back after the link returns",
+               lambda: next_hops(e, VIP_NCCL) == {addr1, addr2}, 20)
 
     took, _ = measure(e, "lb2's next hop withdrawn", lambda: lbs[lb2].proc.kill(), VIP_NCCL,
                       lambda hops: hops == {addr1})

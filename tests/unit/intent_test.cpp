@@ -951,6 +951,13 @@ TEST(ControlIntent, AnnounceInputsAndTransitionsBecomeStatusAndEvents) {
   (void)d.cp().tick(now + 10);
   d.cp().syncAnnounce(now + 10);
   EXPECT_EQ(exchange.inputs().vips[0].activeBackends, 0u);
+  // Enabled again: the empty tables fill at once (no flow to move, so no
+  // churn budget applies).
+  for (const char* b : {"b1", "b2", "b3", "b4"}) EXPECT_OK(d.cp().backendEnable(b));
+  (void)d.cp().tick(now + 15);
+  d.cp().syncAnnounce(now + 15);
+  EXPECT_EQ(exchange.inputs().vips[0].activeBackends, 4u);
+  EXPECT_EQ(exchange.inputs().vips[1].activeBackends, 4u);
 
   // What the announcer publishes shows in status, metrics and events.
   AnnounceOutcome o;
