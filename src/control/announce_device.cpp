@@ -15,24 +15,30 @@ namespace spillway {
 
 std::optional<std::string> AnnounceDevice::open(const std::string& name) {
   if (auto e = netlink_.openError()) return e;
-  if (name.empty() || name.size() >= IFNAMSIZ) return "device name \"" + name + "\": 1 to 15 characters";
+  if (name.empty() || name.size() >= IFNAMSIZ)
+    return "device name \"" + name + "\": 1 to 15 characters";
   if (if_nametoindex(name.c_str()) != 0) {
-    return "device " + name + " already exists (another spillwayd, or a leftover persistent "
-           "device: ip link del " + name + ")";
+    return "device " + name +
+           " already exists (another spillwayd, or a leftover persistent "
+           "device: ip link del " +
+           name + ")";
   }
   UniqueFd tap(::open("/dev/net/tun", O_RDWR | O_CLOEXEC));
   if (!tap.valid()) return "/dev/net/tun: " + errnoText(errno);
   ifreq ifr{};
   ifr.ifr_flags = IFF_TAP | IFF_NO_PI;
   std::memcpy(ifr.ifr_name, name.c_str(), name.size());
-  if (::ioctl(tap.get(), TUNSETIFF, &ifr) != 0) return "TUNSETIFF " + name + ": " + errnoText(errno);
+  if (::ioctl(tap.get(), TUNSETIFF, &ifr) != 0)
+    return "TUNSETIFF " + name + ": " + errnoText(errno);
   // No IPv6 link-local address, so the kernel sends no ND or MLD into it.
   if (std::ofstream mode("/proc/sys/net/ipv6/conf/" + name + "/addr_gen_mode"); mode) mode << "1\n";
   UniqueFd sock(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
   if (!sock.valid()) return "socket: " + errnoText(errno);
-  if (::ioctl(sock.get(), SIOCGIFFLAGS, &ifr) != 0) return "SIOCGIFFLAGS " + name + ": " + errnoText(errno);
+  if (::ioctl(sock.get(), SIOCGIFFLAGS, &ifr) != 0)
+    return "SIOCGIFFLAGS " + name + ": " + errnoText(errno);
   ifr.ifr_flags = static_cast<short>(ifr.ifr_flags | IFF_UP | IFF_NOARP);
-  if (::ioctl(sock.get(), SIOCSIFFLAGS, &ifr) != 0) return "SIOCSIFFLAGS " + name + ": " + errnoText(errno);
+  if (::ioctl(sock.get(), SIOCSIFFLAGS, &ifr) != 0)
+    return "SIOCSIFFLAGS " + name + ": " + errnoText(errno);
   ifindex_ = static_cast<int>(if_nametoindex(name.c_str()));
   if (ifindex_ == 0) return "device " + name + " vanished: " + errnoText(errno);
   tap_ = std::move(tap);
@@ -40,9 +46,13 @@ std::optional<std::string> AnnounceDevice::open(const std::string& name) {
   return std::nullopt;
 }
 
-std::optional<std::string> AnnounceDevice::announce(const IpAddress& vip) { return route(vip, true); }
+std::optional<std::string> AnnounceDevice::announce(const IpAddress& vip) {
+  return route(vip, true);
+}
 
-std::optional<std::string> AnnounceDevice::withdraw(const IpAddress& vip) { return route(vip, false); }
+std::optional<std::string> AnnounceDevice::withdraw(const IpAddress& vip) {
+  return route(vip, false);
+}
 
 std::optional<std::string> AnnounceDevice::route(const IpAddress& vip, bool add) {
   if (!tap_.valid()) return "announce device is not open";

@@ -106,8 +106,8 @@ const std::vector<VipAnnouncement>& AnnouncePolicy::decide(const AnnounceInput& 
     a.address = v.address;
     a.announced = reason == WithdrawReason::None;
     a.reason = reason;
-    a.since = known && old->announced == a.announced && old->address == a.address ? old->since
-                                                                                   : now;
+    a.since =
+        known && old->announced == a.announced && old->address == a.address ? old->since : now;
     next.push_back(std::move(a));
     lastAutomatic.push_back(lastAuto);
   }

@@ -64,9 +64,9 @@ struct AnnounceVipInput {
 
 struct AnnounceInput {
   Millis now = 0;
-  bool warm = false;      // health and load known (ControlPlane::announceReady)
-  bool drained = false;   // lb drain
-  bool stopping = false;  // SIGTERM seen
+  bool warm = false;                        // health and load known (ControlPlane::announceReady)
+  bool drained = false;                     // lb drain
+  bool stopping = false;                    // SIGTERM seen
   std::vector<std::uint64_t> workerRounds;  // one per worker, any values
   std::uint64_t controlRounds = 0;
   std::vector<AnnounceVipInput> vips;

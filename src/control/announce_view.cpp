@@ -7,8 +7,8 @@
 
 namespace spillway {
 
-Json announceStatusJson(const AnnounceConfig& config, const AnnounceOutcome* outcome,
-                        bool drained, Millis now) {
+Json announceStatusJson(const AnnounceConfig& config, const AnnounceOutcome* outcome, bool drained,
+                        Millis now) {
   Json out{{"enabled", config.enabled}, {"drained", drained}, {"device", config.device}};
   if (outcome == nullptr) {
     out["state"] = "disabled";

@@ -15,7 +15,9 @@ Announcer::Announcer(Options options, AnnounceExchange& exchange, const Dataplan
   outcome_.device = options_.config.device;
 }
 
-Announcer::~Announcer() { stop(); }
+Announcer::~Announcer() {
+  stop();
+}
 
 std::optional<std::string> Announcer::start() {
   if (auto e = device_.open(options_.config.device)) return "announce device: " + *e;
@@ -62,9 +64,8 @@ void Announcer::round(Millis now) {
   const std::vector<VipAnnouncement>& decided = policy_.decide(input);
 
   const auto wanted = [&](const IpAddress& a) {
-    return std::any_of(decided.begin(), decided.end(), [&](const VipAnnouncement& d) {
-      return d.announced && d.address == a;
-    });
+    return std::any_of(decided.begin(), decided.end(),
+                       [&](const VipAnnouncement& d) { return d.announced && d.address == a; });
   };
   std::string error;
   // Withdrawals first; a route whose deletion failed stays listed and is
@@ -94,16 +95,16 @@ void Announcer::round(Millis now) {
   for (const VipAnnouncement& d : decided) {
     const auto old = std::find_if(outcome_.vips.begin(), outcome_.vips.end(),
                                   [&](const VipAnnouncement& o) { return o.name == d.name; });
-    const bool changed = old == outcome_.vips.end()
-                             ? d.announced
-                             : old->announced != d.announced ||
-                                   (!d.announced && old->reason != d.reason);
+    const bool changed = old == outcome_.vips.end() ? d.announced
+                                                    : old->announced != d.announced ||
+                                                          (!d.announced && old->reason != d.reason);
     if (!changed) continue;
     transitions.push_back(AnnounceTransition{now, d.name, d.announced, d.reason});
     if (options_.log) {
-      options_.log("announce: VIP " + d.name + " " + formatIpAddress(d.address) +
-                   (d.announced ? " announced" : " withdrawn (" + std::string(toString(d.reason)) + ")") +
-                   " at " + std::to_string(now) + " ms");
+      options_.log(
+          "announce: VIP " + d.name + " " + formatIpAddress(d.address) +
+          (d.announced ? " announced" : " withdrawn (" + std::string(toString(d.reason)) + ")") +
+          " at " + std::to_string(now) + " ms");
     }
   }
   if (!error.empty() && error != outcome_.error && options_.log) options_.log("announce: " + error);

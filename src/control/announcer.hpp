@@ -30,8 +30,8 @@ class Announcer {
  public:
   struct Options {
     AnnounceConfig config;
-    std::function<Millis()> clock;                  // the control plane's clock
-    std::function<void(const std::string&)> log;    // called on the announcer thread
+    std::function<Millis()> clock;                // the control plane's clock
+    std::function<void(const std::string&)> log;  // called on the announcer thread
   };
   Announcer(Options options, AnnounceExchange& exchange, const Dataplane& dataplane);
   ~Announcer();

@@ -1410,8 +1410,9 @@ void Loader::loadAnnounce(const toml::table& root, std::set<std::string>& used) 
         v->find_first_of("/: \t\n") != std::string::npos) {
       s.fail("device", "an interface name has 1 to 15 characters, none of '/', ':' or blanks");
     } else if (clash) {
-      s.fail("device", "already a port's exception tap or kernel interface; the announce "
-                       "device must be its own");
+      s.fail("device",
+             "already a port's exception tap or kernel interface; the announce "
+             "device must be its own");
     } else {
       c.device = *v;
     }

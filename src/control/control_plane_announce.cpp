@@ -17,18 +17,17 @@ void ControlPlane::syncAnnounce(Millis now) {
   for (const VipConfig& v : config_.vips) {
     AnnounceVipInput vip{v.name, v.address, 0};
     if (auto w = weights_.find(v.name); w != weights_.end()) {
-      vip.activeBackends = static_cast<std::uint32_t>(
-          std::count_if(w->second.begin(), w->second.end(),
-                        [](const auto& entry) { return entry.second > 0; }));
+      vip.activeBackends = static_cast<std::uint32_t>(std::count_if(
+          w->second.begin(), w->second.end(), [](const auto& entry) { return entry.second > 0; }));
     }
     in.vips.push_back(std::move(vip));
   }
   announce_->setInputs(std::move(in));
   for (const AnnounceTransition& t : announce_->takeTransitions()) {
-    events_.append(t.at, "", kEventAnnounce,
-                   "VIP " + t.vip +
-                       (t.announced ? " announced"
-                                    : " withdrawn: " + std::string(toString(t.reason))));
+    events_.append(
+        t.at, "", kEventAnnounce,
+        "VIP " + t.vip +
+            (t.announced ? " announced" : " withdrawn: " + std::string(toString(t.reason))));
   }
 }
 
@@ -38,7 +37,9 @@ Json ControlPlane::announceJson() const {
                             journal_.overlay().lbDrained().has_value(), now_);
 }
 
-ApiResult ControlPlane::lbStatus() { return announceJson(); }
+ApiResult ControlPlane::lbStatus() {
+  return announceJson();
+}
 
 ApiResult ControlPlane::lbDrain() {
   const bool already = journal_.overlay().lbDrained().has_value();

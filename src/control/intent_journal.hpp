@@ -197,9 +197,7 @@ class IntentOverlay {
   void put(BackendOverride o) { backends_[o.name] = std::move(o); }
   [[nodiscard]] bool empty() const noexcept { return backends_.empty() && !lbDrained_; }
   // Since when the instance is drained (lb drain); std::nullopt when not.
-  [[nodiscard]] const std::optional<IntentStamp>& lbDrained() const noexcept {
-    return lbDrained_;
-  }
+  [[nodiscard]] const std::optional<IntentStamp>& lbDrained() const noexcept { return lbDrained_; }
   // Records (with their original seq and time) whose fold is this overlay,
   // in seq order.
   [[nodiscard]] std::vector<IntentRecord> toRecords() const;

@@ -26,9 +26,9 @@ namespace spillway {
 namespace {
 
 using namespace std::string_literals;
-using rtnl::Netlink;
 using rtnl::forEachMessage;
 using rtnl::load;
+using rtnl::Netlink;
 using rtnl::netlinkError;
 
 int familyOf(IpVersion v) {

@@ -10,7 +10,9 @@
 namespace spillway {
 namespace {
 
-IpAddress v4(const char* text) { return *parseIpAddress(text); }
+IpAddress v4(const char* text) {
+  return *parseIpAddress(text);
+}
 
 // A running instance: two VIPs with backends, one worker beating.
 struct Scenario {

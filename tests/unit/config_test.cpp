@@ -527,7 +527,8 @@ stall_ms = 100
 control_stall_ms = 800
 hold_down_ms = 2000
 withdraw_grace_ms = 0
-)", "t.toml");
+)",
+                                         "t.toml");
   ASSERT_TRUE(on.ok()) << formatErrors(on.errors());
   const AnnounceConfig& a = on.value().announce;
   EXPECT_TRUE(a.enabled);
@@ -560,8 +561,7 @@ TEST(Config, AnnounceErrorsNameTheKey) {
   // The announce device cannot be a port's exception tap.
   std::string text = kMinimal;
   text.insert(text.find("next_hop_mac"), "kernel_interface = \"eth9\"\n");
-  ConfigResult clash =
-      loadConfigFromString(text + "\n[announce]\ndevice = \"eth9\"\n", "t.toml");
+  ConfigResult clash = loadConfigFromString(text + "\n[announce]\ndevice = \"eth9\"\n", "t.toml");
   ASSERT_FALSE(clash.ok());
   EXPECT_NE(clash.errors().at(0).message.find("already a port's"), std::string::npos)
       << formatErrors(clash.errors());

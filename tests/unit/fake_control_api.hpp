@@ -160,8 +160,12 @@ class FakeControlApi : public ControlApi {
   ApiResult lbDrain() override {
     return answer("lbDrain", "lbDrain()", Json{{"drained", true}, {"withdrawn", Json::array()}});
   }
-  ApiResult lbUndrain() override { return answer("lbUndrain", "lbUndrain()", Json{{"drained", false}}); }
-  ApiResult lbStatus() override { return answer("lbStatus", "lbStatus()", Json{{"state", "disabled"}}); }
+  ApiResult lbUndrain() override {
+    return answer("lbUndrain", "lbUndrain()", Json{{"drained", false}});
+  }
+  ApiResult lbStatus() override {
+    return answer("lbStatus", "lbStatus()", Json{{"state", "disabled"}});
+  }
   std::string metricsText() override {
     calls.push_back("metricsText()");
     return metrics;

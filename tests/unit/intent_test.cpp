@@ -862,7 +862,6 @@ TEST(ConfigFile, OnlyABoundedRegularFileIsRead) {
   EXPECT_NE(formatErrors(r.errors()).find("more than"), std::string::npos);
 }
 
-
 // --- The instance's drain (lb drain) and the announcement hand-over ---------------
 
 TEST(IntentRecord, LbDrainRoundTripsAndFolds) {
