@@ -10,7 +10,8 @@
 // collect returns std::nullopt until every worker has finished n, and never
 // blocks.
 //
-// Thread contract: every member is called on the control thread.
+// Thread contract: every member is called on the control thread, except
+// workerRounds(), which any thread may call (the BGP announcer's does).
 #pragma once
 
 #include <array>
@@ -98,6 +99,11 @@ class Dataplane {
   [[nodiscard]] virtual std::optional<std::string> syncVips(std::span<const VipKey> vips) = 0;
 
   [[nodiscard]] virtual DataplaneCounters counters() const = 0;
+
+  // Worker heartbeats: one round counter per worker, advanced once per poll
+  // round (busy or idle). A counter that stops moving is a stalled or
+  // stopped lcore.
+  [[nodiscard]] virtual std::vector<std::uint64_t> workerRounds() const = 0;
 };
 
 }  // namespace spillway

@@ -425,6 +425,7 @@ class Loader {
   void loadLoadSource(Section& pool, PoolConfig& p);
   void loadPolicy(const toml::table& root, std::set<std::string>& used);
   void loadControl(const toml::table& root, std::set<std::string>& used);
+  void loadAnnounce(const toml::table& root, std::set<std::string>& used);
   // The top-level table `key`, or nullptr when absent or not a table (then an
   // error).
   const toml::table* topTable(const toml::table& root, std::string_view key);
@@ -1397,6 +1398,46 @@ void Loader::loadControl(const toml::table& root, std::set<std::string>& used) {
   s.finish();
 }
 
+void Loader::loadAnnounce(const toml::table& root, std::set<std::string>& used) {
+  used.insert("announce");
+  const toml::table* t = topTable(root, "announce");
+  if (t == nullptr) return;
+  Section s(*this, *t, "announce");
+  AnnounceConfig& c = config_.announce;
+  if (auto v = s.boolean("enabled")) c.enabled = *v;
+  if (auto v = s.string("device")) {
+    const bool clash = std::any_of(config_.ports.begin(), config_.ports.end(), [&](const auto& p) {
+      return p.exceptionName == *v || p.kernelInterface == *v;
+    });
+    if (v->empty() || v->size() > kMaxInterfaceName ||
+        v->find_first_of("/: \t\n") != std::string::npos) {
+      s.fail("device", "an interface name has 1 to 15 characters, none of '/', ':' or blanks");
+    } else if (clash) {
+      s.fail("device",
+             "already a port's exception tap or kernel interface; the announce "
+             "device must be its own");
+    } else {
+      c.device = *v;
+    }
+  }
+  const auto ms = [&](const char* key, Millis min, Millis max, Millis& out) {
+    if (auto v = s.integer(key, static_cast<std::int64_t>(min), static_cast<std::int64_t>(max))) {
+      out = static_cast<Millis>(*v);
+    }
+  };
+  ms("period_ms", 5, 100, c.periodMs);
+  ms("stall_ms", 20, 10'000, c.stallMs);
+  ms("control_stall_ms", 100, 60'000, c.controlStallMs);
+  ms("hold_down_ms", 0, 600'000, c.holdDownMs);
+  ms("withdraw_grace_ms", 0, 60'000, c.withdrawGraceMs);
+  if (c.stallMs < 2 * c.periodMs) {
+    s.fail(t->get("stall_ms") != nullptr ? "stall_ms" : "period_ms",
+           "stall_ms (" + std::to_string(c.stallMs) + ") must be at least twice period_ms (" +
+               std::to_string(c.periodMs) + "): a stall is judged on the announcer's timer");
+  }
+  s.finish();
+}
+
 ConfigResult Loader::load(std::string_view text) {
   toml::table root;
   try {
@@ -1415,11 +1456,12 @@ ConfigResult Loader::load(std::string_view text) {
   loadBackends(root, used);
   loadPolicy(root, used);
   loadControl(root, used);
+  loadAnnounce(root, used);
   for (auto&& [key, node] : root) {
     if (used.count(std::string(key.str())) != 0) continue;
     error(regionPlace(key.source()), std::string(key.str()), describe(node),
-          "unknown key; the top level takes [dataplane], [policy], [control], [[port]], "
-          "[[pool]], [[vip]] and [[backend]]");
+          "unknown key; the top level takes [dataplane], [policy], [control], [announce], "
+          "[[port]], [[pool]], [[vip]] and [[backend]]");
   }
   if (!errors_.empty()) {
     std::stable_sort(errors_.begin(), errors_.end(),

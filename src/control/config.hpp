@@ -191,6 +191,19 @@ struct ControlConfig {
   std::string stateDir = "/var/lib/spillway";
 };
 
+// BGP announcement of the VIPs ([announce]; control/announcer.hpp): a TAP
+// device owned by the process carries one host route per announced VIP, which
+// the local speaker (FRR's zebra + bgpd) redistributes.
+struct AnnounceConfig {
+  bool enabled = false;
+  std::string device = "spillway0";  // created at start, gone with the process
+  Millis periodMs = 20;              // the announcer thread's timer
+  Millis stallMs = 200;              // a worker round counter frozen this long withdraws
+  Millis controlStallMs = 1000;      // the control loop's heartbeat frozen this long withdraws
+  Millis holdDownMs = 1000;          // an automatic withdrawal's cause must stay clear this long
+  Millis withdrawGraceMs = 1000;     // SIGTERM: withdrawn, forwarding this long, then stop
+};
+
 struct VipConfig {
   std::string name;
   IpAddress address;
@@ -219,6 +232,7 @@ struct Config {
   DataplaneConfig dataplane;
   ControlConfig control;
   PolicyConfig policy;
+  AnnounceConfig announce;
   std::vector<PortConfig> ports;
   std::vector<PoolConfig> pools;
   std::vector<VipConfig> vips;

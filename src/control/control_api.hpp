@@ -87,6 +87,13 @@ class ControlApi {
   // Forgets the runtime overrides of one backend (all when empty): the file's
   // values apply again. Journaled like every change.
   virtual ApiResult configClearOverrides(const std::string& backend) = 0;
+  // The instance's BGP announcement (announce_exchange.hpp): lb drain
+  // withdraws every VIP (journaled, kept across restarts) and replies with
+  // what it withdraws; lb undrain announces them again; lb status shows the
+  // state and every VIP's announcement and reason.
+  virtual ApiResult lbDrain() = 0;
+  virtual ApiResult lbUndrain() = 0;
+  virtual ApiResult lbStatus() = 0;
   // The Prometheus text exposition of every metric.
   virtual std::string metricsText() = 0;
 };

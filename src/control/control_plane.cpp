@@ -174,6 +174,10 @@ bool ControlPlane::warmupComplete() const {
   return true;
 }
 
+bool ControlPlane::announceReady(Millis now) const {
+  return !warmup_ && (warmupComplete() || now >= started_ + kWarmupLimit);
+}
+
 TablesState ControlPlane::tablesState() const {
   TablesState t;
   t.generation = generation_;
@@ -287,6 +291,9 @@ bool ControlPlane::applyPolicy(Millis now, bool forceChurn) {
       auto it = applied.find(in.backends[i].id);
       if (it != applied.end()) current[i] = it->second;
     }
+    // An empty table has no flow to move: filling it is not churn (and any
+    // partial step would fill it whole, so the budget could never pass).
+    first = first || std::all_of(current.begin(), current.end(), [](auto w) { return w == 0; });
     std::vector<std::uint32_t> next = target;
     if (!first && current != target) {
       auto toMap = [&](const std::vector<std::uint32_t>& w) {
@@ -601,7 +608,8 @@ ApiResult ControlPlane::status() {
               {"warmup", warmup_},
               {"warmup_ms", warmup_ ? Json(now_ - warmupStarted_)
                                     : warmupTook_ ? Json(*warmupTook_) : Json(nullptr)},
-              {"checkpoint", checkpointStatsJson(keeper_, now_)}};
+              {"checkpoint", checkpointStatsJson(keeper_, now_)},
+              {"announce", announceJson()}};
 }
 
 ApiResult ControlPlane::vipList() {
@@ -968,7 +976,11 @@ ApiResult ControlPlane::configDump(bool effective) {
                           {"panic_threshold", config_.policy.panicThreshold},
                           {"churn_budget", config_.policy.churnBudget},
                           {"drain_timeout_ms", config_.policy.drainTimeout}}}};
+  out["announce"] = announceConfigJson(config_.announce);
   if (effective) {
+    const auto& drained = journal_.overlay().lbDrained();
+    out["lb"] = {{"drained", drained.has_value()},
+                 {"source", drained ? stampJson(*drained) : Json{{"source", "file"}}}};
     out["overrides"] = overrides;
     out["journal"] = Json{{"state_dir", journal_.directory()},
                           {"usable", journal_.usable()},
@@ -1481,6 +1493,11 @@ std::string ControlPlane::metricsText() {
   }
   m.gauge("spillway_warmup", "1 while the start-up tables are held (warm-up).", {},
           warmup_ ? 1 : 0);
+  {
+    const auto outcome = announce_ ? std::optional(announce_->outcome()) : std::nullopt;
+    appendAnnounceMetrics(m, outcome ? &*outcome : nullptr,
+                          journal_.overlay().lbDrained().has_value());
+  }
   if (keeper_.enabled()) {
     const CheckpointStats& c = keeper_.stats();
     m.counter("spillway_checkpoints_total", "Flow-affinity checkpoints written.", {},

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "control/affinity_keeper.hpp"
+#include "control/announce_exchange.hpp"
 #include "control/backend_state.hpp"
 #include "control/config.hpp"
 #include "control/control_api.hpp"
@@ -88,6 +89,16 @@ class ControlPlane final : public ControlApi {
   }
   [[nodiscard]] const IntentJournal& intent() const noexcept { return journal_; }
 
+  // BGP announcement (control_plane_announce.cpp): the exchange with the
+  // announcer thread (null: announce disabled). syncAnnounce() runs every
+  // loop round: it beats the control heartbeat, hands over the inputs and
+  // turns the announcer's transitions into events.
+  void attachAnnounce(AnnounceExchange* exchange) noexcept { announce_ = exchange; }
+  void syncAnnounce(Millis now);
+  // Health and load known once (or the warm-up limit passed): VIPs may be
+  // announced.
+  [[nodiscard]] bool announceReady(Millis now) const;
+
   // ControlApi.
   ApiResult status() override;
   ApiResult vipList() override;
@@ -111,6 +122,9 @@ class ControlPlane final : public ControlApi {
   ApiResult configReload(const std::string& path) override;
   ApiResult configDump(bool effective) override;
   ApiResult configClearOverrides(const std::string& backend) override;
+  ApiResult lbDrain() override;
+  ApiResult lbUndrain() override;
+  ApiResult lbStatus() override;
   std::string metricsText() override;
 
  private:
@@ -211,6 +225,9 @@ class ControlPlane final : public ControlApi {
   bool warmup_ = false;
   Millis warmupStarted_ = 0;
   std::optional<Millis> warmupTook_;  // how long the last warm-up held the tables
+
+  AnnounceExchange* announce_ = nullptr;
+  [[nodiscard]] Json announceJson() const;
 };
 
 }  // namespace spillway

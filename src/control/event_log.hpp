@@ -35,6 +35,7 @@ inline constexpr const char* kEventSpillover = "spillover";  // a pool's share o
 inline constexpr const char* kEventPanic = "panic";          // panic mode entered or left
 inline constexpr const char* kEventCheckpoint = "checkpoint";  // flow affinity saved or restored
 inline constexpr const char* kEventWarmup = "warmup";          // start-up tables held / released
+inline constexpr const char* kEventAnnounce = "announce";    // a VIP announced or withdrawn (BGP)
 inline constexpr const char* kEventIntent = "intent";        // operator intent journaled, replayed or dropped
 
 struct Event {

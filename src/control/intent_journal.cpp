@@ -71,7 +71,7 @@ std::optional<IntentRecord> decodeBody(std::span<const std::byte> body) {
   std::uint64_t v = 0, flags = 0;
   if (!r.get(rec.seq, 8) || !r.get(v, 8)) return std::nullopt;
   rec.wallMs = static_cast<std::int64_t>(v);
-  if (!r.get(v, 1) || v < 1 || v > static_cast<std::uint64_t>(IntentOp::Checkpoint)) {
+  if (!r.get(v, 1) || v < 1 || v > static_cast<std::uint64_t>(IntentOp::LbUndrain)) {
     return std::nullopt;
   }
   rec.op = static_cast<IntentOp>(v);
@@ -135,6 +135,10 @@ std::string_view toString(IntentOp op) noexcept {
       return "clear-overrides";
     case IntentOp::Checkpoint:
       return "checkpoint";
+    case IntentOp::LbDrain:
+      return "lb-drain";
+    case IntentOp::LbUndrain:
+      return "lb-undrain";
   }
   return "unknown";
 }
@@ -237,6 +241,14 @@ IntentDecoded decodeIntentRecords(std::span<const std::byte> bytes, std::string_
 void IntentOverlay::apply(const IntentRecord& r) {
   const IntentStamp stamp{r.seq, r.wallMs};
   if (r.op == IntentOp::Checkpoint) return;
+  if (r.op == IntentOp::LbDrain) {
+    if (!lbDrained_) lbDrained_ = stamp;  // a repeated drain keeps its start
+    return;
+  }
+  if (r.op == IntentOp::LbUndrain) {
+    lbDrained_.reset();
+    return;
+  }
   if (r.op == IntentOp::ClearOverrides) {
     if (r.backend.empty()) {
       backends_.clear();
@@ -319,6 +331,13 @@ std::vector<IntentRecord> IntentOverlay::toRecords() const {
       r.baseWeight = o.weightReplaced;
       out.push_back(r);
     }
+  }
+  if (lbDrained_) {
+    IntentRecord r;
+    r.seq = lbDrained_->seq;
+    r.wallMs = lbDrained_->wallMs;
+    r.op = IntentOp::LbDrain;
+    out.push_back(r);
   }
   std::stable_sort(out.begin(), out.end(),
                    [](const IntentRecord& a, const IntentRecord& b) { return a.seq < b.seq; });

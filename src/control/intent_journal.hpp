@@ -98,6 +98,8 @@ enum class IntentOp : std::uint8_t {
   Weight = 7,
   ClearOverrides = 8,  // backend "" = all
   Checkpoint = 9,      // first record of intent.snapshot
+  LbDrain = 10,        // spillwayctl lb drain: withdraw every VIP (backend "")
+  LbUndrain = 11,
 };
 
 [[nodiscard]] std::string_view toString(IntentOp op) noexcept;  // "add", "remove", ...
@@ -181,7 +183,9 @@ struct BackendOverride {
 //   Undrain, Enable   admin Enabled; Disable   admin Disabled; all three cancel
 //            a removal (as in BackendStates).
 //   Weight   base weight override (and the base it replaced).
-//   ClearOverrides   forgets the backend's override (all of them for "").
+//   ClearOverrides   forgets the backend's override (all of them for "");
+//            never the instance's drain.
+//   LbDrain, LbUndrain   the instance's drain (announcements withdrawn).
 class IntentOverlay {
  public:
   void apply(const IntentRecord& record);
@@ -191,7 +195,9 @@ class IntentOverlay {
   [[nodiscard]] const BackendOverride* find(const std::string& name) const;
   void erase(const std::string& name) { backends_.erase(name); }
   void put(BackendOverride o) { backends_[o.name] = std::move(o); }
-  [[nodiscard]] bool empty() const noexcept { return backends_.empty(); }
+  [[nodiscard]] bool empty() const noexcept { return backends_.empty() && !lbDrained_; }
+  // Since when the instance is drained (lb drain); std::nullopt when not.
+  [[nodiscard]] const std::optional<IntentStamp>& lbDrained() const noexcept { return lbDrained_; }
   // Records (with their original seq and time) whose fold is this overlay,
   // in seq order.
   [[nodiscard]] std::vector<IntentRecord> toRecords() const;
@@ -200,6 +206,7 @@ class IntentOverlay {
 
  private:
   std::map<std::string, BackendOverride> backends_;
+  std::optional<IntentStamp> lbDrained_;
 };
 
 class IntentJournal {

@@ -19,25 +19,23 @@
 #include <sstream>
 #include <utility>
 
+#include "control/rtnetlink.hpp"
 #include "spillway/errno_text.hpp"
 
 namespace spillway {
 namespace {
 
 using namespace std::string_literals;
+using rtnl::forEachMessage;
+using rtnl::load;
+using rtnl::Netlink;
+using rtnl::netlinkError;
 
 int familyOf(IpVersion v) {
   return v == IpVersion::V4 ? AF_INET : AF_INET6;
 }
 std::size_t lengthOf(IpVersion v) {
   return v == IpVersion::V4 ? 4 : 16;
-}
-
-template <class T>
-T load(const std::byte* p) {
-  T v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
 }
 
 IpAddress addressFrom(const std::byte* p, IpVersion v) {
@@ -57,70 +55,6 @@ void forEachAttribute(const std::byte* p, const std::byte* end, F&& f) {
     p += RTA_ALIGN(a.rta_len);
   }
 }
-
-// Walks the netlink messages of a datagram, calling f(header, payload, end);
-// f returns false to stop. Returns false on a malformed datagram.
-template <class F>
-bool forEachMessage(std::span<const std::byte> datagram, F&& f) {
-  const std::byte* p = datagram.data();
-  const std::byte* end = p + datagram.size();
-  while (end - p >= static_cast<std::ptrdiff_t>(sizeof(nlmsghdr))) {
-    const auto h = load<nlmsghdr>(p);
-    if (h.nlmsg_len < sizeof(nlmsghdr) || static_cast<std::ptrdiff_t>(h.nlmsg_len) > end - p) {
-      return false;
-    }
-    if (!f(h, p + NLMSG_HDRLEN, p + h.nlmsg_len)) return true;
-    p += NLMSG_ALIGN(h.nlmsg_len);
-  }
-  return true;
-}
-
-std::optional<std::string> netlinkError(const std::byte* payload, const std::byte* end) {
-  if (end - payload < static_cast<std::ptrdiff_t>(sizeof(nlmsgerr))) return "truncated NLMSG_ERROR";
-  const auto e = load<nlmsgerr>(payload);
-  if (e.error == 0) return std::nullopt;  // an ACK
-  return errnoText(e.error);
-}
-
-// An rtnetlink socket for one request and its replies.
-class Netlink {
- public:
-  Netlink() : fd_(socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE)) {}
-  ~Netlink() {
-    if (fd_ >= 0) close(fd_);
-  }
-  Netlink(const Netlink&) = delete;
-  Netlink& operator=(const Netlink&) = delete;
-
-  [[nodiscard]] std::optional<std::string> openError() const {
-    if (fd_ >= 0) return std::nullopt;
-    return "netlink socket: " + errnoText(errno);
-  }
-
-  std::optional<std::string> send(const void* request, std::size_t length) {
-    sockaddr_nl kernel{};
-    kernel.nl_family = AF_NETLINK;
-    if (sendto(fd_, request, length, 0, reinterpret_cast<const sockaddr*>(&kernel), sizeof kernel) <
-        0) {
-      return "netlink send: " + errnoText(errno);
-    }
-    return std::nullopt;
-  }
-
-  // One datagram (blocking, with a 1 s timeout).
-  std::optional<std::string> receive(std::vector<std::byte>& buffer, std::size_t& length) {
-    timeval tv{1, 0};
-    setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    buffer.resize(1 << 16);
-    const ssize_t n = recv(fd_, buffer.data(), buffer.size(), 0);
-    if (n < 0) return "netlink receive: " + errnoText(errno);
-    length = static_cast<std::size_t>(n);
-    return std::nullopt;
-  }
-
- private:
-  int fd_;
-};
 
 }  // namespace
 

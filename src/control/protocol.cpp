@@ -51,6 +51,9 @@ constexpr CommandSpec kCommands[] = {
     {"config.reload", Access::Write, kPathArgs},
     {"config.dump", Access::Read, kDumpArgs},
     {"config.clear-overrides", Access::Write, kClearArgs},
+    {"lb.drain", Access::Write, {}},
+    {"lb.undrain", Access::Write, {}},
+    {"lb.status", Access::Read, {}},
 };
 
 // A request rejected before any ControlApi call.
@@ -349,6 +352,9 @@ ApiResult dispatch(const Validated& request, ControlApi& api) {
     return api.configDump(effective != a.end() && effective->get<bool>());
   }
   if (name == "config.clear-overrides") return api.configClearOverrides(stringArg(a, "backend"));
+  if (name == "lb.drain") return api.lbDrain();
+  if (name == "lb.undrain") return api.lbUndrain();
+  if (name == "lb.status") return api.lbStatus();
   return ApiError{"internal", "command " + std::string(name) + " has no handler"};
 }
 

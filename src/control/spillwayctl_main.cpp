@@ -564,6 +564,13 @@ int run(int argc, char** argv) {
          "forget runtime overrides (journaled): the file's values apply again")
       ->add_option("--backend", clearBackend, "only this backend's (default: every backend's)");
 
+  auto* lb = app.add_subcommand("lb", "this instance's BGP announcement of its VIPs")
+                 ->require_subcommand(1);
+  simple(lb, "drain", "lb.drain",
+         "withdraw every VIP from the router (journaled: kept across restarts); flows continue");
+  simple(lb, "undrain", "lb.undrain", "announce the VIPs again");
+  simple(lb, "status", "lb.status", "announcement state, and per VIP announced or why not");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

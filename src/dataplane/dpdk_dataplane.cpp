@@ -189,6 +189,13 @@ void DpdkDataplane::exportAllStopped(std::vector<ExportedFlow>& out) const {
   for (const auto& w : workers_) w->exportAllStopped(*last, out);
 }
 
+std::vector<std::uint64_t> DpdkDataplane::workerRounds() const {
+  std::vector<std::uint64_t> out;
+  out.reserve(workers_.size());
+  for (const auto& w : workers_) out.push_back(w->rounds());
+  return out;
+}
+
 std::uint64_t DpdkDataplane::rxTotal() const noexcept {
   std::uint64_t rx = 0;
   for (const auto& w : workers_) {

@@ -75,6 +75,7 @@ class DpdkDataplane final : public Dataplane {
   [[nodiscard]] bool purgeDone(std::uint64_t n) const override;
   [[nodiscard]] std::optional<std::string> syncVips(std::span<const VipKey> vips) override;
   [[nodiscard]] DataplaneCounters counters() const override;
+  [[nodiscard]] std::vector<std::uint64_t> workerRounds() const override;
 
  private:
   explicit DpdkDataplane(unsigned workers);

@@ -298,7 +298,9 @@ void Worker::run(const std::atomic<bool>& stop) noexcept {
     (void)prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
   }
   qsbr_.online(config_.qsbrReader);
+  std::uint64_t rounds = rounds_.load(std::memory_order_relaxed);
   while (!stop.load(std::memory_order_relaxed)) {
+    rounds_.store(++rounds, std::memory_order_relaxed);
     const std::uint64_t tsc = rte_get_tsc_cycles();
     const std::uint64_t nowMs = (tsc - start) / tscPerMs + 1'000'000;
     const ForwardingSnapshot* snapshot = publisher_.current();

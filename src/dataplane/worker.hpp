@@ -147,6 +147,11 @@ class Worker {
   [[nodiscard]] std::uint64_t purgeDone() const noexcept {
     return purgeDone_.load(std::memory_order_acquire);
   }
+  // The heartbeat: poll rounds run so far (one relaxed store per round by
+  // the lcore, no read-modify-write; any thread reads it).
+  [[nodiscard]] std::uint64_t rounds() const noexcept {
+    return rounds_.load(std::memory_order_relaxed);
+  }
 
  private:
   struct PortIo;
@@ -174,6 +179,7 @@ class Worker {
 
   std::atomic<std::uint64_t> flowCountRequest_{0};
   std::atomic<std::uint64_t> flowCountDone_{0};
+  std::atomic<std::uint64_t> rounds_{0};
   std::uint64_t countingFor_ = 0;  // request being counted; 0 = none
   std::size_t countCursor_ = 0;
   std::vector<std::uint32_t> countScratch_;

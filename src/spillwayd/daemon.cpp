@@ -11,6 +11,7 @@
 #include <cstring>
 #include <set>
 
+#include "control/announcer.hpp"
 #include "control/cli_server.hpp"
 #include "control/control_plane.hpp"
 #include "control/durable_file.hpp"
@@ -175,13 +176,42 @@ int runDaemon(const Config& configIn, const DaemonOptions& options) {
     if (auto e = loop.watch(fd)) return fail("control loop: " + *e);
   }
 
+  // The BGP announcement ([announce]): its own thread and device; the
+  // control loop hands it inputs every round (ControlPlane::syncAnnounce).
+  AnnounceExchange announceExchange;
+  std::unique_ptr<Announcer> announcer;
+  if (config.announce.enabled) {
+    announcer = std::make_unique<Announcer>(Announcer::Options{config.announce, millis, log},
+                                            announceExchange, *dataplane);
+    control.attachAnnounce(&announceExchange);
+    control.syncAnnounce(millis());
+    if (auto e = announcer->start()) return fail(*e);
+    log("announcing VIPs through device " + config.announce.device + " after warm-up");
+  }
+
   dataplane->start();
   log("running " + std::to_string(config.dataplane.lcores.size()) + " worker lcore(s)");
 
   auto lastStats = start, lastNeighbours = start, lastRx = start;
   std::uint64_t rxSeen = 0;
   std::set<std::uint64_t> solicitedHeld;
-  while (!gStop.load()) {
+  // SIGTERM with VIPs announced: withdraw first, forward for the grace
+  // period while the router moves the flows, then stop.
+  std::optional<Clock::time_point> stopAt;
+  for (;;) {
+    if (gStop.load() && !stopAt) {
+      stopAt = Clock::now();
+      if (announcer) {
+        const AnnounceOutcome o = announceExchange.outcome();
+        announceExchange.setStopping();
+        if (std::any_of(o.vips.begin(), o.vips.end(), [](const auto& v) { return v.announced; })) {
+          *stopAt += std::chrono::milliseconds(config.announce.withdrawGraceMs);
+          log("stopping: VIPs withdrawn, forwarding for " +
+              std::to_string(config.announce.withdrawGraceMs) + " ms more");
+        }
+      }
+    }
+    if (stopAt && Clock::now() >= *stopAt) break;
     loop.wait();
     const auto now = Clock::now();
     const Millis nowMs = millis();
@@ -212,6 +242,7 @@ int runDaemon(const Config& configIn, const DaemonOptions& options) {
       solicitedHeld.clear();
     }
     metrics.poll();
+    control.syncAnnounce(nowMs);
     if (control.tick(nowMs)) {
       if (auto next = control.takeSnapshot(nowMs)) {
         dataplane->publish(std::move(next));
@@ -240,6 +271,7 @@ int runDaemon(const Config& configIn, const DaemonOptions& options) {
       break;
     }
   }
+  if (announcer) announcer->stop();  // the device and any route left go with it
   dataplane->stop();
   // The last checkpoint: every exception of the stopped flow tables.
   {

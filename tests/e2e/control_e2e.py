@@ -733,22 +733,7 @@ def main():
     except Skip as s:
         log(f"{name}: SKIP: {s}")
         return 77
-    e = swe.Estate("ctl-" + sys.argv[1], spillwayd, decap)
-
-    def on_signal(signum, _):
-        raise KeyboardInterrupt(f"signal {signum}")
-    signal.signal(signal.SIGTERM, on_signal)
-    summary = None
-    try:
-        summary = fn(e, ctl_exe)
-    except Fail as f:
-        e.check("harness", False, str(f))
-    except KeyboardInterrupt:
-        e.check("harness", False, "interrupted")
-    finally:
-        e.cleanup()
-    log(f"{name}: {e.passed} passed, {e.failed} failed" + (f" ({summary})" if summary else ""))
-    return 0 if e.failed == 0 else 1
+    return swe.run_test(swe.Estate("ctl-" + sys.argv[1], spillwayd, decap), name, fn, ctl_exe)
 
 
 if __name__ == "__main__":

@@ -140,6 +140,7 @@ class LaggingDataplane final : public Dataplane {
   }
   std::optional<std::string> syncVips(std::span<const VipKey>) override { return std::nullopt; }
   DataplaneCounters counters() const override { return {}; }
+  std::vector<std::uint64_t> workerRounds() const override { return {}; }
 
 
   void step() {

@@ -637,6 +637,9 @@ TEST_F(SpillwayctlTest, CommandsReachTheirCalls) {
       {{"config", "dump", "--effective"}, "configDump(effective)"},
       {{"config", "clear-overrides"}, "configClearOverrides()"},
       {{"config", "clear-overrides", "--backend", "gpu-a1"}, "configClearOverrides(gpu-a1)"},
+      {{"lb", "drain"}, "lbDrain()"},
+      {{"lb", "undrain"}, "lbUndrain()"},
+      {{"lb", "status"}, "lbStatus()"},
   };
   for (const Case& c : cases) {
     api_.calls.clear();

@@ -516,6 +516,61 @@ TEST(Config, MetricsListenForms) {
   }
 }
 
+TEST(Config, AnnounceSection) {
+  ConfigResult off = loadConfigFromString(kMinimal, "t.toml");
+  ASSERT_TRUE(off.ok());
+  EXPECT_FALSE(off.value().announce.enabled);
+  EXPECT_EQ(off.value().announce.device, "spillway0");
+  EXPECT_EQ(off.value().announce.stallMs, 200u);
+  ConfigResult on = loadConfigFromString(std::string(kMinimal) + R"(
+[announce]
+enabled = true
+device = "bgp-vips"
+period_ms = 10
+stall_ms = 100
+control_stall_ms = 800
+hold_down_ms = 2000
+withdraw_grace_ms = 0
+)",
+                                         "t.toml");
+  ASSERT_TRUE(on.ok()) << formatErrors(on.errors());
+  const AnnounceConfig& a = on.value().announce;
+  EXPECT_TRUE(a.enabled);
+  EXPECT_EQ(a.device, "bgp-vips");
+  EXPECT_EQ(a.periodMs, 10u);
+  EXPECT_EQ(a.stallMs, 100u);
+  EXPECT_EQ(a.controlStallMs, 800u);
+  EXPECT_EQ(a.holdDownMs, 2000u);
+  EXPECT_EQ(a.withdrawGraceMs, 0u);
+}
+
+TEST(Config, AnnounceErrorsNameTheKey) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"device = \"\"", "announce.device"},
+      {"device = \"much-too-long-name\"", "announce.device"},
+      {"device = \"a/b\"", "announce.device"},
+      {"stall_ms = 5", "announce.stall_ms"},
+      {"period_ms = 50\nstall_ms = 60", "announce.stall_ms"},
+      {"period_ms = 1000", "announce.period_ms"},
+      {"withdraw_grace_ms = -1", "announce.withdraw_grace_ms"},
+      {"enabled = \"yes\"", "announce.enabled"},
+      {"stall = 200", "announce.stall"},
+  };
+  for (const auto& [line, field] : cases) {
+    ConfigResult r =
+        loadConfigFromString(std::string(kMinimal) + "\n[announce]\n" + line + "\n", "t.toml");
+    ASSERT_FALSE(r.ok()) << line;
+    EXPECT_EQ(r.errors().at(0).field, field) << line << "\n" << formatErrors(r.errors());
+  }
+  // The announce device cannot be a port's exception tap.
+  std::string text = kMinimal;
+  text.insert(text.find("next_hop_mac"), "kernel_interface = \"eth9\"\n");
+  ConfigResult clash = loadConfigFromString(text + "\n[announce]\ndevice = \"eth9\"\n", "t.toml");
+  ASSERT_FALSE(clash.ok());
+  EXPECT_NE(clash.errors().at(0).message.find("already a port's"), std::string::npos)
+      << formatErrors(clash.errors());
+}
+
 TEST(Config, FormatsAsFileLineColumnFieldValueWhy) {
   const std::string text = std::string(kMinimal) + R"(
 [[vip]]

@@ -157,6 +157,15 @@ class FakeControlApi : public ControlApi {
     return answer("configClearOverrides", "configClearOverrides(" + backend + ")",
                   Json{{"cleared", Json::array()}});
   }
+  ApiResult lbDrain() override {
+    return answer("lbDrain", "lbDrain()", Json{{"drained", true}, {"withdrawn", Json::array()}});
+  }
+  ApiResult lbUndrain() override {
+    return answer("lbUndrain", "lbUndrain()", Json{{"drained", false}});
+  }
+  ApiResult lbStatus() override {
+    return answer("lbStatus", "lbStatus()", Json{{"state", "disabled"}});
+  }
   std::string metricsText() override {
     calls.push_back("metricsText()");
     return metrics;

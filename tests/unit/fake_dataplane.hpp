@@ -53,6 +53,7 @@ class FakeDataplane final : public Dataplane {
     return std::nullopt;
   }
   [[nodiscard]] DataplaneCounters counters() const override { return stats; }
+  [[nodiscard]] std::vector<std::uint64_t> workerRounds() const override { return rounds; }
 
   // As new (a restarted process's data path).
   void reset() {
@@ -72,6 +73,7 @@ class FakeDataplane final : public Dataplane {
     purgeRequests.clear();
     vipSyncs.clear();
     stats = DataplaneCounters{};
+    rounds.clear();
   }
 
   // What the test sets and reads.
@@ -91,6 +93,7 @@ class FakeDataplane final : public Dataplane {
   std::optional<std::string> vipSyncError;
   std::vector<std::vector<VipKey>> vipSyncs;
   DataplaneCounters stats;
+  std::vector<std::uint64_t> rounds;
 };
 
 }  // namespace spillway::test

@@ -862,5 +862,135 @@ TEST(ConfigFile, OnlyABoundedRegularFileIsRead) {
   EXPECT_NE(formatErrors(r.errors()).find("more than"), std::string::npos);
 }
 
+// --- The instance's drain (lb drain) and the announcement hand-over ---------------
+
+TEST(IntentRecord, LbDrainRoundTripsAndFolds) {
+  IntentRecord drain;
+  drain.seq = 7;
+  drain.wallMs = 1234;
+  drain.op = IntentOp::LbDrain;
+  const std::string bytes = encodeIntentRecord(drain);
+  const IntentDecoded d =
+      decodeIntentRecords({reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()}, "x");
+  ASSERT_FALSE(d.damage);
+  ASSERT_EQ(d.records.size(), 1u);
+  EXPECT_EQ(d.records[0], drain);
+  IntentOverlay o;
+  o.apply(drain);
+  EXPECT_FALSE(o.empty());
+  ASSERT_TRUE(o.lbDrained());
+  EXPECT_EQ(o.lbDrained()->seq, 7u);
+  // Clearing every backend's overrides leaves the instance drained.
+  IntentRecord clear;
+  clear.seq = 8;
+  clear.op = IntentOp::ClearOverrides;
+  o.apply(clear);
+  EXPECT_TRUE(o.lbDrained());
+  IntentOverlay again;
+  for (const IntentRecord& r : o.toRecords()) again.apply(r);
+  EXPECT_EQ(again, o);
+  IntentRecord undrain;
+  undrain.seq = 9;
+  undrain.op = IntentOp::LbUndrain;
+  o.apply(undrain);
+  EXPECT_FALSE(o.lbDrained());
+  EXPECT_TRUE(o.empty());
+}
+
+TEST(ControlIntent, LbDrainIsJournaledAndSurvivesARestart) {
+  TempDir dir;
+  std::int64_t wall = 1'700'000'000'000;
+  const std::string text = configText(dir / "state", "\n[announce]\nenabled = true\n");
+  {
+    Daemon d(dir, text, &wall);
+    AnnounceExchange exchange;
+    d.cp().attachAnnounce(&exchange);
+    const Json first = std::get<Json>(d.cp().lbDrain());
+    EXPECT_EQ(first["drained"], true);
+    EXPECT_EQ(first["already"], false);
+    EXPECT_EQ(exchange.inputs().drained, true);
+    const Json again = std::get<Json>(d.cp().lbDrain());
+    EXPECT_EQ(again["already"], true);  // not journaled twice
+    EXPECT_EQ(d.cp().intent().lastSeq(), 1u);
+  }
+  Daemon d(dir, text, &wall, 500);
+  AnnounceExchange exchange;
+  d.cp().attachAnnounce(&exchange);
+  d.cp().syncAnnounce(500);
+  EXPECT_TRUE(exchange.inputs().drained);
+  const Json dump = std::get<Json>(d.cp().configDump(true));
+  EXPECT_EQ(dump["lb"]["drained"], true);
+  EXPECT_EQ(dump["lb"]["source"]["seq"], 1);
+  EXPECT_EQ(dump["announce"]["enabled"], true);
+  EXPECT_EQ(std::get<Json>(d.cp().status())["announce"]["drained"], true);
+  EXPECT_NE(d.cp().metricsText().find("spillway_lb_drained 1"), std::string::npos);
+  const Json undrain = std::get<Json>(d.cp().lbUndrain());
+  EXPECT_EQ(undrain["drained"], false);
+  EXPECT_FALSE(exchange.inputs().drained);
+  EXPECT_EQ(std::get<Json>(d.cp().configDump(true))["lb"]["drained"], false);
+}
+
+TEST(ControlIntent, AnnounceInputsAndTransitionsBecomeStatusAndEvents) {
+  TempDir dir;
+  std::int64_t wall = 1'700'000'000'000;
+  Daemon d(dir, configText(dir / "state", kSecondVip), &wall);
+  AnnounceExchange exchange;
+  d.cp().attachAnnounce(&exchange);
+  Millis now = 1000;
+  d.settleFlows(now);
+  d.cp().syncAnnounce(now);
+  const AnnounceControlInputs in = exchange.inputs();
+  EXPECT_TRUE(in.warm);  // no health checks, no load: known at once
+  ASSERT_EQ(in.vips.size(), 2u);
+  EXPECT_EQ(in.vips[0].name, "v");
+  EXPECT_EQ(in.vips[0].activeBackends, 4u);
+  EXPECT_GE(exchange.controlBeats(), 1u);
+  // Disabling every backend empties both tables.
+  for (const char* b : {"b1", "b2", "b3", "b4"}) EXPECT_OK(d.cp().backendDisable(b));
+  (void)d.cp().tick(now + 10);
+  d.cp().syncAnnounce(now + 10);
+  EXPECT_EQ(exchange.inputs().vips[0].activeBackends, 0u);
+  // Enabled again: the empty tables fill at once (no flow to move, so no
+  // churn budget applies).
+  for (const char* b : {"b1", "b2", "b3", "b4"}) EXPECT_OK(d.cp().backendEnable(b));
+  (void)d.cp().tick(now + 15);
+  d.cp().syncAnnounce(now + 15);
+  EXPECT_EQ(exchange.inputs().vips[0].activeBackends, 4u);
+  EXPECT_EQ(exchange.inputs().vips[1].activeBackends, 4u);
+
+  // What the announcer publishes shows in status, metrics and events.
+  AnnounceOutcome o;
+  o.state = AnnounceState::Partial;
+  o.device = "spillway0";
+  o.vips = {{"v", *parseIpAddress("192.0.2.1"), true, WithdrawReason::None, 900},
+            {"w", *parseIpAddress("192.0.2.2"), false, WithdrawReason::NoActiveBackend, 950}};
+  exchange.publish(o, {{950, "w", false, WithdrawReason::NoActiveBackend}});
+  d.cp().syncAnnounce(now + 20);
+  const Json a = std::get<Json>(d.cp().lbStatus());
+  EXPECT_EQ(a["state"], "partial");
+  EXPECT_EQ(a["vips"][1]["reason"], "no_active_backend");
+  EXPECT_EQ(a["vips"][0]["announced"], true);
+  const std::string metrics = d.cp().metricsText();
+  EXPECT_NE(metrics.find("spillway_vip_announced{vip=\"v\"} 1"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("spillway_vip_announced{vip=\"w\"} 0"), std::string::npos);
+  bool sawEvent = false;
+  const Json events = std::get<Json>(d.cp().events(0, 1000));
+  for (const Json& e : events["events"]) {
+    if (e["kind"] == "announce") {
+      sawEvent = e["cause"] == "VIP w withdrawn: no_active_backend";
+    }
+  }
+  EXPECT_TRUE(sawEvent) << events.dump();
+}
+
+TEST(ControlIntent, WithoutAnAnnouncerStatusSaysDisabled) {
+  TempDir dir;
+  std::int64_t wall = 1'700'000'000'000;
+  Daemon d(dir, configText(dir / "state"), &wall);
+  EXPECT_EQ(std::get<Json>(d.cp().lbStatus())["state"], "disabled");
+  EXPECT_EQ(std::get<Json>(d.cp().lbDrain())["announce"], "disabled");
+  EXPECT_NE(d.cp().metricsText().find("spillway_announce_enabled 0"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace spillway

@@ -87,6 +87,9 @@ TEST(Protocol, EveryCommandReachesItsCall) {
       {R"({"v":1,"cmd":"config.clear-overrides"})", "configClearOverrides()"},
       {R"({"v":1,"cmd":"config.clear-overrides","args":{"backend":"gpu-a1"}})",
        "configClearOverrides(gpu-a1)"},
+      {R"({"v":1,"cmd":"lb.drain"})", "lbDrain()"},
+      {R"({"v":1,"cmd":"lb.undrain"})", "lbUndrain()"},
+      {R"({"v":1,"cmd":"lb.status"})", "lbStatus()"},
       // Key order and whitespace do not matter.
       {" {\n \"args\" : { \"name\" : \"gpu-a1\" } , \"cmd\":\"backend.drain\", \"v\":1}\n",
        "backendDrain(gpu-a1)"},
@@ -115,7 +118,10 @@ TEST(Protocol, CommandListIsTheReference) {
                                              "backend.undrain", "backend.disable", "backend.enable",
                                              "backend.weight",  "table.show",      "flows",
                                              "stats",           "health",          "events",
-                                             "config.check",    "config.reload",   "config.dump", "config.clear-overrides"}));
+                                             "config.check",    "config.reload",   "config.dump", "config.clear-overrides",
+                                             "lb.drain", "lb.undrain", "lb.status"}));
+  EXPECT_EQ(findCommand("lb.drain")->access, Access::Write);
+  EXPECT_EQ(findCommand("lb.status")->access, Access::Read);
   EXPECT_EQ(findCommand("backend.drain")->access, Access::Write);
   EXPECT_EQ(findCommand("backend.list")->access, Access::Read);
   EXPECT_EQ(findCommand("nope"), nullptr);

@@ -1,0 +1,192 @@
+#!/usr/bin/env python3
+"""The LB tier's BGP announcement end to end (issue 11, item 1): scripts/
+topology --tier 2 (a router and instances lb1, lb2, FRR 8.4 in each), one
+spillwayd per instance on af_packet with [announce] enabled. Checks, on the
+router's kernel routing table (what ECMP forwards by):
+
+  - no VIP route while the instances warm up (health not known: the backend
+    servers are not started yet, and fall = 50 keeps the verdicts open);
+  - after warm-up an ECMP route with both instances as next hops, and TCP
+    connections through the router and the tier complete;
+  - `spillwayctl lb drain` on lb1 takes lb1's next hop out within 0.5 s
+    (polled every 10 ms, the measured time printed), `lb undrain` brings it
+    back;
+  - disabling every backend of one VIP withdraws that VIP only;
+  - a cut link takes lb1's next hop out through BFD (time printed);
+  - SIGKILL of lb2 takes its next hop out within 0.5 s (the kernel destroys
+    its announce device, and the routes with it);
+  - SIGTERM of lb1 withdraws before the process exits (withdraw_grace_ms);
+  - no packet went through an announce device (its counters stay at 0
+    through the traffic).
+
+usage: tier_e2e.py announce SPILLWAYD SPILLWAY_DECAP SPILLWAYCTL
+Exit 0 all passed, 1 any failed, 77 skipped (not root, no namespaces, no FRR).
+"""
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import spillwayd_e2e as swe  # noqa: E402
+from control_e2e import Ctl  # noqa: E402
+from spillwayd_e2e import Fail, Skip, log, wait_until, VIP_NCCL, VIP_GRPC  # noqa: E402
+
+VIP_SOLO = "192.0.2.12"  # only the cloud pool: disabling cloud1 empties it
+BOUND_S = 0.5
+HEALTH = ["[pool.health]", 'kind = "tcp"', "port = 8000", "interval = 0.2", "timeout = 0.15",
+          "rise = 2", "fall = 50", ""]
+ANNOUNCE = ["[announce]", "enabled = true", 'device = "spillway0"', "hold_down_ms = 500",
+            "withdraw_grace_ms = 1500"]
+SOLO = ['name = "solo"', f'address = "{VIP_SOLO}"', 'protocol = "tcp"', "port = 8000",
+        "table_size = 4099", 'pools = ["cloud"]']
+
+
+def next_hops(e, vip):
+    """The router's kernel next hops for vip/32 (empty: no route)."""
+    text = e.run(["ip", "-n", e.ns("router"), "route", "show", f"{vip}/32"]).stdout
+    return set(re.findall(r"via (\S+)", text))
+
+
+def measure(e, what, action, vip, predicate, timeout=5):
+    """Runs action(), then polls the router's route to vip every 10 ms until
+    predicate(next hops) holds; returns (seconds from before the action,
+    the action's result)."""
+    t0 = time.monotonic()
+    result = action()
+    wait_until(what, lambda: predicate(next_hops(e, vip)), timeout, interval=0.01)
+    return time.monotonic() - t0, result
+
+
+def tap_packets(e, host):
+    info = json.loads(e.run(["ip", "-j", "-s", "-n", e.ns(host), "link", "show", "spillway0"])
+                      .stdout)[0]["stats64"]
+    return info["rx"]["packets"] + info["tx"]["packets"]
+
+
+def test_announce(e, ctl_exe):
+    e.topology_up(onprem=1, cloud=1, tier=2)
+    (lb1, _, addr1), (lb2, _, addr2) = e.instances
+    lbs, ctls = {}, {}
+    for name, _, addr in e.instances:
+        path = e.write_config(path=os.path.join(e.work, f"{name}.toml"), lb_addr=addr,
+                              extra_vips=[SOLO], pool_tables={"onprem": HEALTH, "cloud": HEALTH},
+                              extra=ANNOUNCE)
+        lbs[name] = e.start_lb(name, host=name, config=path)
+        ctls[name] = Ctl(ctl_exe, e.socket(name))
+    for name in lbs:
+        e.wait_ready(lbs[name])
+        wait_until(f"{name}'s CLI socket", lambda: ctls[name].raw("status").returncode == 0, 10)
+
+    # Warm-up: health cannot settle while the servers are down.
+    states = {n: ctls[n]("lb", "status")["state"] for n in ctls}
+    routes = [next_hops(e, v) for v in (VIP_NCCL, VIP_GRPC, VIP_SOLO)]
+    e.check("warming up: no VIP route on the router", all(s == "warming" for s in
+            states.values()) and not any(routes), f"states {states}, routes {routes}")
+    took, _ = measure(e, "an ECMP route over both instances",
+                      lambda: e.start_servers(ports=(8000,)), VIP_NCCL,
+                      lambda hops: hops == {addr1, addr2}, 20)
+    e.check("after warm-up: ECMP route via both instances", True,
+            f"{took:.2f} s after starting the backends' servers")
+    for v in (VIP_GRPC, VIP_SOLO):
+        wait_until(f"{v} via both", lambda: next_hops(e, v) == {addr1, addr2}, 5)
+    status = ctls[lb1]("status")["announce"]
+    e.check("status announce object", status["state"] == "announced" and
+            status["device"] == "spillway0" and
+            all(v["announced"] for v in status["vips"]), json.dumps(status))
+
+    before = {n: tap_packets(e, n) for n in lbs}
+    r = e.fanout(VIP_NCCL, 8000, 40, "tier")
+    after = {n: tap_packets(e, n) for n in lbs}
+    served = {n: lbs[n].read_stats()["rx_packets"] for n in lbs}
+    e.check("connections through the router and the tier", r["ok"] == 40,
+            f"{r['ok']}/40 ok; packets received by each instance {served}")
+    e.check("nothing through the announce devices", before == after and
+            sum(after.values()) == 0, f"{before} -> {after}")
+
+    timings = {}
+    took, reply = measure(e, "lb1's next hop withdrawn", lambda: ctls[lb1]("lb", "drain"),
+                          VIP_NCCL, lambda hops: hops == {addr2})
+    timings["drain"] = took
+    e.check(f"lb drain: lb1's next hop out within {BOUND_S} s", took <= BOUND_S,
+            f"{took * 1000:.0f} ms; the reply withdrew {reply.get('withdrawn')}")
+    e.check("drained: lb status and config dump --effective say so",
+            ctls[lb1]("lb", "status")["state"] == "drained" and
+            ctls[lb1]("config", "dump", "--effective")["lb"]["drained"] is True)
+    took, _ = measure(e, "lb1's next hop back", lambda: ctls[lb1]("lb", "undrain"), VIP_NCCL,
+                      lambda hops: hops == {addr1, addr2})
+    timings["undrain"] = took
+    e.check("lb undrain: lb1's next hop back", True, f"{took * 1000:.0f} ms")
+    causes = [ev["cause"] for ev in ctls[lb1].events() if ev["kind"] == "announce"]
+    e.check("events: each announcement and withdrawal with its reason",
+            any("withdrawn: drained" in c for c in causes) and
+            sum("announced" in c for c in causes) >= 6, "; ".join(causes[-6:]))
+
+    # Every backend of the solo VIP disabled (on every instance): that VIP
+    # alone is withdrawn.
+    took, _ = measure(e, "the solo VIP withdrawn",
+                      lambda: [ctls[n]("backend", "disable", "cloud1") for n in ctls],
+                      VIP_SOLO, lambda hops: not hops)
+    e.check("no active backend: that VIP alone withdrawn",
+            next_hops(e, VIP_NCCL) == {addr1, addr2} and
+            next_hops(e, VIP_GRPC) == {addr1, addr2},
+            f"{took * 1000:.0f} ms; reasons " + json.dumps(
+                {v["vip"]: v["reason"] for v in ctls[lb1]("lb", "status")["vips"]}))
+    took, _ = measure(e, "the solo VIP back",
+                      lambda: [ctls[n]("backend", "enable", "cloud1") for n in ctls],
+                      VIP_SOLO, lambda hops: hops == {addr1, addr2})
+    e.check("backend enabled: the VIP back after the hold-down", took >= 0.5,
+            f"{took * 1000:.0f} ms (hold_down_ms = 500)")
+
+    # A failure the process cannot report (the instance's link cut): BFD.
+    link = ["ip", "-n", e.ns("fabric"), "link", "set", f"f-{lb1}"]
+    took, _ = measure(e, "lb1's next hop out by BFD", lambda: e.run(link + ["down"]), VIP_NCCL,
+                      lambda hops: hops == {addr2})
+    timings["bfd"] = took
+    e.check("link cut: BFD takes lb1's next hop out", True, f"{took * 1000:.0f} ms")
+    e.run(link + ["up"])
+    wait_until("lb1's next hop back after the link returns",
+               lambda: next_hops(e, VIP_NCCL) == {addr1, addr2}, 20)
+
+    took, _ = measure(e, "lb2's next hop withdrawn", lambda: lbs[lb2].proc.kill(), VIP_NCCL,
+                      lambda hops: hops == {addr1})
+    timings["sigkill"] = took
+    e.check(f"SIGKILL of lb2: its next hop out within {BOUND_S} s", took <= BOUND_S,
+            f"{took * 1000:.0f} ms")
+    lbs[lb2].proc.wait()
+
+    took, _ = measure(e, "lb1 withdrawn on SIGTERM",
+                      lambda: lbs[lb1].proc.send_signal(signal.SIGTERM), VIP_NCCL,
+                      lambda hops: not hops)
+    alive = lbs[lb1].proc.poll() is None
+    timings["sigterm"] = took
+    e.check("SIGTERM: withdrawn first, forwarding goes on for the grace period",
+            took <= BOUND_S and alive, f"{took * 1000:.0f} ms, still running: {alive}")
+    rc, _, _ = e.stop_lb(lbs[lb1])
+    e.check("lb1 exits 0 after the grace period", rc == 0, f"exit {rc}")
+    return ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in timings.items())
+
+
+def main():
+    if len(sys.argv) != 5 or sys.argv[1] != "announce":
+        print("usage: tier_e2e.py announce SPILLWAYD SPILLWAY_DECAP SPILLWAYCTL", file=sys.stderr)
+        return 2
+    spillwayd, decap, ctl_exe = (os.path.abspath(p) for p in sys.argv[2:5])
+    try:
+        swe.preflight()
+        if not os.access("/usr/lib/frr/bgpd", os.X_OK) or shutil.which("vtysh") is None:
+            raise Skip("FRR is not installed (scripts/bootstrap installs it)")
+    except Skip as s:
+        log(f"e2e-tier-announce: SKIP: {s}")
+        return 77
+    return swe.run_test(swe.Estate("tier", spillwayd, decap), "e2e-tier-announce",
+                        test_announce, ctl_exe)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
