@@ -62,8 +62,16 @@ ControlPlane::ControlPlane(Config config, std::string configPath, SnapshotBuilde
       policy_(config_.policy),
       wallClock_(std::move(wallClockMs)),
       journal_(config_.control.stateDir),
-      keeper_(AffinityKeeper::Options{config_.control.stateDir, config_.dataplane.hashSeed,
-                                      config_.dataplane.timeouts},
+      keeper_(AffinityKeeper::Options{.stateDir = config_.control.stateDir,
+                                      .hashSeed = config_.dataplane.hashSeed,
+                                      .timeouts = config_.dataplane.timeouts,
+                                      .exportInterval = config_.tier.peers.empty()
+                                                            ? 0
+                                                            : config_.tier.syncInterval,
+                                      .onExport =
+                                          [this](std::span<const FlowExceptionRecord> r) {
+                                            if (peers_) peers_->publishLocal(r);
+                                          }},
               events_) {
   if (!wallClock_) {
     wallClock_ = [] {
@@ -87,6 +95,10 @@ ControlPlane::ControlPlane(Config config, std::string configPath, SnapshotBuilde
   (void)applyPolicy(now, true);
   restoreAffinity(now);
   lastChurn_ = now;
+  if (!config_.tier.peers.empty()) {
+    peers_ = std::make_unique<PeerChannel>(config_.tier, config_.dataplane.hashSeed, events_);
+    if (auto e = peers_->open()) report(*e + " (peers can still be reached; they cannot reach this instance)");
+  }
 }
 
 std::uint64_t ControlPlane::unixNow() const {
@@ -97,8 +109,7 @@ std::uint64_t ControlPlane::unixNow() const {
 void ControlPlane::restoreAffinity(Millis now) {
   const std::optional<TablesState> tables = keeper_.restore(now, unixNow());
   if (keeper_.takeRestoredChanged()) {
-    builder_.setExceptions(
-        keeper_.exceptionTable([&](std::uint64_t id) { return builder_.indexOf(id); }));
+    refreshExceptions();
   }
   if (!tables) return;
   // Next hops the kernel does not know yet (starting an af_packet port
@@ -230,6 +241,7 @@ void ControlPlane::applyTargets() {
 
 std::vector<int> ControlPlane::pollFds() const {
   std::vector<int> fds;
+  if (peers_ && peers_->pollFd() >= 0) fds.push_back(peers_->pollFd());
   if (health_.pollFd() >= 0) fds.push_back(health_.pollFd());
   if (scraper_.pollFd() >= 0) fds.push_back(scraper_.pollFd());
   return fds;
@@ -403,6 +415,7 @@ bool ControlPlane::tick(Millis now) {
     if (applyPolicy(now, churnDue)) dirty_ = true;
     if (churnDue) lastChurn_ = now;
   }
+  tickPeers(now, statesChanged);
   if (dataplane_ != nullptr) {
     keeper_.tick(
         now, unixNow(), generation_, dataplane_->appliedGeneration(),
@@ -412,8 +425,7 @@ bool ControlPlane::tick(Millis now) {
             [&](std::uint64_t n) { return dataplane_->collectExceptionExport(n); }});
   }
   if (keeper_.takeRestoredChanged()) {
-    builder_.setExceptions(
-        keeper_.exceptionTable([&](std::uint64_t id) { return builder_.indexOf(id); }));
+    refreshExceptions();
     dirty_ = true;
   }
   recycleIndices();
@@ -427,6 +439,39 @@ bool ControlPlane::tick(Millis now) {
   return dirty_;
 }
 
+void ControlPlane::tickPeers(Millis now, bool statesChanged) {
+  if (!peers_) return;
+  peers_->poll(now);
+  // A backend that stops taking flows here takes the peers' records on it out.
+  if (peers_->takeChanged() || statesChanged) peersPending_ = true;
+  if (!peersPending_ || now < peersBuiltAt_ + 250) return;
+  peersPending_ = false;
+  peersBuiltAt_ = now;
+  refreshExceptions();
+  dirty_ = true;
+}
+
+void ControlPlane::refreshExceptions() {
+  const auto indexOf = [&](std::uint64_t id) { return builder_.indexOf(id); };
+  std::vector<ExceptionEntry> entries;
+  if (peers_) {
+    std::size_t ignored = 0;
+    for (const PeerException& e : peers_->exceptions()) {
+      const std::optional<BackendState> s = states_.state(e.backendId);
+      const std::uint32_t index = indexOf(e.backendId);
+      if (index == 0 || (s != BackendState::Active && s != BackendState::Draining)) {
+        ++ignored;
+        continue;
+      }
+      entries.push_back(ExceptionEntry{e.hash, index, e.state});
+    }
+    peers_->noteUse(entries.size(), ignored);
+  }
+  keeper_.restoredEntries(indexOf, entries);
+  builder_.setExceptions(entries.empty() ? nullptr
+                                         : std::make_shared<const ExceptionTable>(entries));
+}
+
 void ControlPlane::recycleIndices() {
   if (dataplane_ == nullptr) return;
   if (purgeAsked_ != 0) {
@@ -437,9 +482,8 @@ void ControlPlane::recycleIndices() {
     builder_.indicesPurged(purging_);
     // Restored exceptions name backends by id: map them again, so none keeps
     // an index that may now go to another backend.
-    if (keeper_.stats().restoredAlive > 0) {
-      builder_.setExceptions(
-          keeper_.exceptionTable([&](std::uint64_t id) { return builder_.indexOf(id); }));
+    if (keeper_.stats().restoredAlive > 0 || peers_) {
+      refreshExceptions();
       dirty_ = true;
     }
     if (flowCountAt_ != 0) recycledDuringCount_.insert(purging_.begin(), purging_.end());
@@ -601,7 +645,8 @@ ApiResult ControlPlane::status() {
               {"warmup", warmup_},
               {"warmup_ms", warmup_ ? Json(now_ - warmupStarted_)
                                     : warmupTook_ ? Json(*warmupTook_) : Json(nullptr)},
-              {"checkpoint", checkpointStatsJson(keeper_, now_)}};
+              {"checkpoint", checkpointStatsJson(keeper_, now_)},
+              {"tier", peers_ ? peers_->status(now_) : Json{{"enabled", false}}}};
 }
 
 ApiResult ControlPlane::vipList() {
@@ -1498,6 +1543,7 @@ std::string ControlPlane::metricsText() {
     m.gauge("spillway_restored_exceptions", "Restored flow exceptions still alive.", {},
             static_cast<double>(c.restoredAlive));
   }
+  if (peers_) peers_->metrics(m, now_);
   const BackendIndexStats ix = builder_.indexStats();
   m.gauge("spillway_backend_indices_max", "Backends that may be known at once.", {},
           ix.maxBackends);
