@@ -76,7 +76,8 @@ PeerChannel::PeerChannel(TierConfig config, std::uint64_t hashSeed, EventLog& ev
       timers_(timers),
       epoll_(epoll_create1(EPOLL_CLOEXEC)),
       local_(std::make_shared<const LocalSet>()) {
-  for (const TierPeerConfig& p : config_.peers) peers_.push_back(Peer{p});
+  peers_.resize(config_.peers.size());
+  for (std::size_t i = 0; i < peers_.size(); ++i) peers_[i].config = config_.peers[i];
 }
 
 PeerChannel::~PeerChannel() = default;
@@ -192,6 +193,10 @@ void PeerChannel::poll(Millis now) {
     if (it == conns_.end()) continue;
     Conn& c = it->second;
     if (!service(id, c, now)) continue;
+    if (!flush(c)) {
+      close(id, "write: " + errnoText(errno), now);
+      continue;
+    }
     if (c.phase != Phase::Up) {
       if (now - c.opened > timers_.handshakeTimeout) {
         close(id, "no handshake within " + std::to_string(timers_.handshakeTimeout) + " ms", now);

@@ -7,6 +7,7 @@
 
 #include <vector>
 
+#include "control/peer_channel.hpp"
 #include "control/peer_wire.hpp"
 #include "spillway/flow_exceptions.hpp"
 
@@ -55,6 +56,22 @@ void BM_PeerVerifyAndDecode(benchmark::State& state) {
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * records.size()));
 }
 BENCHMARK(BM_PeerVerifyAndDecode);
+
+// The sender's side once per export: this instance's exceptions become the
+// new local set (compared with the last one); the difference to each peer is
+// of the same order (one lookup per record).
+void BM_PeerPublishLocal(benchmark::State& state) {
+  auto records = sample(static_cast<std::size_t>(state.range(0)));
+  EventLog events(16);
+  PeerChannel channel(TierConfig{}, kSeed, events);
+  std::uint64_t round = 0;
+  for (auto _ : state) {
+    records[round++ % records.size()].backendId ^= 1;  // one change per export
+    channel.publishLocal(records);
+  }
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * records.size()));
+}
+BENCHMARK(BM_PeerPublishLocal)->Arg(10'000)->Arg(1'000'000)->Unit(benchmark::kMillisecond);
 
 // The receiver's side once per change batch: the exception table rebuilt from
 // the peers' records (the control plane does this at most every 250 ms).

@@ -33,7 +33,8 @@ TEST(PeerFrame, RoundTripWithAndWithoutKey) {
   const std::string payload = "some exception bytes";
   const std::string f = encodePeerFrame(PeerFrameType::Records, payload, &k, 7);
   EXPECT_EQ(f.size(), kPeerHeaderBytes + payload.size() + kPeerTagBytes);
-  const PeerDecoded d = decodePeerFrame(f + "next", &k, 7);
+  const std::string buffer = f + "next";
+  const PeerDecoded d = decodePeerFrame(buffer, &k, 7);
   ASSERT_NE(frameOf(d), nullptr) << std::get<PeerBadFrame>(d).reason;
   EXPECT_EQ(frameOf(d)->type, PeerFrameType::Records);
   EXPECT_EQ(frameOf(d)->payload, payload);
