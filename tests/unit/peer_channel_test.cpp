@@ -25,6 +25,7 @@
 #include "control/peer_channel.hpp"
 #include "control/snapshot_builder.hpp"
 #include "fake_dataplane.hpp"
+#include "tier_fixture.hpp"
 
 namespace spillway {
 namespace {
@@ -260,28 +261,7 @@ class TierControl : public ::testing::Test {
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
   Config config() {
-    std::string text = R"([dataplane]
-lcores = [1]
-hash_seed = "0x0123456789abcdef"
-
-[[port]]
-name = "p0"
-devargs = "net_ring0"
-address = "10.0.0.1"
-next_hop_mac = "02:00:00:00:00:aa"
-
-[[pool]]
-name = "onprem"
-site = "onprem"
-encap = "ipip"
-
-[[vip]]
-name = "nccl"
-address = "192.0.2.1"
-protocol = "tcp"
-table_size = 1009
-pools = ["onprem"]
-
+    const std::string text = test::tierEstate() + R"(
 [control]
 state_dir = ")" + dir_ + R"("
 
@@ -291,10 +271,6 @@ listen = ")" + at(pa_) + R"("
 peers = [{name = "lb-b", address = ")" + at(pb_) + R"("}]
 secret_file = ")" + secret_ + R"("
 )";
-    for (int i = 1; i <= 3; ++i) {
-      text += "\n[[backend]]\nname = \"b" + std::to_string(i) + "\"\naddress = \"10.0.1." +
-              std::to_string(i) + "\"\npool = \"onprem\"\n";
-    }
     auto r = loadConfigFromString(text, "test.toml");
     EXPECT_TRUE(r) << formatErrors(r.errors());
     return r.value();

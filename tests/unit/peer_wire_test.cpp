@@ -16,6 +16,7 @@
 
 #include "control/config.hpp"
 #include "control/peer_wire.hpp"
+#include "tier_fixture.hpp"
 
 namespace spillway {
 namespace {
@@ -209,34 +210,7 @@ TEST_F(TierFiles, SecretFileMustBePrivateAndLongEnough) {
   EXPECT_EQ(*ok, "0123456789abcdef0123");
 }
 
-std::string baseConfig() {
-  return R"([dataplane]
-lcores = [1]
-hash_seed = "0x0123456789abcdef"
-
-[[port]]
-name = "p0"
-devargs = "net_ring0"
-address = "10.0.0.1"
-next_hop_mac = "02:00:00:00:00:aa"
-
-[[pool]]
-name = "onprem"
-site = "onprem"
-encap = "ipip"
-
-[[vip]]
-name = "v"
-address = "192.0.2.1"
-protocol = "tcp"
-pools = ["onprem"]
-
-[[backend]]
-name = "b1"
-address = "10.0.1.1"
-pool = "onprem"
-)";
-}
+std::string baseConfig() { return test::tierEstate(); }
 
 TEST_F(TierFiles, TierSectionIsValidatedWithClearErrors) {
   const std::string path = secret("0123456789abcdef0123", 0600);
