@@ -401,7 +401,7 @@ void PeerChannel::up(std::uint64_t id, Conn& c, Millis now) {
   if (c.outbound) {
     c.dumping = true;
     c.dumpOf = local_;
-    c.cursor = c.dumpOf->begin();
+    c.cursor = 0;
     send(c, PeerFrameType::DumpBegin, {});
   } else {
     p.inConn = id;
@@ -479,13 +479,13 @@ void PeerChannel::pump(Conn& c) {
   };
   while (c.out.size() - c.outSent < kLowWater) {
     if (c.dumping) {
-      while (c.cursor != c.dumpOf->end() && chunk.size() < kPeerRecordsPerFrame) {
-        chunk.push_back(FlowExceptionRecord{c.cursor->first, c.cursor->second.backendId,
-                                            c.cursor->second.state, 0});
-        ++c.cursor;
+      const LocalSet& dump = *c.dumpOf;
+      for (; c.cursor < dump.size() && chunk.size() < kPeerRecordsPerFrame; ++c.cursor) {
+        chunk.push_back(
+            FlowExceptionRecord{dump[c.cursor].hash, dump[c.cursor].backendId, dump[c.cursor].state, 0});
       }
       if (!chunk.empty()) sendRecords();
-      if (c.cursor == c.dumpOf->end()) {
+      if (c.cursor == dump.size()) {
         send(c, PeerFrameType::DumpEnd, {});
         c.dumping = false;
         c.base = std::move(c.dumpOf);
@@ -497,21 +497,33 @@ void PeerChannel::pump(Conn& c) {
     // The difference between what the peer has and what is here now; a slow
     // peer gets one larger difference later instead of a queue of them.
     std::vector<std::uint64_t> removed;
-    for (const auto& [hash, r] : *local_) {
-      auto it = c.base->find(hash);
-      if (it != c.base->end() && it->second == r) continue;
-      chunk.push_back(FlowExceptionRecord{hash, r.backendId, r.state, 0});
+    const LocalSet& was = *c.base;
+    const LocalSet& now = *local_;
+    const auto upsert = [&](const LocalRecord& r) {
+      chunk.push_back(FlowExceptionRecord{r.hash, r.backendId, r.state, 0});
       if (chunk.size() == kPeerRecordsPerFrame) sendRecords();
-    }
-    if (!chunk.empty()) sendRecords();
-    for (const auto& [hash, r] : *c.base) {
-      if (local_->count(hash) != 0) continue;
+    };
+    const auto remove = [&](std::uint64_t hash) {
       removed.push_back(hash);
       if (removed.size() == kPeerRemovedPerFrame) {
         send(c, PeerFrameType::Removed, encodePeerRemoved(removed));
         removed.clear();
       }
+    };
+    std::size_t i = 0;
+    std::size_t j = 0;
+    while (i < was.size() || j < now.size()) {
+      if (j == now.size() || (i < was.size() && was[i].hash < now[j].hash)) {
+        remove(was[i++].hash);
+      } else if (i == was.size() || now[j].hash < was[i].hash) {
+        upsert(now[j++]);
+      } else {
+        if (!(was[i] == now[j])) upsert(now[j]);
+        ++i;
+        ++j;
+      }
     }
+    if (!chunk.empty()) sendRecords();
     if (!removed.empty()) send(c, PeerFrameType::Removed, encodePeerRemoved(removed));
     c.base = local_;
   }
@@ -589,8 +601,13 @@ void PeerChannel::publishLocal(std::span<const FlowExceptionRecord> records) {
   auto next = std::make_shared<LocalSet>();
   next->reserve(records.size());
   for (const FlowExceptionRecord& r : records) {
-    next->emplace(r.hash, LocalRecord{r.backendId, r.state});
+    next->push_back(LocalRecord{r.hash, r.backendId, r.state});
   }
+  std::stable_sort(next->begin(), next->end(),
+                   [](const LocalRecord& a, const LocalRecord& b) { return a.hash < b.hash; });
+  next->erase(std::unique(next->begin(), next->end(),
+                          [](const LocalRecord& a, const LocalRecord& b) { return a.hash == b.hash; }),
+              next->end());
   if (*next == *local_) return;
   local_ = std::move(next);
 }
@@ -600,16 +617,23 @@ bool PeerChannel::takeChanged() noexcept {
 }
 
 std::vector<PeerException> PeerChannel::exceptions() const {
-  std::unordered_map<std::uint64_t, Held> merged;
+  // In receive order, so that of two records of one flow (two peers) the
+  // later one comes last and wins in the ExceptionTable built from them.
+  std::vector<std::pair<std::uint64_t, PeerException>> all;
+  std::size_t sources = 0;
   for (const Peer& p : peers_) {
+    sources += !p.held.empty();
     for (const auto& [hash, h] : p.held) {
-      auto [it, inserted] = merged.emplace(hash, h);
-      if (!inserted && h.stamp > it->second.stamp) it->second = h;
+      all.emplace_back(h.stamp, PeerException{hash, h.backendId, h.state});
     }
   }
+  if (sources > 1) {
+    std::sort(all.begin(), all.end(),
+              [](const auto& a, const auto& b) { return a.first < b.first; });
+  }
   std::vector<PeerException> out;
-  out.reserve(merged.size());
-  for (const auto& [hash, h] : merged) out.push_back(PeerException{hash, h.backendId, h.state});
+  out.reserve(all.size());
+  for (const auto& [stamp, e] : all) out.push_back(e);
   return out;
 }
 

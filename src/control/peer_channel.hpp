@@ -25,8 +25,9 @@
 // max_output_bytes unsent) is disconnected and later resynced with a dump
 // streamed as its socket drains; it never blocks the control thread.
 //
-// exceptions(): the union of the peers' sets (on conflict the most recently
-// received record wins), for the snapshot's ExceptionTable.
+// exceptions(): the peers' sets in the order their records were received,
+// for the snapshot's ExceptionTable (of two records of one flow the later
+// wins there: the most recently received).
 //
 // Thread contract: control thread only; poll() never blocks (non-blocking
 // sockets; pollFd() for the daemon's epoll). Time is injected.
@@ -93,6 +94,8 @@ class PeerChannel {
 
   // True once after the union of the peers' sets changed.
   bool takeChanged() noexcept;
+  // Every peer's records; a flow held from two peers appears twice, the more
+  // recently received last.
   [[nodiscard]] std::vector<PeerException> exceptions() const;
   // What the caller did with exceptions(): records in the exception table,
   // and records ignored (backend unknown here, or not active/draining).
@@ -115,11 +118,14 @@ class PeerChannel {
     std::uint64_t stamp = 0;  // receive order, for "most recent wins"
   };
   struct LocalRecord {
+    std::uint64_t hash = 0;
     std::uint64_t backendId = 0;
     FlowState state = FlowState::Established;
     friend bool operator==(const LocalRecord&, const LocalRecord&) = default;
   };
-  using LocalSet = std::unordered_map<std::uint64_t, LocalRecord>;
+  // Sorted by hash, one record a hash: equality, dumps and differences are
+  // linear scans (no node per record).
+  using LocalSet = std::vector<LocalRecord>;
   enum class Phase : std::uint8_t { Connecting, AwaitHello, AwaitAuth, AwaitAccept, Up };
 
   struct Conn {
@@ -143,7 +149,7 @@ class PeerChannel {
     // Outbound, once up: what the peer has (base), and a dump in progress.
     std::shared_ptr<const LocalSet> base;
     std::shared_ptr<const LocalSet> dumpOf;
-    LocalSet::const_iterator cursor;
+    std::size_t cursor = 0;
     bool dumping = false;
   };
   struct Peer {

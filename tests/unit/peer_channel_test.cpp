@@ -165,6 +165,30 @@ TEST_F(PeerPair, DisconnectedPeerIsHeldThenReplacedByItsNextDump) {
   EXPECT_EQ(byHash(b->exceptions()), byHash(fresh));
 }
 
+TEST_F(PeerPair, OfTwoPeersTheMoreRecentlyReceivedRecordWins) {
+  const std::uint16_t pc = freePort();
+  auto b = std::make_unique<PeerChannel>(
+      tier("lb-b", pb_, {TierPeerConfig{"lb-a", at(pa_)}, TierPeerConfig{"lb-c", at(pc)}}), kSeed,
+      events_);
+  ASSERT_FALSE(b->open());
+  auto a = make("lb-a", pa_, "lb-b", pb_);
+  auto c = make("lb-c", pc, "lb-b", pb_);
+  const std::uint64_t flow = 0x42;
+  const auto one = [&](std::uint64_t backend) {
+    return std::vector<FlowExceptionRecord>{{flow, backend, FlowState::Established, 0}};
+  };
+  const auto all = [&] { step({a.get(), b.get(), c.get()}); };
+  a->publishLocal(one(1));
+  ASSERT_TRUE(pollUntil(all, [&] { return b->held("lb-a") == 1; }));
+  c->publishLocal(one(2));
+  ASSERT_TRUE(pollUntil(all, [&] { return b->held("lb-c") == 1; }));
+  EXPECT_EQ(byHash(b->exceptions())[flow], 2u);
+  // A moves the flow again: its record is now the more recent one.
+  a->publishLocal(one(3));
+  ASSERT_TRUE(pollUntil(all, [&] { return byHash(b->exceptions())[flow] == 3u; }));
+  EXPECT_EQ(b->held("lb-c"), 1u);
+}
+
 TEST_F(PeerPair, SilentPeerTimesOutAndIsForgottenAfterHoldTime) {
   auto a = make("lb-a", pa_, "lb-b", pb_);
   auto b = make("lb-b", pb_, "lb-a", pa_);
