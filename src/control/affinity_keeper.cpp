@@ -98,14 +98,6 @@ void AffinityKeeper::restoredEntries(
   }
 }
 
-std::shared_ptr<const ExceptionTable> AffinityKeeper::exceptionTable(
-    const std::function<std::uint32_t(std::uint64_t id)>& indexOf) const {
-  std::vector<ExceptionEntry> entries;
-  restoredEntries(indexOf, entries);
-  if (entries.empty()) return nullptr;
-  return std::make_shared<const ExceptionTable>(entries);
-}
-
 bool AffinityKeeper::takeRestoredChanged() noexcept {
   const bool c = restoredChanged_;
   restoredChanged_ = false;

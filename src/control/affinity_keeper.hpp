@@ -88,14 +88,11 @@ class AffinityKeeper {
   [[nodiscard]] bool enabled() const noexcept { return !options_.stateDir.empty(); }
 
   // At start: what the previous process left. Returns its tables state when
-  // usable; restored exceptions are kept (see exceptionTable()).
+  // usable; restored exceptions are kept (see restoredEntries()).
   std::optional<TablesState> restore(Millis now, std::uint64_t unixMs);
 
-  // The restored exceptions still alive, as an ExceptionTable over the
-  // indices `indexOf` gives (0: unknown backend, skipped); null when none.
-  [[nodiscard]] std::shared_ptr<const ExceptionTable> exceptionTable(
-      const std::function<std::uint32_t(std::uint64_t id)>& indexOf) const;
-  // The same as entries, appended to `out`.
+  // The restored exceptions still alive, as ExceptionTable entries over the
+  // indices `indexOf` gives (0: unknown backend, skipped), appended to `out`.
   void restoredEntries(const std::function<std::uint32_t(std::uint64_t id)>& indexOf,
                        std::vector<ExceptionEntry>& out) const;
   // True once after the restored set changed (so the caller republishes).

@@ -95,10 +95,7 @@ ControlPlane::ControlPlane(Config config, std::string configPath, SnapshotBuilde
   (void)applyPolicy(now, true);
   restoreAffinity(now);
   lastChurn_ = now;
-  if (!config_.tier.peers.empty()) {
-    peers_ = std::make_unique<PeerChannel>(config_.tier, config_.dataplane.hashSeed, events_);
-    if (auto e = peers_->open()) report(*e + " (peers can still be reached; they cannot reach this instance)");
-  }
+  startPeers();
 }
 
 std::uint64_t ControlPlane::unixNow() const {
@@ -439,39 +436,6 @@ bool ControlPlane::tick(Millis now) {
   return dirty_;
 }
 
-void ControlPlane::tickPeers(Millis now, bool statesChanged) {
-  if (!peers_) return;
-  peers_->poll(now);
-  // A backend that stops taking flows here takes the peers' records on it out.
-  if (peers_->takeChanged() || statesChanged) peersPending_ = true;
-  if (!peersPending_ || now < peersBuiltAt_ + 250) return;
-  peersPending_ = false;
-  peersBuiltAt_ = now;
-  refreshExceptions();
-  dirty_ = true;
-}
-
-void ControlPlane::refreshExceptions() {
-  const auto indexOf = [&](std::uint64_t id) { return builder_.indexOf(id); };
-  std::vector<ExceptionEntry> entries;
-  if (peers_) {
-    std::size_t ignored = 0;
-    for (const PeerException& e : peers_->exceptions()) {
-      const std::optional<BackendState> s = states_.state(e.backendId);
-      const std::uint32_t index = indexOf(e.backendId);
-      if (index == 0 || (s != BackendState::Active && s != BackendState::Draining)) {
-        ++ignored;
-        continue;
-      }
-      entries.push_back(ExceptionEntry{e.hash, index, e.state});
-    }
-    peers_->noteUse(entries.size(), ignored);
-  }
-  keeper_.restoredEntries(indexOf, entries);
-  builder_.setExceptions(entries.empty() ? nullptr
-                                         : std::make_shared<const ExceptionTable>(entries));
-}
-
 void ControlPlane::recycleIndices() {
   if (dataplane_ == nullptr) return;
   if (purgeAsked_ != 0) {
@@ -480,8 +444,8 @@ void ControlPlane::recycleIndices() {
     // no index is freed (and so reused) while one is in flight.
     if (keeper_.exporting()) return;
     builder_.indicesPurged(purging_);
-    // Restored exceptions name backends by id: map them again, so none keeps
-    // an index that may now go to another backend.
+    // Restored and peers' exceptions name backends by id: map them again, so
+    // none keeps an index that may now go to another backend.
     if (keeper_.stats().restoredAlive > 0 || peers_) {
       refreshExceptions();
       dirty_ = true;

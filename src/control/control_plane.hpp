@@ -132,8 +132,10 @@ class ControlPlane final : public ControlApi {
   [[nodiscard]] std::uint64_t unixNow() const;
   void recycleIndices();
   void noteHolds(Millis now);
-  // The snapshot's exception table: the peers' exceptions on backends that
-  // take flows here, then the restored ones (which win).
+  // LB tier (control_plane_tier.cpp). The snapshot's exception table: the
+  // peers' exceptions on backends that take flows here, then the restored
+  // ones (which win).
+  void startPeers();
   void refreshExceptions();
   // The peer channel: poll, and rebuild the exceptions at most every 250 ms.
   void tickPeers(Millis now, bool statesChanged);

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "control/affinity_keeper.hpp"
 #include "control/control_plane.hpp"
 #include "control/peer_channel.hpp"
 #include "control/snapshot_builder.hpp"
@@ -266,6 +267,55 @@ TEST_F(PeerPair, GarbageFromAnUnauthenticatedClientIsDroppedAndTheChannelLives) 
   a->publishLocal(records(1, 1, 77));
   ASSERT_TRUE(pollUntil([&] { step({a.get(), b.get()}); },
                         [&] { return b->held("lb-a") == 1; }));
+}
+
+// --- The keeper's exports for the peers --------------------------------------
+
+TEST(KeeperSync, ExportsEverySyncIntervalAndWritesCheckpointsOnlyWhenTheyAreDue) {
+  char tmpl[] = "/tmp/spillway-keeper-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  EventLog events(64);
+  std::vector<std::vector<FlowExceptionRecord>> exported;
+  AffinityKeeper keeper(
+      AffinityKeeper::Options{.stateDir = dir,
+                              .hashSeed = kSeed,
+                              .exportInterval = 1000,
+                              .onExport =
+                                  [&](std::span<const FlowExceptionRecord> r) {
+                                    exported.emplace_back(r.begin(), r.end());
+                                  }},
+      events);
+  std::uint64_t asked = 0;
+  const std::vector<ExportedFlow> flows{{0x10, 1, FlowState::Established, 0}};
+  const ExceptionExportHooks hooks{
+      [&](std::uint64_t n) { asked = n; },
+      [&](std::uint64_t n) -> std::optional<std::vector<ExportedFlow>> {
+        if (n != asked) return std::nullopt;
+        return flows;
+      }};
+  const auto tick = [&](Millis t) {
+    keeper.tick(
+        t, 1'000'000 + static_cast<std::uint64_t>(t), 1, 1, [] { return TablesState{}; },
+        [](std::uint32_t i) -> std::uint64_t { return i == 1 ? 77 : 0; }, hooks);
+  };
+  tick(0);
+  tick(1);  // the first export writes the first checkpoint
+  ASSERT_EQ(exported.size(), 1u);
+  EXPECT_EQ(exported[0], (std::vector<FlowExceptionRecord>{{0x10, 77, FlowState::Established, 0}}));
+  EXPECT_EQ(keeper.stats().checkpoints, 1u);
+  tick(500);
+  tick(501);
+  EXPECT_EQ(exported.size(), 1u);  // not due
+  tick(1000);
+  tick(1001);
+  EXPECT_EQ(exported.size(), 2u);                // for the peers
+  EXPECT_EQ(keeper.stats().checkpoints, 1u);     // and no write
+  tick(60'000);
+  tick(60'001);
+  EXPECT_EQ(exported.size(), 3u);
+  EXPECT_EQ(keeper.stats().checkpoints, 2u);     // the periodic checkpoint
+  std::filesystem::remove_all(dir);
 }
 
 // --- A ControlPlane with a peer ---------------------------------------------
