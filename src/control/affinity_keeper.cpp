@@ -88,16 +88,14 @@ std::optional<TablesState> AffinityKeeper::restore(Millis now, std::uint64_t uni
   return tables;
 }
 
-std::shared_ptr<const ExceptionTable> AffinityKeeper::exceptionTable(
-    const std::function<std::uint32_t(std::uint64_t id)>& indexOf) const {
-  std::vector<ExceptionEntry> entries;
-  entries.reserve(restored_.size());
+void AffinityKeeper::restoredEntries(
+    const std::function<std::uint32_t(std::uint64_t id)>& indexOf,
+    std::vector<ExceptionEntry>& out) const {
+  out.reserve(out.size() + restored_.size());
   for (const auto& [hash, r] : restored_) {
     const std::uint32_t index = indexOf(r.backendId);
-    if (index != 0) entries.push_back(ExceptionEntry{hash, index, r.state});
+    if (index != 0) out.push_back(ExceptionEntry{hash, index, r.state});
   }
-  if (entries.empty()) return nullptr;
-  return std::make_shared<const ExceptionTable>(entries);
 }
 
 bool AffinityKeeper::takeRestoredChanged() noexcept {
@@ -110,13 +108,14 @@ void AffinityKeeper::tick(Millis now, std::uint64_t unixMs, std::uint64_t publis
                           std::uint64_t applied, const std::function<TablesState()>& tables,
                           const std::function<std::uint64_t(std::uint32_t)>& idOf,
                           const ExceptionExportHooks& hooks) {
-  if (!enabled() || !hooks.request || !hooks.collect) return;
+  if ((!enabled() && options_.exportInterval == 0) || !hooks.request || !hooks.collect) return;
   if (exporting_) {
     if (auto flows = hooks.collect(exportN_)) {
       exporting_ = false;
+      const bool writes = !syncOnly_;
       complete(now, unixMs, *flows, std::move(*exportTables_), idOf);
       exportTables_.reset();
-      checkpointedGeneration_ = exportGeneration_;
+      if (writes) checkpointedGeneration_ = exportGeneration_;
     } else if (now - exportStarted_ > kExportGiveUp) {
       exporting_ = false;
       ++stats_.failures;
@@ -126,9 +125,14 @@ void AffinityKeeper::tick(Millis now, std::uint64_t unixMs, std::uint64_t publis
     return;
   }
   const bool changed = published > checkpointedGeneration_;
-  const bool due = !lastStart_ || (changed && now >= *lastStart_ + options_.minInterval) ||
-                   now >= *lastStart_ + options_.maxInterval;
-  if (!due || applied < published || published == 0) return;
+  const bool write = enabled() && (!lastWriteStart_ ||
+                                   (changed && now >= *lastStart_ + options_.minInterval) ||
+                                   now >= *lastWriteStart_ + options_.maxInterval);
+  const bool sync = options_.exportInterval > 0 && (!lastStart_ ||
+                                                    now >= *lastStart_ + options_.exportInterval);
+  if (!(write || sync) || applied < published || published == 0) return;
+  syncOnly_ = !write;
+  if (write) lastWriteStart_ = now;
   exporting_ = true;
   exportStarted_ = now;
   lastStart_ = now;
@@ -142,6 +146,7 @@ void AffinityKeeper::finalCheckpoint(Millis now, std::uint64_t unixMs,
                                      const std::function<std::uint64_t(std::uint32_t)>& idOf) {
   if (!enabled()) return;
   exportStarted_ = now;
+  syncOnly_ = false;
   complete(now, unixMs, flows, tables, idOf);
 }
 
@@ -180,6 +185,8 @@ void AffinityKeeper::complete(Millis now, std::uint64_t unixMs,
   }
   if (restored_.size() != before) restoredChanged_ = true;
   stats_.restoredAlive = restored_.size();
+  if (options_.onExport) options_.onExport(records);
+  if (std::exchange(syncOnly_, false)) return;
 
   const Millis writeStart = steadyNowMs();
   if (!dirReady_) {

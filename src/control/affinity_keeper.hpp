@@ -35,6 +35,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -75,6 +76,11 @@ class AffinityKeeper {
     FlowTimeouts timeouts{};
     Millis minInterval = 250;
     Millis maxInterval = 60'000;
+    // LB tier (peer_channel.hpp): also export this often, and hand every
+    // export's records (tracked and restored) to onExport; an export due
+    // only to this interval writes no checkpoint. 0 = no such exports.
+    Millis exportInterval = 0;
+    std::function<void(std::span<const FlowExceptionRecord>)> onExport;
   };
 
   AffinityKeeper(Options options, EventLog& events);
@@ -82,13 +88,13 @@ class AffinityKeeper {
   [[nodiscard]] bool enabled() const noexcept { return !options_.stateDir.empty(); }
 
   // At start: what the previous process left. Returns its tables state when
-  // usable; restored exceptions are kept (see exceptionTable()).
+  // usable; restored exceptions are kept (see restoredEntries()).
   std::optional<TablesState> restore(Millis now, std::uint64_t unixMs);
 
-  // The restored exceptions still alive, as an ExceptionTable over the
-  // indices `indexOf` gives (0: unknown backend, skipped); null when none.
-  [[nodiscard]] std::shared_ptr<const ExceptionTable> exceptionTable(
-      const std::function<std::uint32_t(std::uint64_t id)>& indexOf) const;
+  // The restored exceptions still alive, as ExceptionTable entries over the
+  // indices `indexOf` gives (0: unknown backend, skipped), appended to `out`.
+  void restoredEntries(const std::function<std::uint32_t(std::uint64_t id)>& indexOf,
+                       std::vector<ExceptionEntry>& out) const;
   // True once after the restored set changed (so the caller republishes).
   bool takeRestoredChanged() noexcept;
 
@@ -134,6 +140,8 @@ class AffinityKeeper {
   std::optional<TablesState> exportTables_;
   std::uint64_t checkpointedGeneration_ = 0;
   std::optional<Millis> lastStart_;
+  std::optional<Millis> lastWriteStart_;  // of the last export that writes a checkpoint
+  bool syncOnly_ = false;                 // the export in flight writes no checkpoint
   std::optional<Millis> lastEventAt_;  // of the last "checkpoint" event
 };
 

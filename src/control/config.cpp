@@ -17,6 +17,7 @@
 #include <sstream>
 #include <utility>
 
+#include "control/peer_wire.hpp"
 #include "spillway/errno_text.hpp"
 
 namespace spillway {
@@ -426,6 +427,7 @@ class Loader {
   void loadPolicy(const toml::table& root, std::set<std::string>& used);
   void loadControl(const toml::table& root, std::set<std::string>& used);
   void loadAnnounce(const toml::table& root, std::set<std::string>& used);
+  void loadTier(const toml::table& root, std::set<std::string>& used);
   // The top-level table `key`, or nullptr when absent or not a table (then an
   // error).
   const toml::table* topTable(const toml::table& root, std::string_view key);
@@ -1438,6 +1440,78 @@ void Loader::loadAnnounce(const toml::table& root, std::set<std::string>& used) 
   s.finish();
 }
 
+void Loader::loadTier(const toml::table& root, std::set<std::string>& used) {
+  used.insert("tier");
+  const toml::table* t = topTable(root, "tier");
+  if (t == nullptr) return;
+  Section s(*this, *t, "tier");
+  TierConfig& c = config_.tier;
+  const char* addressHelp = "expected \"address:port\" (\"192.0.2.1:9560\", \"[2001:db8::1]:9560\")";
+  if (auto v = s.name("node")) c.node = *v;
+  if (auto v = s.string("listen")) {
+    if (!isListenAddress(*v)) {
+      s.fail("listen", addressHelp);
+    } else {
+      c.listen = *v;
+    }
+  }
+  std::set<std::string> names;
+  if (const toml::array* a = s.array("peers")) {
+    for (std::size_t i = 0; i < a->size(); ++i) {
+      const std::string where = "tier.peers[" + std::to_string(i) + "]";
+      const toml::table* pt = a->get(i)->as_table();
+      if (pt == nullptr) {
+        error(regionPlace(a->get(i)->source()), where, describe(*a->get(i)),
+              "expected a table {name = \"...\", address = \"address:port\"}");
+        continue;
+      }
+      Section ps(*this, *pt, where);
+      TierPeerConfig p;
+      if (auto v = ps.name("name")) p.name = *v;
+      if (auto v = ps.string("address", true)) {
+        if (!isListenAddress(*v)) ps.fail("address", addressHelp);
+        p.address = *v;
+      }
+      ps.finish();
+      if (!p.name.empty() && (p.name == c.node || !names.insert(p.name).second)) {
+        ps.fail("name", p.name == c.node ? "is this instance's own node name"
+                                         : "listed twice; each peer once");
+      }
+      c.peers.push_back(std::move(p));
+    }
+  }
+  if (auto v = s.seconds("sync_interval", 100, 60'000)) c.syncInterval = *v;
+  if (auto v = s.seconds("hold_time", 1000, 86'400'000)) c.holdTime = *v;
+  if (auto v = s.integer("max_records_per_peer", 1, 100'000'000)) {
+    c.maxRecordsPerPeer = static_cast<std::size_t>(*v);
+  }
+  if (auto v = s.integer("max_output_bytes", 1 << 20, std::int64_t{1} << 32)) {
+    c.maxOutputBytes = static_cast<std::size_t>(*v);
+  }
+  if (auto v = s.string("secret_file")) {
+    if (v->empty() || (*v)[0] != '/') {
+      s.fail("secret_file", "must be an absolute path");
+    } else {
+      c.secretFile = *v;
+    }
+  }
+  s.finish();
+  if (c.peers.empty()) return;
+  if (c.listen.empty()) s.failMissing("listen", "missing; required when peers are listed");
+  if (c.secretFile.empty()) {
+    s.failMissing("secret_file",
+                  "missing; required when peers are listed (a file of at least 16 bytes, mode "
+                  "0600, the same on every instance)");
+    return;
+  }
+  std::string why;
+  if (auto secret = readPeerSecret(c.secretFile, why)) {
+    c.secret = std::move(*secret);
+  } else {
+    s.fail("secret_file", why);
+  }
+}
+
 ConfigResult Loader::load(std::string_view text) {
   toml::table root;
   try {
@@ -1457,11 +1531,12 @@ ConfigResult Loader::load(std::string_view text) {
   loadPolicy(root, used);
   loadControl(root, used);
   loadAnnounce(root, used);
+  loadTier(root, used);
   for (auto&& [key, node] : root) {
     if (used.count(std::string(key.str())) != 0) continue;
     error(regionPlace(key.source()), std::string(key.str()), describe(node),
           "unknown key; the top level takes [dataplane], [policy], [control], [announce], "
-          "[[port]], [[pool]], [[vip]] and [[backend]]");
+          "[tier], [[port]], [[pool]], [[vip]] and [[backend]]");
   }
   if (!errors_.empty()) {
     std::stable_sort(errors_.begin(), errors_.end(),

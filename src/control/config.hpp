@@ -204,6 +204,25 @@ struct AnnounceConfig {
   Millis withdrawGraceMs = 1000;     // SIGTERM: withdrawn, forwarding this long, then stop
 };
 
+// The LB tier's peer channel ([tier], peer_channel.hpp): the instances this
+// one shares its flow exceptions with. No peers: no channel.
+struct TierPeerConfig {
+  std::string name;
+  std::string address;  // "192.0.2.2:9560", "[2001:db8::2]:9560"
+};
+
+struct TierConfig {
+  std::string node;    // this instance's name, as its peers list it
+  std::string listen;  // "address:port" the peers connect to
+  std::vector<TierPeerConfig> peers;
+  std::string secretFile;
+  std::string secret;  // the file's bytes, read when the configuration is loaded
+  Millis syncInterval = 1000;  // exceptions are exported (and sent) at least this often
+  Millis holdTime = 600'000;   // a disconnected peer's exceptions are kept this long
+  std::size_t maxRecordsPerPeer = 1'000'000;
+  std::size_t maxOutputBytes = std::size_t{16} << 20;  // per peer; past it: disconnect, resync
+};
+
 struct VipConfig {
   std::string name;
   IpAddress address;
@@ -231,6 +250,7 @@ struct BackendConfig {
 struct Config {
   DataplaneConfig dataplane;
   ControlConfig control;
+  TierConfig tier;
   PolicyConfig policy;
   AnnounceConfig announce;
   std::vector<PortConfig> ports;

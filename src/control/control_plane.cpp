@@ -62,8 +62,16 @@ ControlPlane::ControlPlane(Config config, std::string configPath, SnapshotBuilde
       policy_(config_.policy),
       wallClock_(std::move(wallClockMs)),
       journal_(config_.control.stateDir),
-      keeper_(AffinityKeeper::Options{config_.control.stateDir, config_.dataplane.hashSeed,
-                                      config_.dataplane.timeouts},
+      keeper_(AffinityKeeper::Options{.stateDir = config_.control.stateDir,
+                                      .hashSeed = config_.dataplane.hashSeed,
+                                      .timeouts = config_.dataplane.timeouts,
+                                      .exportInterval = config_.tier.peers.empty()
+                                                            ? 0
+                                                            : config_.tier.syncInterval,
+                                      .onExport =
+                                          [this](std::span<const FlowExceptionRecord> r) {
+                                            if (peers_) peers_->publishLocal(r);
+                                          }},
               events_) {
   if (!wallClock_) {
     wallClock_ = [] {
@@ -87,6 +95,7 @@ ControlPlane::ControlPlane(Config config, std::string configPath, SnapshotBuilde
   (void)applyPolicy(now, true);
   restoreAffinity(now);
   lastChurn_ = now;
+  startPeers();
 }
 
 std::uint64_t ControlPlane::unixNow() const {
@@ -97,8 +106,7 @@ std::uint64_t ControlPlane::unixNow() const {
 void ControlPlane::restoreAffinity(Millis now) {
   const std::optional<TablesState> tables = keeper_.restore(now, unixNow());
   if (keeper_.takeRestoredChanged()) {
-    builder_.setExceptions(
-        keeper_.exceptionTable([&](std::uint64_t id) { return builder_.indexOf(id); }));
+    refreshExceptions();
   }
   if (!tables) return;
   // Next hops the kernel does not know yet (starting an af_packet port
@@ -234,6 +242,7 @@ void ControlPlane::applyTargets() {
 
 std::vector<int> ControlPlane::pollFds() const {
   std::vector<int> fds;
+  if (peers_ && peers_->pollFd() >= 0) fds.push_back(peers_->pollFd());
   if (health_.pollFd() >= 0) fds.push_back(health_.pollFd());
   if (scraper_.pollFd() >= 0) fds.push_back(scraper_.pollFd());
   return fds;
@@ -410,6 +419,7 @@ bool ControlPlane::tick(Millis now) {
     if (applyPolicy(now, churnDue)) dirty_ = true;
     if (churnDue) lastChurn_ = now;
   }
+  tickPeers(now, statesChanged);
   if (dataplane_ != nullptr) {
     keeper_.tick(
         now, unixNow(), generation_, dataplane_->appliedGeneration(),
@@ -419,8 +429,7 @@ bool ControlPlane::tick(Millis now) {
             [&](std::uint64_t n) { return dataplane_->collectExceptionExport(n); }});
   }
   if (keeper_.takeRestoredChanged()) {
-    builder_.setExceptions(
-        keeper_.exceptionTable([&](std::uint64_t id) { return builder_.indexOf(id); }));
+    refreshExceptions();
     dirty_ = true;
   }
   recycleIndices();
@@ -442,11 +451,10 @@ void ControlPlane::recycleIndices() {
     // no index is freed (and so reused) while one is in flight.
     if (keeper_.exporting()) return;
     builder_.indicesPurged(purging_);
-    // Restored exceptions name backends by id: map them again, so none keeps
-    // an index that may now go to another backend.
-    if (keeper_.stats().restoredAlive > 0) {
-      builder_.setExceptions(
-          keeper_.exceptionTable([&](std::uint64_t id) { return builder_.indexOf(id); }));
+    // Restored and peers' exceptions name backends by id: map them again, so
+    // none keeps an index that may now go to another backend.
+    if (keeper_.stats().restoredAlive > 0 || peers_) {
+      refreshExceptions();
       dirty_ = true;
     }
     if (flowCountAt_ != 0) recycledDuringCount_.insert(purging_.begin(), purging_.end());
@@ -609,7 +617,8 @@ ApiResult ControlPlane::status() {
               {"warmup_ms", warmup_ ? Json(now_ - warmupStarted_)
                                     : warmupTook_ ? Json(*warmupTook_) : Json(nullptr)},
               {"checkpoint", checkpointStatsJson(keeper_, now_)},
-              {"announce", announceJson()}};
+              {"announce", announceJson()},
+              {"tier", peers_ ? peers_->status(now_) : Json{{"enabled", false}}}};
 }
 
 ApiResult ControlPlane::vipList() {
@@ -1515,6 +1524,7 @@ std::string ControlPlane::metricsText() {
     m.gauge("spillway_restored_exceptions", "Restored flow exceptions still alive.", {},
             static_cast<double>(c.restoredAlive));
   }
+  if (peers_) peers_->metrics(m, now_);
   const BackendIndexStats ix = builder_.indexStats();
   m.gauge("spillway_backend_indices_max", "Backends that may be known at once.", {},
           ix.maxBackends);

@@ -37,6 +37,7 @@
 #include "control/event_log.hpp"
 #include "control/health.hpp"
 #include "control/intent_journal.hpp"
+#include "control/peer_channel.hpp"
 #include "control/policy.hpp"
 #include "control/scraper.hpp"
 #include "control/snapshot_builder.hpp"
@@ -145,6 +146,13 @@ class ControlPlane final : public ControlApi {
   [[nodiscard]] std::uint64_t unixNow() const;
   void recycleIndices();
   void noteHolds(Millis now);
+  // LB tier (control_plane_tier.cpp). The snapshot's exception table: the
+  // peers' exceptions on backends that take flows here, then the restored
+  // ones (which win).
+  void startPeers();
+  void refreshExceptions();
+  // The peer channel: poll, and rebuild the exceptions at most every 250 ms.
+  void tickPeers(Millis now, bool statesChanged);
 
   // Intent.
   struct ApplyPlan {
@@ -219,6 +227,10 @@ class ControlPlane final : public ControlApi {
 
   AffinityKeeper keeper_;
   TablesState publishedTables_;  // as of the newest snapshot taken
+  // LB tier ([tier]): null without peers.
+  std::unique_ptr<PeerChannel> peers_;
+  bool peersPending_ = false;  // the peers' exceptions changed since the last rebuild
+  Millis peersBuiltAt_ = 0;
   // Warm-up: the start-up tables are the last process's (tables.json) and
   // the policy holds them until every backend has a settled health verdict
   // and, where its pool scrapes load, a successful sample; or kWarmupLimit.

@@ -21,18 +21,6 @@ constexpr std::size_t kHeaderBytes = 40;
 constexpr std::size_t kRecordBytes = 16;
 constexpr std::uint32_t kMaxIdleSeconds = (std::uint32_t{1} << 24) - 1;
 
-std::uint64_t seedTag(std::uint64_t seed) noexcept {
-  // splitmix64's finaliser, twice: one-way enough that the file does not
-  // carry the secret seed, deterministic so every instance agrees.
-  std::uint64_t z = seed + 0x9e3779b97f4a7c15ULL;
-  for (int i = 0; i < 2; ++i) {
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    z ^= z >> 31;
-  }
-  return z;
-}
-
 template <class T>
 void put(std::string& out, T value) {
   char b[sizeof(T)];
@@ -49,6 +37,18 @@ T get(std::string_view bytes, std::size_t at) {
 
 }  // namespace
 
+std::uint64_t hashSeedTag(std::uint64_t seed) noexcept {
+  // splitmix64's finaliser, twice: one-way enough that the file does not
+  // carry the secret seed, deterministic so every instance agrees.
+  std::uint64_t z = seed + 0x9e3779b97f4a7c15ULL;
+  for (int i = 0; i < 2; ++i) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    z ^= z >> 31;
+  }
+  return z;
+}
+
 std::string encodeFlowCheckpoint(std::uint64_t hashSeed, std::uint64_t writtenUnixMs,
                                  std::span<const FlowExceptionRecord> records) {
   std::map<std::uint64_t, std::uint32_t> ordinal;
@@ -63,7 +63,7 @@ std::string encodeFlowCheckpoint(std::uint64_t hashSeed, std::uint64_t writtenUn
   out.append(kMagic, sizeof kMagic);
   put<std::uint32_t>(out, kVersion);
   put<std::uint32_t>(out, static_cast<std::uint32_t>(ids.size()));
-  put<std::uint64_t>(out, seedTag(hashSeed));
+  put<std::uint64_t>(out, hashSeedTag(hashSeed));
   put<std::uint64_t>(out, writtenUnixMs);
   put<std::uint64_t>(out, records.size());
   for (const std::uint64_t id : ids) put<std::uint64_t>(out, id);
@@ -98,7 +98,7 @@ std::variant<FlowCheckpoint, std::string> decodeFlowCheckpoint(std::string_view 
   }
   const std::uint32_t crc = get<std::uint32_t>(bytes, bytes.size() - 4);
   if (crc != crc32c(bytes.substr(0, bytes.size() - 4))) return std::string("CRC mismatch");
-  if (tag != seedTag(hashSeed)) {
+  if (tag != hashSeedTag(hashSeed)) {
     return std::string("written under another hash_seed: its flow hashes name other flows");
   }
   std::vector<std::uint64_t> ids(backends);

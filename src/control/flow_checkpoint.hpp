@@ -57,6 +57,10 @@ struct TablesState {
   std::map<std::uint64_t, MacAddress> nextHops;  // resolved next-hop MACs, by backend id
 };
 
+// A one-way mix of hash_seed that names it without revealing it (checkpoint
+// header, peer handshake).
+[[nodiscard]] std::uint64_t hashSeedTag(std::uint64_t seed) noexcept;
+
 // The bytes of flows.ckpt (exposed for tests and the size benchmark).
 [[nodiscard]] std::string encodeFlowCheckpoint(std::uint64_t hashSeed, std::uint64_t writtenUnixMs,
                                                std::span<const FlowExceptionRecord> records);

@@ -1,0 +1,416 @@
+// The peer channel over loopback TCP, time injected: two instances exchange
+// a full dump and then deltas; a disconnected peer's set is held, then
+// replaced by a new dump when it reconnects, or forgotten after hold_time;
+// another secret, an unknown node and another hash_seed are refused at the
+// handshake and counted. Then a ControlPlane (fake dataplane) that puts a
+// peer's exception into its published snapshot's exception table and sends
+// its own exports to the peer.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "control/affinity_keeper.hpp"
+#include "control/control_plane.hpp"
+#include "control/peer_channel.hpp"
+#include "control/snapshot_builder.hpp"
+#include "fake_dataplane.hpp"
+#include "tier_fixture.hpp"
+
+namespace spillway {
+namespace {
+
+constexpr std::uint64_t kSeed = 0x0123456789abcdefULL;
+const std::string kSecret = "0123456789abcdef-the-tier-secret";
+
+// A port nothing listens on now (bound and released).
+std::uint16_t freePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sin{};
+  sin.sin_family = AF_INET;
+  sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  (void)bind(fd, reinterpret_cast<sockaddr*>(&sin), sizeof sin);
+  socklen_t len = sizeof sin;
+  (void)getsockname(fd, reinterpret_cast<sockaddr*>(&sin), &len);
+  ::close(fd);
+  return ntohs(sin.sin_port);
+}
+
+std::string at(std::uint16_t port) { return "127.0.0.1:" + std::to_string(port); }
+
+TierConfig tier(const std::string& node, std::uint16_t listen,
+                std::vector<TierPeerConfig> peers, const std::string& secret = kSecret) {
+  TierConfig t;
+  t.node = node;
+  t.listen = at(listen);
+  t.peers = std::move(peers);
+  t.secret = secret;
+  return t;
+}
+
+// Polls until `done` or a wall-clock deadline (never a timing assertion: the
+// deadline only stops a test that would otherwise hang).
+bool pollUntil(const std::function<void()>& step, const std::function<bool()>& done) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < deadline) {
+    step();
+    if (done()) return true;
+  }
+  return false;
+}
+
+std::vector<FlowExceptionRecord> records(std::uint64_t first, std::uint64_t n,
+                                         std::uint64_t backendId) {
+  std::vector<FlowExceptionRecord> out;
+  for (std::uint64_t i = first; i < first + n; ++i) {
+    out.push_back(FlowExceptionRecord{i * 0x9e3779b97f4a7c15ULL, backendId,
+                                      FlowState::Established, 0});
+  }
+  return out;
+}
+
+std::map<std::uint64_t, std::uint64_t> byHash(const std::vector<PeerException>& v) {
+  std::map<std::uint64_t, std::uint64_t> m;
+  for (const PeerException& e : v) m[e.hash] = e.backendId;
+  return m;
+}
+
+std::map<std::uint64_t, std::uint64_t> byHash(const std::vector<FlowExceptionRecord>& v) {
+  std::map<std::uint64_t, std::uint64_t> m;
+  for (const FlowExceptionRecord& e : v) m[e.hash] = e.backendId;
+  return m;
+}
+
+class PeerPair : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    pa_ = freePort();
+    pb_ = freePort();
+  }
+  std::unique_ptr<PeerChannel> make(const std::string& node, std::uint16_t port,
+                                    const std::string& peer, std::uint16_t peerPort,
+                                    const std::string& secret = kSecret,
+                                    std::uint64_t seed = kSeed, EventLog* log = nullptr) {
+    auto c = std::make_unique<PeerChannel>(
+        tier(node, port, {TierPeerConfig{peer, at(peerPort)}}, secret), seed,
+        log ? *log : events_);
+    EXPECT_FALSE(c->open());
+    return c;
+  }
+  void step(std::initializer_list<PeerChannel*> channels) {
+    for (PeerChannel* c : channels) c->poll(now_);
+  }
+
+  std::uint16_t pa_ = 0;
+  std::uint16_t pb_ = 0;
+  Millis now_ = 1;
+  EventLog events_{256};
+};
+
+TEST_F(PeerPair, FullDumpThenDeltas) {
+  auto a = make("lb-a", pa_, "lb-b", pb_);
+  auto b = make("lb-b", pb_, "lb-a", pa_);
+  const auto first = records(1, 5000, 77);  // more than one records frame
+  a->publishLocal(first);
+  ASSERT_TRUE(pollUntil([&] { step({a.get(), b.get()}); },
+                        [&] { return a->connected("lb-b") && b->held("lb-a") == 5000; }));
+  EXPECT_TRUE(b->takeChanged());
+  EXPECT_EQ(byHash(b->exceptions()), byHash(first));
+  EXPECT_EQ(a->status(now_)["peers"][0]["records_out"], 5000);
+
+  // Deltas: 1000 gone, 10 moved to another backend, 20 new.
+  std::vector<FlowExceptionRecord> next(first.begin() + 1000, first.end());
+  for (std::size_t i = 0; i < 10; ++i) next[i].backendId = 78;
+  for (const auto& r : records(100'000, 20, 79)) next.push_back(r);
+  a->publishLocal(next);
+  ASSERT_TRUE(pollUntil([&] { step({a.get(), b.get()}); },
+                        [&] { return byHash(b->exceptions()) == byHash(next); }));
+  // Only the difference travelled.
+  EXPECT_EQ(a->status(now_)["peers"][0]["records_out"], 5000 + 30);
+  EXPECT_EQ(b->status(now_)["peers"][0]["records_in"], 5000 + 30);
+  // B has nothing of its own: A holds nothing from B.
+  EXPECT_EQ(a->held("lb-b"), 0u);
+}
+
+TEST_F(PeerPair, DisconnectedPeerIsHeldThenReplacedByItsNextDump) {
+  auto a = make("lb-a", pa_, "lb-b", pb_);
+  auto b = make("lb-b", pb_, "lb-a", pa_);
+  a->publishLocal(records(1, 100, 77));
+  ASSERT_TRUE(pollUntil([&] { step({a.get(), b.get()}); },
+                        [&] { return b->held("lb-a") == 100; }));
+  // A dies.
+  a.reset();
+  ASSERT_TRUE(pollUntil([&] { step({b.get()}); },
+                        [&] { return b->status(now_)["peers"][0]["receiving"] == "down"; }));
+  EXPECT_EQ(b->held("lb-a"), 100u);  // held: ECMP now sends these flows to B
+  now_ += 5 * 60'000;
+  step({b.get()});
+  EXPECT_EQ(b->held("lb-a"), 100u);
+  // A restarts with other exceptions: its dump replaces the old set.
+  a = make("lb-a", pa_, "lb-b", pb_);
+  const auto fresh = records(500, 3, 80);
+  a->publishLocal(fresh);
+  ASSERT_TRUE(pollUntil([&] { step({a.get(), b.get()}); },
+                        [&] { return b->held("lb-a") == 3; }));
+  EXPECT_EQ(byHash(b->exceptions()), byHash(fresh));
+}
+
+TEST_F(PeerPair, OfTwoPeersTheMoreRecentlyReceivedRecordWins) {
+  const std::uint16_t pc = freePort();
+  auto b = std::make_unique<PeerChannel>(
+      tier("lb-b", pb_, {TierPeerConfig{"lb-a", at(pa_)}, TierPeerConfig{"lb-c", at(pc)}}), kSeed,
+      events_);
+  ASSERT_FALSE(b->open());
+  auto a = make("lb-a", pa_, "lb-b", pb_);
+  auto c = make("lb-c", pc, "lb-b", pb_);
+  const std::uint64_t flow = 0x42;
+  const auto one = [&](std::uint64_t backend) {
+    return std::vector<FlowExceptionRecord>{{flow, backend, FlowState::Established, 0}};
+  };
+  const auto all = [&] { step({a.get(), b.get(), c.get()}); };
+  a->publishLocal(one(1));
+  ASSERT_TRUE(pollUntil(all, [&] { return b->held("lb-a") == 1; }));
+  c->publishLocal(one(2));
+  ASSERT_TRUE(pollUntil(all, [&] { return b->held("lb-c") == 1; }));
+  EXPECT_EQ(byHash(b->exceptions())[flow], 2u);
+  // A moves the flow again: its record is now the more recent one.
+  a->publishLocal(one(3));
+  ASSERT_TRUE(pollUntil(all, [&] { return byHash(b->exceptions())[flow] == 3u; }));
+  EXPECT_EQ(b->held("lb-c"), 1u);
+}
+
+TEST_F(PeerPair, SilentPeerTimesOutAndIsForgottenAfterHoldTime) {
+  auto a = make("lb-a", pa_, "lb-b", pb_);
+  auto b = make("lb-b", pb_, "lb-a", pa_);
+  a->publishLocal(records(1, 10, 77));
+  ASSERT_TRUE(pollUntil([&] { step({a.get(), b.get()}); },
+                        [&] { return b->held("lb-a") == 10; }));
+  (void)b->takeChanged();
+  // A stops answering (a stalled process: its socket stays open).
+  now_ += 3'001;
+  step({b.get()});
+  EXPECT_EQ(b->status(now_)["peers"][0]["receiving"], "down");
+  EXPECT_EQ(b->held("lb-a"), 10u);
+  now_ += 600'000;
+  step({b.get()});
+  EXPECT_EQ(b->held("lb-a"), 0u);
+  EXPECT_TRUE(b->takeChanged());
+}
+
+TEST_F(PeerPair, WrongSecretIsRefusedAndCounted) {
+  auto a = make("lb-a", pa_, "lb-b", pb_, "another-secret-of-16-bytes");
+  auto b = make("lb-b", pb_, "lb-a", pa_);
+  a->publishLocal(records(1, 10, 77));
+  ASSERT_TRUE(pollUntil([&] { step({a.get(), b.get()}); }, [&] {
+    return b->status(now_)["peers"][0]["auth_failures"] >= 1 &&
+           a->status(now_)["peers"][0]["auth_failures"] >= 1;
+  }));
+  EXPECT_EQ(b->held("lb-a"), 0u);
+  EXPECT_FALSE(a->connected("lb-b"));
+}
+
+TEST_F(PeerPair, UnknownNodeIsRefusedAndCounted) {
+  auto b = make("lb-b", pb_, "lb-a", pa_);
+  auto c = make("lb-c", freePort(), "lb-b", pb_);
+  c->publishLocal(records(1, 10, 77));
+  ASSERT_TRUE(pollUntil([&] { step({b.get(), c.get()}); },
+                        [&] { return b->status(now_)["unknown_node_refusals"] >= 1; }));
+  EXPECT_EQ(b->held("lb-a"), 0u);
+  EXPECT_NE(c->status(now_)["peers"][0]["last_error"].get<std::string>().find("unknown node"),
+            std::string::npos);
+}
+
+TEST_F(PeerPair, AnotherHashSeedIsRefusedWithAClearError) {
+  EventLog log(64);
+  auto a = make("lb-a", pa_, "lb-b", pb_, kSecret, kSeed + 1);
+  auto b = make("lb-b", pb_, "lb-a", pa_, kSecret, kSeed, &log);
+  const auto says = [&](PeerChannel& c) {
+    return c.status(now_)["peers"][0]["last_error"].get<std::string>().find("hash_seed") !=
+           std::string::npos;
+  };
+  // B refuses A's handshake and says why; A reads the refusal.
+  ASSERT_TRUE(pollUntil([&] { step({a.get(), b.get()}); }, [&] { return says(*b) && says(*a); }));
+  EXPECT_FALSE(a->connected("lb-b"));
+  EXPECT_EQ(b->held("lb-a"), 0u);
+}
+
+TEST_F(PeerPair, GarbageFromAnUnauthenticatedClientIsDroppedAndTheChannelLives) {
+  auto b = make("lb-b", pb_, "lb-a", pa_);
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sin{};
+  sin.sin_family = AF_INET;
+  sin.sin_port = htons(pb_);
+  sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&sin), sizeof sin), 0);
+  const std::string junk(100, '\xff');
+  ASSERT_EQ(::send(fd, junk.data(), junk.size(), MSG_NOSIGNAL), 100);
+  char buf[256];
+  ASSERT_TRUE(pollUntil([&] { step({b.get()}); }, [&] {
+    const ssize_t n = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+    // Closed by B (after its hello).
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+  }));
+  ::close(fd);
+  // A real peer still gets through.
+  auto a = make("lb-a", pa_, "lb-b", pb_);
+  a->publishLocal(records(1, 1, 77));
+  ASSERT_TRUE(pollUntil([&] { step({a.get(), b.get()}); },
+                        [&] { return b->held("lb-a") == 1; }));
+}
+
+// --- The keeper's exports for the peers --------------------------------------
+
+TEST(KeeperSync, ExportsEverySyncIntervalAndWritesCheckpointsOnlyWhenTheyAreDue) {
+  char tmpl[] = "/tmp/spillway-keeper-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  EventLog events(64);
+  std::vector<std::vector<FlowExceptionRecord>> exported;
+  AffinityKeeper keeper(
+      AffinityKeeper::Options{.stateDir = dir,
+                              .hashSeed = kSeed,
+                              .exportInterval = 1000,
+                              .onExport =
+                                  [&](std::span<const FlowExceptionRecord> r) {
+                                    exported.emplace_back(r.begin(), r.end());
+                                  }},
+      events);
+  std::uint64_t asked = 0;
+  const std::vector<ExportedFlow> flows{{0x10, 1, FlowState::Established, 0}};
+  const ExceptionExportHooks hooks{
+      [&](std::uint64_t n) { asked = n; },
+      [&](std::uint64_t n) -> std::optional<std::vector<ExportedFlow>> {
+        if (n != asked) return std::nullopt;
+        return flows;
+      }};
+  const auto tick = [&](Millis t) {
+    keeper.tick(
+        t, 1'000'000 + static_cast<std::uint64_t>(t), 1, 1, [] { return TablesState{}; },
+        [](std::uint32_t i) -> std::uint64_t { return i == 1 ? 77 : 0; }, hooks);
+  };
+  tick(0);
+  tick(1);  // the first export writes the first checkpoint
+  ASSERT_EQ(exported.size(), 1u);
+  EXPECT_EQ(exported[0], (std::vector<FlowExceptionRecord>{{0x10, 77, FlowState::Established, 0}}));
+  EXPECT_EQ(keeper.stats().checkpoints, 1u);
+  tick(500);
+  tick(501);
+  EXPECT_EQ(exported.size(), 1u);  // not due
+  tick(1000);
+  tick(1001);
+  EXPECT_EQ(exported.size(), 2u);                // for the peers
+  EXPECT_EQ(keeper.stats().checkpoints, 1u);     // and no write
+  tick(60'000);
+  tick(60'001);
+  EXPECT_EQ(exported.size(), 3u);
+  EXPECT_EQ(keeper.stats().checkpoints, 2u);     // the periodic checkpoint
+  std::filesystem::remove_all(dir);
+}
+
+// --- A ControlPlane with a peer ---------------------------------------------
+
+class TierControl : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/spillway-tier-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    secret_ = dir_ + "/secret";
+    std::ofstream(secret_) << kSecret;
+    ::chmod(secret_.c_str(), 0600);
+    pa_ = freePort();
+    pb_ = freePort();
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  Config config() {
+    const std::string text = test::tierEstate() + R"(
+[control]
+state_dir = ")" + dir_ + R"("
+
+[tier]
+node = "lb-a"
+listen = ")" + at(pa_) + R"("
+peers = [{name = "lb-b", address = ")" + at(pb_) + R"("}]
+secret_file = ")" + secret_ + R"("
+)";
+    auto r = loadConfigFromString(text, "test.toml");
+    EXPECT_TRUE(r) << formatErrors(r.errors());
+    return r.value();
+  }
+
+  std::string dir_;
+  std::string secret_;
+  std::uint16_t pa_ = 0;
+  std::uint16_t pb_ = 0;
+  test::FakeDataplane dp_;
+};
+
+TEST_F(TierControl, PeerExceptionReachesThePublishedExceptionTableAndLocalOnesReachThePeer) {
+  SnapshotBuilder builder;
+  ASSERT_FALSE(builder.setConfig(config()));
+  ControlPlane a(config(), "test.toml", builder, &dp_, 0);
+  dp_.publish(a.takeSnapshot(0));
+  EventLog log(64);
+  PeerChannel b(tier("lb-b", pb_, {TierPeerConfig{"lb-a", at(pa_)}}), kSeed, log);
+  ASSERT_FALSE(b.open());
+
+  const std::uint64_t b2 = backendIdFromName("b2");
+  const std::uint64_t flow = 0xabcdef0123456789ULL;
+  const std::uint64_t stray = 0x1111111111111111ULL;
+  // One exception on b2, one on a backend this instance does not know.
+  b.publishLocal(std::vector<FlowExceptionRecord>{
+      {flow, b2, FlowState::Established, 0}, {stray, 0xdeadbeef, FlowState::Established, 0}});
+  // A's own tracked exception, exported by its (fake) workers.
+  const std::uint32_t b3Index = builder.indexOf(backendIdFromName("b3"));
+  dp_.exportFlows.push_back(ExportedFlow{0x4242, b3Index, FlowState::Udp, 0});
+
+  Millis now = 0;
+  const auto step = [&] {
+    now += 10;
+    b.poll(now);
+    if (a.tick(now)) {
+      if (auto s = a.takeSnapshot(now)) dp_.publish(std::move(s));
+    }
+  };
+  ASSERT_TRUE(pollUntil(step, [&] {
+    return dp_.latest->exceptions && dp_.latest->exceptions->find(flow).backend != 0 &&
+           b.held("lb-a") == 1;
+  }));
+  EXPECT_EQ(dp_.latest->exceptions->find(flow).backend, builder.indexOf(b2));
+  EXPECT_EQ(dp_.latest->exceptions->find(stray).backend, 0u);
+  EXPECT_EQ(byHash(b.exceptions()),
+            (std::map<std::uint64_t, std::uint64_t>{{0x4242, backendIdFromName("b3")}}));
+
+  const Json status = std::get<Json>(a.status());
+  const Json& t = status.at("tier");
+  EXPECT_EQ(t.at("node"), "lb-a");
+  EXPECT_EQ(t.at("peers")[0].at("name"), "lb-b");
+  EXPECT_EQ(t.at("peers")[0].at("state"), "connected");
+  EXPECT_EQ(t.at("peers")[0].at("held_exceptions"), 2);
+  EXPECT_EQ(t.at("peer_exceptions_in_table"), 1);
+  EXPECT_EQ(t.at("peer_exceptions_ignored"), 1);
+  const std::string metrics = a.metricsText();
+  EXPECT_NE(metrics.find("spillway_peer_up{peer=\"lb-b\",direction=\"in\"} 1"), std::string::npos)
+      << metrics;
+  EXPECT_NE(metrics.find("spillway_peer_exceptions_ignored 1"), std::string::npos);
+
+  // b2 fails: its peer exception leaves the table (its flows re-steer).
+  ASSERT_TRUE(std::holds_alternative<Json>(a.backendDisable("b2")));
+  ASSERT_TRUE(pollUntil(step, [&] { return dp_.latest->exceptions == nullptr ||
+                                           dp_.latest->exceptions->find(flow).backend == 0; }));
+}
+
+}  // namespace
+}  // namespace spillway
