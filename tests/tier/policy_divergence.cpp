@@ -90,6 +90,7 @@ int main(int argc, char** argv) {
                     noise, 100.0 * differing / intervals,
                     static_cast<double>(entries) / intervals,
                     differing > 0 ? static_cast<double>(entries) / differing : 0.0, most, longest);
+        std::fflush(stdout);
       }
     }
   }

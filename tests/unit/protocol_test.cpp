@@ -70,6 +70,8 @@ TEST(Protocol, EveryCommandReachesItsCall) {
        "backendWeight(gpu-a1,4294967295,apply)"},
       {R"({"v":1,"cmd":"table.show"})", "tableShow()"},
       {R"({"v":1,"cmd":"table.show","args":{"vip":"nccl"}})", "tableShow(nccl)"},
+      {R"({"v":1,"cmd":"table.digest"})", "tableDigest()"},
+      {R"({"v":1,"cmd":"table.digest","args":{"vip":"nccl","chunk":3}})", "tableDigest(nccl,3)"},
       {R"({"v":1,"cmd":"flows"})", "flows()"},
       {R"({"v":1,"cmd":"stats"})", "stats()"},
       {R"({"v":1,"cmd":"health"})", "health()"},
@@ -113,7 +115,7 @@ TEST(Protocol, CommandListIsTheReference) {
                                              "pool.list",       "pool.show",       "backend.list",
                                              "backend.add",     "backend.remove",  "backend.drain",
                                              "backend.undrain", "backend.disable", "backend.enable",
-                                             "backend.weight",  "table.show",      "flows",
+                                             "backend.weight",  "table.show",      "table.digest",    "flows",
                                              "stats",           "health",          "events",
                                              "config.check",    "config.reload",   "config.dump", "config.clear-overrides"}));
   EXPECT_EQ(findCommand("backend.drain")->access, Access::Write);
@@ -203,6 +205,8 @@ TEST(Protocol, MalformedRequestsReachNothing) {
       {R"({"v":1,"cmd":"STATUS"})", "unknown_command"},
       {R"({"v":1,"cmd":"status","id":7})", "bad_request"},
       {R"({"v":1,"cmd":"status","args":[]})", "bad_request"},
+      {R"({"v":1,"cmd":"table.digest","args":{"chunk":1}})", "bad_request"},
+      {R"({"v":1,"cmd":"table.digest","args":{"vip":"nccl","chunk":-1}})", "bad_request"},
       {R"({"v":1,"cmd":"status","args":"x"})", "bad_request"},
       {R"({"v":1,"cmd":"status","args":null})", "bad_request"},
       {R"({"v":1,"cmd":"status","args":{"verbose":true}})", "bad_request"},
