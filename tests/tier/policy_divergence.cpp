@@ -52,9 +52,9 @@ int main(int argc, char** argv) {
   std::printf("%-6s %-5s %-6s %10s %12s %12s %10s %9s\n", "step", "hyst", "noise",
               "differing", "mean_entries", "mean_if_diff", "max", "longest");
   for (const double step : {0.0, 0.04, 0.08}) {
-    for (const double hysteresis : {0.0, 0.25}) {
+    for (const double hysteresis : {0.0, 0.25, 0.45}) {
       if (step == 0.0 && hysteresis > 0) continue;
-      for (const double noise : {0.25, 0.5, 1.0, 2.0}) {
+      for (const double noise : {0.25, 0.5, 1.0}) {
         PolicyConfig config;
         config.loadFactorStep = step;
         config.loadFactorHysteresis = hysteresis;

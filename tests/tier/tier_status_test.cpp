@@ -17,9 +17,12 @@
 #include <thread>
 
 #include "control/cli_server.hpp"
+#include "control/control_plane.hpp"
+#include "control/snapshot_builder.hpp"
 #include "control/table_digest.hpp"
 #include "control/tier_client.hpp"
 #include "tests/unit/fake_control_api.hpp"
+#include "tests/unit/fake_dataplane.hpp"
 
 extern char** environ;
 
@@ -149,6 +152,72 @@ TEST(TableDigest, CountDiffering) {
   EXPECT_EQ(countDiffering(a, std::vector<std::uint64_t>{1, 2, 3, 4}), 0u);
   EXPECT_EQ(countDiffering(a, std::vector<std::uint64_t>{1, 9, 3, 0}), 2u);
   EXPECT_EQ(countDiffering(a, std::vector<std::uint64_t>{1, 2}), 2u);
+}
+
+// The real control plane: two instances whose configurations list the same
+// backends in another order hold them at other indices, yet their digests
+// are equal; a drain on one makes them differ.
+// tests/data/config/valid/minimal.toml (one VIP "v" of 65537 entries) with
+// these backends instead of its own, and no state directory (nothing is
+// journaled or checkpointed).
+std::string estate(const std::vector<std::string>& order) {
+  std::ifstream f(std::string(SPILLWAY_SOURCE_ROOT) + "/tests/data/config/valid/minimal.toml");
+  std::string text(std::istreambuf_iterator<char>(f), {});
+  text = text.substr(0, text.find("[[backend]]")) + "[control]\nstate_dir = \"\"\n";
+  for (const std::string& n : order) {
+    text += "\n[[backend]]\nname = \"" + n + "\"\naddress = \"10.0.0." +
+            std::to_string(10 + (n.back() - '0')) + "\"\npool = \"a\"\n";
+  }
+  return text;
+}
+
+struct Instance {
+  explicit Instance(const std::vector<std::string>& order) {
+    ConfigResult r = loadConfigFromString(estate(order), "test.toml");
+    EXPECT_TRUE(r.ok()) << formatErrors(r.errors());
+    Config c = std::move(r).value();
+    EXPECT_FALSE(builder.setConfig(c));
+    cp = std::make_unique<ControlPlane>(std::move(c), "", builder, &dp, 1000);
+    (void)cp->takeSnapshot(1000);
+  }
+  Json digest(std::optional<std::uint32_t> chunk = std::nullopt) {
+    ApiResult r = cp->tableDigest(chunk ? "v" : "", chunk);
+    EXPECT_TRUE(std::holds_alternative<Json>(r));
+    return std::holds_alternative<Json>(r) ? std::get<Json>(r) : Json();
+  }
+  SnapshotBuilder builder;
+  test::FakeDataplane dp;
+  std::unique_ptr<ControlPlane> cp;
+};
+
+TEST(TableDigestOfControlPlane, EqualTablesAtOtherIndicesGiveEqualDigests) {
+  Instance a({"b1", "b2", "b3"});
+  Instance b({"b3", "b1", "b2"});
+  const Json showA = std::get<Json>(a.cp->tableShow("v"));
+  const Json showB = std::get<Json>(b.cp->tableShow("v"));
+  ASSERT_NE(showA["tables"][0]["backends"], showB["tables"][0]["backends"])
+      << "precondition: the backends sit at other indices";
+  const Json da = a.digest();
+  EXPECT_EQ(da["tables"][0]["fingerprint"], b.digest()["tables"][0]["fingerprint"]);
+  EXPECT_EQ(da["tables"][0]["table_size"], 65537);
+  EXPECT_EQ(da["tables"][0]["chunks"].size(), 17u);
+  EXPECT_EQ(decodeTableChunk(a.digest(16)).ids, decodeTableChunk(b.digest(16)).ids);
+  EXPECT_EQ(decodeTableChunk(a.digest(16)).ids.size(), 65537u - 16 * 4096);
+  EXPECT_TRUE(std::holds_alternative<ApiError>(a.cp->tableDigest("v", 17)));
+  EXPECT_TRUE(std::holds_alternative<ApiError>(a.cp->tableDigest("nope", std::nullopt)));
+
+  ASSERT_TRUE(std::holds_alternative<Json>(b.cp->backendDrain("b2")));
+  ASSERT_TRUE(b.cp->tick(1100));
+  ASSERT_NE(b.cp->takeSnapshot(1100), nullptr);
+  const Json db = b.digest();
+  EXPECT_NE(da["tables"][0]["fingerprint"], db["tables"][0]["fingerprint"]);
+  std::uint32_t differing = 0;
+  for (std::uint32_t c = 0; c < 17; ++c) {
+    differing += countDiffering(decodeTableChunk(a.digest(c)).ids, decodeTableChunk(b.digest(c)).ids);
+  }
+  // b2's third of the table moved to b1 and b3.
+  EXPECT_GT(differing, 65537u / 4);
+  EXPECT_LT(differing, 65537u / 2);
 }
 
 TEST_F(Tier, FanOutAppliesWhereItCanAndNamesTheFailures) {
