@@ -373,9 +373,21 @@ TEST_F(Tier, SpillwayctlTierFanOutAndStatus) {
   EXPECT_EQ(j["lb2"]["error"]["code"], "not_found");
   EXPECT_NE(r.err.find("backend.drain failed on lb2; applied on lb1"), std::string::npos) << r.err;
 
+  r = runCtl({"--tier", file.string(), "backend", "drain", "gpu-a1"});
+  EXPECT_EQ(r.exitCode, 1) << r.err;
+  EXPECT_NE(r.out.find("lb1: ok\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("lb2: error: not_found: no backend gpu-a1\n"), std::string::npos) << r.out;
+
   r = runCtl({"--tier", file.string(), "tier", "status"});
   EXPECT_EQ(r.exitCode, 0) << r.err;
   EXPECT_NE(r.out.find("2 of 2 instances agree"), std::string::npos) << r.out;
+
+  apis_[1]->ids[7] = 0;  // read by the server thread only after this write (the next request)
+  r = runCtl({"--tier", file.string(), "--json", "tier", "status"});
+  EXPECT_EQ(r.exitCode, 4) << r.err;
+  const Json status = Json::parse(r.out);
+  EXPECT_EQ(status["vips"]["nccl"]["agreeing"], 1);
+  EXPECT_EQ(status["instances"]["lb2"]["vips"]["nccl"]["differing_entries"], 1);
 
   r = runCtl({"tier", "status"});
   EXPECT_EQ(r.exitCode, 2);
