@@ -379,7 +379,8 @@ bool CliClient::connect(const std::string& socketPath, std::string& error,
   // A full backlog makes a blocking connect() wait; with a timeout the socket
   // is non-blocking (EAGAIN: try again until the deadline) until connected.
   if (timeout) fcntl(fd_, F_SETFL, fcntl(fd_, F_GETFL) | O_NONBLOCK);
-  const auto deadline = std::chrono::steady_clock::now() + timeout.value_or(std::chrono::milliseconds(0));
+  const auto deadline =
+      std::chrono::steady_clock::now() + timeout.value_or(std::chrono::milliseconds(0));
   int rc = 0;
   while ((rc = ::connect(fd_, reinterpret_cast<const sockaddr*>(&addr), sizeof addr)) != 0 &&
          timeout && (errno == EAGAIN || errno == EINTR) &&

@@ -95,10 +95,10 @@ PolicyDecision computeWeights(const PolicyConfig& config, const PolicyInput& inp
     out.id = b.id;
     out.name = b.name;
     out.saturated = i < saturated.size() && saturated[i];
-    out.loadFactor = i < loadFactors.size()
-                         ? loadFactors[i]
-                         : quantiseLoadFactor(config, loadFactor(config, out.saturated, b.load),
-                                              std::nullopt);
+    out.loadFactor =
+        i < loadFactors.size()
+            ? loadFactors[i]
+            : quantiseLoadFactor(config, loadFactor(config, out.saturated, b.load), std::nullopt);
     out.forced = b.state != BackendState::Active;
     if (b.pool >= nPools) continue;  // not in any of the VIP's pools: no share
     const double w = b.weight;
@@ -207,9 +207,9 @@ PolicyDecision WeightPolicy::decide(const PolicyInput& input) {
       continue;
     }
     const auto held = heldLoadFactor_.find(b.id);
-    factors[i] = quantiseLoadFactor(config_, loadFactor(config_, true, b.load),
-                                    held == heldLoadFactor_.end() ? std::nullopt
-                                                                  : std::optional(held->second));
+    factors[i] = quantiseLoadFactor(
+        config_, loadFactor(config_, true, b.load),
+        held == heldLoadFactor_.end() ? std::nullopt : std::optional(held->second));
     heldLoadFactor_[b.id] = factors[i];
   }
   return computeWeights(config_, input, flags, factors);

@@ -522,8 +522,8 @@ int tierStatusCommand(const GlobalOptions& options) {
   if (options.json) {
     std::cout << status.dump(2, ' ', false, Json::error_handler_t::replace) << '\n';
   } else {
-    TextTable table({"VIP", "INSTANCE", "GENERATION", "WARMUP", "FINGERPRINT", "DIFFERING",
-                     "REFERENCE"});
+    TextTable table(
+        {"VIP", "INSTANCE", "GENERATION", "WARMUP", "FINGERPRINT", "DIFFERING", "REFERENCE"});
     for (const auto& [vip, v] : status["vips"].items()) {
       for (const TierInstance& t : tier->instances) {
         const Json& instance = status["instances"][t.name];
@@ -531,14 +531,14 @@ int tierStatusCommand(const GlobalOptions& options) {
         const Json& row = instance["vips"][vip];
         table.addRow({vip, t.name, cellText(instance["generation"]), cellText(instance["warmup"]),
                       cellText(row["fingerprint"]),
-                      row["differing_entries"].is_null() ? "?"
-                                                         : cellText(row["differing_entries"]),
+                      row["differing_entries"].is_null() ? "?" : cellText(row["differing_entries"]),
                       row["reference"].get<bool>() ? "yes" : "no"});
       }
     }
     table.print(std::cout);
     for (const auto& [vip, v] : status["vips"].items()) {
-      std::cout << "\n" << vip << ": reference " << cellText(v["reference_fingerprint"])
+      std::cout << "\n"
+                << vip << ": reference " << cellText(v["reference_fingerprint"])
                 << " (the most common table), held by " << cellText(v["reference_instances"])
                 << ": " << cellText(v["agreeing"]) << " of " << cellText(v["reporting"])
                 << " instances agree\n";
@@ -551,7 +551,8 @@ int tierStatusCommand(const GlobalOptions& options) {
       if (!instance.contains("vips")) continue;
       for (const auto& [vip, row] : instance["vips"].items()) {
         for (const char* note : {"differing_note", "differing_error"}) {
-          if (row.contains(note)) std::cout << t.name << " " << vip << ": " << cellText(row[note]) << '\n';
+          if (row.contains(note))
+            std::cout << t.name << " " << vip << ": " << cellText(row[note]) << '\n';
         }
       }
     }
@@ -685,8 +686,8 @@ int run(int argc, char** argv) {
          "forget runtime overrides (journaled): the file's values apply again")
       ->add_option("--backend", clearBackend, "only this backend's (default: every backend's)");
 
-  auto* tierCmd = app.add_subcommand("tier", "a tier of instances (needs --tier)")
-                     ->require_subcommand(1);
+  auto* tierCmd =
+      app.add_subcommand("tier", "a tier of instances (needs --tier)")->require_subcommand(1);
   simple(tierCmd, "status", "tier.status",
          "per instance the generation, warm-up and every VIP's table fingerprint, and the "
          "entries that differ from the most common table");

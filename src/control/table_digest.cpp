@@ -55,7 +55,8 @@ std::optional<Json> tableChunkJson(const std::string& vip, std::span<const std::
                                    std::uint32_t chunk) {
   const std::size_t first = std::size_t{chunk} * kDigestChunkEntries;
   if (first >= ids.size()) return std::nullopt;
-  const auto slots = ids.subspan(first, std::min<std::size_t>(kDigestChunkEntries, ids.size() - first));
+  const auto slots =
+      ids.subspan(first, std::min<std::size_t>(kDigestChunkEntries, ids.size() - first));
   std::map<std::uint64_t, std::uint32_t> ordinal;
   Json backends = Json::array();
   std::string entries;

@@ -33,9 +33,8 @@ std::string readDigest(const Json& result, std::map<std::string, VipDigest>& out
   }
   for (const Json& t : *tables) {
     if (!t.is_object() || !t.contains("vip") || !t["vip"].is_string() ||
-        !t.contains("fingerprint") || !t["fingerprint"].is_string() ||
-        !t.contains("table_size") || !t["table_size"].is_number_unsigned() ||
-        !t.contains("chunks") || !t["chunks"].is_array()) {
+        !t.contains("fingerprint") || !t["fingerprint"].is_string() || !t.contains("table_size") ||
+        !t["table_size"].is_number_unsigned() || !t.contains("chunks") || !t["chunks"].is_array()) {
       return "table.digest reply has a malformed table entry";
     }
     VipDigest d;
@@ -110,7 +109,8 @@ Json tierStatus(const TierFile& tier, const TierCall& call) {
   for (std::size_t i = 0; i < n; ++i) {
     Json entry = Json::object();
     const TierOutcome& o = digests[i];
-    std::string problem = o.ok ? readDigest(o.result, parsed[i]) : o.errorCode + ": " + o.errorMessage;
+    std::string problem =
+        o.ok ? readDigest(o.result, parsed[i]) : o.errorCode + ": " + o.errorMessage;
     entry["ok"] = problem.empty();
     if (!problem.empty()) {
       entry["error"] = problem;
@@ -135,8 +135,8 @@ Json tierStatus(const TierFile& tier, const TierCall& call) {
     const auto key = std::make_tuple(i, vip, chunk);
     auto it = fetched.find(key);
     if (it != fetched.end()) return it->second;
-    const TierOutcome o = call(tier.instances[i], "table.digest",
-                               Json{{"vip", vip}, {"chunk", chunk}});
+    const TierOutcome o =
+        call(tier.instances[i], "table.digest", Json{{"vip", vip}, {"chunk", chunk}});
     DecodedChunk d;
     if (o.ok) {
       d = decodeTableChunk(o.result);
@@ -184,8 +184,8 @@ Json tierStatus(const TierFile& tier, const TierCall& call) {
         row["differing_entries"] = 0;
       } else if (d.tableSize != refDigest.tableSize) {
         row["differing_entries"] = std::max(d.tableSize, refDigest.tableSize);
-        row["differing_note"] = "table size differs from the reference's " +
-                                std::to_string(refDigest.tableSize);
+        row["differing_note"] =
+            "table size differs from the reference's " + std::to_string(refDigest.tableSize);
       } else {
         std::uint64_t differing = 0;
         std::string error;

@@ -29,8 +29,8 @@ namespace spillway {
 // What one instance answered.
 struct TierOutcome {
   bool ok = false;
-  Json result;             // when ok
-  std::string errorCode;   // when not: "connect", "timeout", "exchange", "malformed" or the reply's
+  Json result;            // when ok
+  std::string errorCode;  // when not: "connect", "timeout", "exchange", "malformed" or the reply's
   std::string errorMessage;
 };
 

@@ -13,11 +13,10 @@ namespace spillway {
 namespace {
 
 bool validName(std::string_view name) {
-  return !name.empty() && name.size() <= 64 &&
-         std::all_of(name.begin(), name.end(), [](char c) {
-           return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                  c == '.' || c == '_' || c == '-';
-         });
+  return !name.empty() && name.size() <= 64 && std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+           c == '_' || c == '-';
+  });
 }
 
 }  // namespace
@@ -80,7 +79,8 @@ std::variant<TierFile, std::string> parseTierFile(std::string_view text,
     tier.instances.push_back({name, socket});
     if (end == text.size()) break;
   }
-  if (tier.instances.empty()) return origin + ": names no instance (expected NAME SOCKET_PATH lines)";
+  if (tier.instances.empty())
+    return origin + ": names no instance (expected NAME SOCKET_PATH lines)";
   return tier;
 }
 

@@ -30,7 +30,7 @@ struct PairRun {
 // Each pipeline reads true + uniform(-noise, noise) GPU points, drawn
 // independently per instance, backend and interval.
 PairRun run(const PolicyConfig& config, const std::vector<double>& trueGpu, int intervalsPerValue,
-        double noise, std::uint32_t seed) {
+            double noise, std::uint32_t seed) {
   PolicyPipeline a(config, kTableSize);
   PolicyPipeline b(config, kTableSize);
   std::mt19937_64 rng(seed);

@@ -49,8 +49,8 @@ int main(int argc, char** argv) {
   const auto tableSize = static_cast<std::uint32_t>(argc > 2 ? std::atol(argv[2]) : 65537);
   const std::vector<double> load = trueLoad(intervals);
   const double offsets[4] = {0.0, 0.5, 1.0, 1.5};
-  std::printf("%-6s %-5s %-6s %10s %12s %12s %10s %9s\n", "step", "hyst", "noise",
-              "differing", "mean_entries", "mean_if_diff", "max", "longest");
+  std::printf("%-6s %-5s %-6s %10s %12s %12s %10s %9s\n", "step", "hyst", "noise", "differing",
+              "mean_entries", "mean_if_diff", "max", "longest");
   for (const double step : {0.0, 0.04, 0.08}) {
     for (const double hysteresis : {0.0, 0.25, 0.45}) {
       if (step == 0.0 && hysteresis > 0) continue;
@@ -87,8 +87,7 @@ int main(int argc, char** argv) {
           most = std::max(most, changed);
         }
         std::printf("%-6.2f %-5.2f %-6.2f %9.1f%% %12.1f %12.1f %10u %9d\n", step, hysteresis,
-                    noise, 100.0 * differing / intervals,
-                    static_cast<double>(entries) / intervals,
+                    noise, 100.0 * differing / intervals, static_cast<double>(entries) / intervals,
                     differing > 0 ? static_cast<double>(entries) / differing : 0.0, most, longest);
         std::fflush(stdout);
       }

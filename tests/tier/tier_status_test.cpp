@@ -2,12 +2,11 @@
 // failures named), table fingerprints by backend id, counting differing
 // entries through the table.digest command, and spillwayctl --tier itself.
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <poll.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -213,7 +212,8 @@ TEST(TableDigestOfControlPlane, EqualTablesAtOtherIndicesGiveEqualDigests) {
   EXPECT_NE(da["tables"][0]["fingerprint"], db["tables"][0]["fingerprint"]);
   std::uint32_t differing = 0;
   for (std::uint32_t c = 0; c < 17; ++c) {
-    differing += countDiffering(decodeTableChunk(a.digest(c)).ids, decodeTableChunk(b.digest(c)).ids);
+    differing +=
+        countDiffering(decodeTableChunk(a.digest(c)).ids, decodeTableChunk(b.digest(c)).ids);
   }
   // b2's third of the table moved to b1 and b3.
   EXPECT_GT(differing, 65537u / 4);
@@ -224,9 +224,8 @@ TEST_F(Tier, FanOutAppliesWhereItCanAndNamesTheFailures) {
   start(2);
   apis_[1]->replies["backendDrain"] = ApiError{"not_found", "no backend gpu-a1"};
   tier_.instances.push_back({"lb3", (dir_ / "absent.sock").string()});
-  const auto outcomes =
-      fanOut(tier_, "backend.drain", Json{{"name", "gpu-a1"}},
-             socketTierCall(std::chrono::seconds(5)));
+  const auto outcomes = fanOut(tier_, "backend.drain", Json{{"name", "gpu-a1"}},
+                               socketTierCall(std::chrono::seconds(5)));
   stop();
   ASSERT_EQ(outcomes.size(), 3u);
   EXPECT_TRUE(outcomes[0].ok);
