@@ -362,7 +362,8 @@ void CliClient::close() noexcept {
   fd_ = -1;
 }
 
-bool CliClient::connect(const std::string& socketPath, std::string& error) {
+bool CliClient::connect(const std::string& socketPath, std::string& error,
+                        std::optional<std::chrono::milliseconds> timeout) {
   close();
   sockaddr_un addr{};
   if (!fillAddress(socketPath, addr)) {
@@ -375,7 +376,24 @@ bool CliClient::connect(const std::string& socketPath, std::string& error) {
     error = "cannot connect to " + socketPath + ": socket: " + errnoText(errno);
     return false;
   }
-  if (::connect(fd_, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) {
+  // A full backlog makes a blocking connect() wait; with a timeout the socket
+  // is non-blocking (EAGAIN: try again until the deadline) until connected.
+  if (timeout) fcntl(fd_, F_SETFL, fcntl(fd_, F_GETFL) | O_NONBLOCK);
+  const auto deadline =
+      std::chrono::steady_clock::now() + timeout.value_or(std::chrono::milliseconds(0));
+  int rc = 0;
+  while ((rc = ::connect(fd_, reinterpret_cast<const sockaddr*>(&addr), sizeof addr)) != 0 &&
+         timeout && (errno == EAGAIN || errno == EINTR) &&
+         std::chrono::steady_clock::now() < deadline) {
+    ::poll(nullptr, 0, 5);
+  }
+  if (rc != 0 && timeout && errno == EAGAIN) {
+    error = "cannot connect to " + socketPath + ": the server's backlog stayed full for " +
+            std::to_string(timeout->count()) + " ms";
+    close();
+    return false;
+  }
+  if (rc != 0) {
     const int err = errno;
     error = "cannot connect to " + socketPath + ": " + errnoText(err);
     if (err == ENOENT || err == ECONNREFUSED) error += " (is spillwayd running?)";
@@ -383,6 +401,7 @@ bool CliClient::connect(const std::string& socketPath, std::string& error) {
     close();
     return false;
   }
+  if (timeout) fcntl(fd_, F_SETFL, fcntl(fd_, F_GETFL) & ~O_NONBLOCK);
   return true;
 }
 

@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -119,7 +120,10 @@ class CliClient {
   CliClient& operator=(const CliClient&) = delete;
 
   // On failure `error` says which socket and why ("cannot connect to PATH: ...").
-  [[nodiscard]] bool connect(const std::string& socketPath, std::string& error);
+  // With a timeout, connect() gives up when the server's backlog stays full
+  // for that long.
+  [[nodiscard]] bool connect(const std::string& socketPath, std::string& error,
+                             std::optional<std::chrono::milliseconds> timeout = std::nullopt);
   // Sends one request message and waits for its reply message.
   [[nodiscard]] bool call(std::string_view request, std::string& reply,
                           std::chrono::milliseconds timeout, std::string& error);

@@ -1347,6 +1347,10 @@ void Loader::loadPolicy(const toml::table& root, std::set<std::string>& used) {
   if (auto v = s.number("overprovisioning", 1.0, 10.0)) c.overprovisioning = *v;
   if (auto v = s.number("panic_threshold", 0.0, 1.0, false, true)) c.panicThreshold = *v;
   if (auto v = s.number("min_load_factor", 0.0, 1.0, true, false)) c.minLoadFactor = *v;
+  if (auto v = s.number("load_factor_step", 0.0, 0.5)) c.loadFactorStep = *v;
+  if (auto v = s.number("load_factor_hysteresis", 0.0, 0.5, false, true)) {
+    c.loadFactorHysteresis = *v;
+  }
   if (auto v = s.number("churn_budget", 0.0, 1.0, true, false)) c.churnBudget = *v;
   if (auto v = s.seconds("churn_interval", 10, 3'600'000)) c.churnInterval = *v;
   if (auto v = s.seconds("drain_timeout")) c.drainTimeout = *v;

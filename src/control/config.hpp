@@ -174,6 +174,12 @@ struct PolicyConfig {
   double overprovisioning = 1.4;  // Envoy's overprovisioning factor
   double panicThreshold = 0.5;    // healthy capacity share below which panic mode spreads
   double minLoadFactor = 0.1;     // a saturated backend keeps at least this share of its weight
+  // The load factor is rounded to this grid (0: off) and held at its grid
+  // point until the raw factor moves past the cell's edge by
+  // loadFactorHysteresis steps, so instances that read slightly different
+  // load publish the same weights (policy.hpp, "Quantisation").
+  double loadFactorStep = 0.04;
+  double loadFactorHysteresis = 0.25;
   double churnBudget = 0.05;      // at most this share of a table's entries moves per interval
   Millis churnInterval = 1000;
   Millis drainTimeout = 300'000;  // a draining backend's flows are cut (FAILED) after this

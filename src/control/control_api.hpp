@@ -66,6 +66,14 @@ class ControlApi {
   // Entries per backend of a VIP's table (all VIPs when name is empty), and
   // the generation.
   virtual ApiResult tableShow(const std::string& vip) = 0;
+  // A tier's comparison of tables (table_digest.hpp): without a chunk, the
+  // generation, warm-up and every VIP's fingerprint and chunk hashes (one VIP
+  // when named); with one, that chunk of the VIP's table.
+  virtual ApiResult tableDigest(const std::string& vip, std::optional<std::uint32_t> chunk) {
+    (void)vip;
+    (void)chunk;
+    return ApiError{"unsupported", "table.digest is not served here"};
+  }
   // Live tracked flows per backend and per lcore.
   virtual ApiResult flows() = 0;
   // The data path's counters (packets, drops by reason, per lcore).

@@ -9,6 +9,7 @@
 #include "control/intent_merge.hpp"
 #include "control/metrics_http.hpp"
 #include "control/stats_view.hpp"
+#include "control/table_digest.hpp"
 
 namespace spillway {
 namespace {
@@ -785,6 +786,29 @@ ApiResult ControlPlane::tableShow(const std::string& vip) {
   }
   if (!found) return notFound("vip", vip);
   return Json{{"generation", generation_}, {"tables", out}};
+}
+
+ApiResult ControlPlane::tableDigest(const std::string& vip, std::optional<std::uint32_t> chunk) {
+  std::map<std::uint32_t, std::uint64_t> idOf;  // backend index -> id
+  for (const BackendConfig& b : config_.backends) idOf[builder_.indexOf(b.id)] = b.id;
+  Json tables = Json::array();
+  for (const VipConfig& v : config_.vips) {
+    if (!vip.empty() && v.name != vip) continue;
+    std::vector<std::uint64_t> ids;
+    if (const MaglevTable* t = builder_.currentTable(v.name)) {
+      for (const std::uint32_t e : t->entries()) ids.push_back(e == 0 ? 0 : idOf[e]);
+    }
+    if (!chunk) {
+      tables.push_back(tableDigestJson(v.name, ids));
+      continue;
+    }
+    std::optional<Json> c = tableChunkJson(v.name, ids, *chunk);
+    if (!c) return ApiError{"invalid", "vip " + v.name + " has no chunk " + std::to_string(*chunk)};
+    (*c)["generation"] = generation_;
+    return *c;
+  }
+  if (!vip.empty() && tables.empty()) return notFound("vip", vip);
+  return Json{{"generation", generation_}, {"warmup", warmup_}, {"tables", tables}};
 }
 
 ApiResult ControlPlane::flows() {

@@ -115,6 +115,7 @@ class ControlPlane final : public ControlApi {
   ApiResult backendEnable(const std::string& name) override;
   ApiResult backendWeight(const std::string& name, std::uint32_t weight, bool dryRun) override;
   ApiResult tableShow(const std::string& vip) override;
+  ApiResult tableDigest(const std::string& vip, std::optional<std::uint32_t> chunk) override;
   ApiResult flows() override;
   ApiResult stats() override;
   ApiResult health() override;

@@ -46,6 +46,14 @@ double loadFactor(const PolicyConfig& c, bool saturated, const BackendLoad& load
   return std::max(c.minLoadFactor, 1.0 - std::max(pg, pq));
 }
 
+double quantiseLoadFactor(const PolicyConfig& c, double raw, std::optional<double> held) noexcept {
+  const double step = c.loadFactorStep;
+  if (!(step > 0)) return raw;
+  if (held && std::abs(raw - *held) <= step * (0.5 + c.loadFactorHysteresis)) return *held;
+  const double q = 1.0 - step * std::round((1.0 - raw) / step);
+  return std::clamp(q, std::min(c.minLoadFactor, 1.0), 1.0);
+}
+
 std::vector<double> spillShares(std::span<const double> available, double overprovisioning) {
   std::vector<double> shares(available.size(), 0.0);
   double remaining = 1.0;
@@ -63,7 +71,8 @@ std::vector<double> spillShares(std::span<const double> available, double overpr
 }
 
 PolicyDecision computeWeights(const PolicyConfig& config, const PolicyInput& input,
-                              const std::vector<bool>& saturated) {
+                              const std::vector<bool>& saturated,
+                              std::span<const double> loadFactors) {
   PolicyDecision d;
   const std::size_t nPools = input.pools.size();
   const std::size_t n = input.backends.size();
@@ -86,7 +95,10 @@ PolicyDecision computeWeights(const PolicyConfig& config, const PolicyInput& inp
     out.id = b.id;
     out.name = b.name;
     out.saturated = i < saturated.size() && saturated[i];
-    out.loadFactor = loadFactor(config, out.saturated, b.load);
+    out.loadFactor =
+        i < loadFactors.size()
+            ? loadFactors[i]
+            : quantiseLoadFactor(config, loadFactor(config, out.saturated, b.load), std::nullopt);
     out.forced = b.state != BackendState::Active;
     if (b.pool >= nPools) continue;  // not in any of the VIP's pools: no share
     const double w = b.weight;
@@ -184,13 +196,23 @@ PolicyDecision computeWeights(const PolicyConfig& config, const PolicyInput& inp
 
 PolicyDecision WeightPolicy::decide(const PolicyInput& input) {
   std::vector<bool> flags(input.backends.size());
+  std::vector<double> factors(input.backends.size(), 1.0);
   for (std::size_t i = 0; i < input.backends.size(); ++i) {
     const PolicyBackend& b = input.backends[i];
     bool& state = saturated_[b.id];
     state = nextSaturated(config_, state, b.load);
     flags[i] = state;
+    if (!state) {
+      heldLoadFactor_.erase(b.id);
+      continue;
+    }
+    const auto held = heldLoadFactor_.find(b.id);
+    factors[i] = quantiseLoadFactor(
+        config_, loadFactor(config_, true, b.load),
+        held == heldLoadFactor_.end() ? std::nullopt : std::optional(held->second));
+    heldLoadFactor_[b.id] = factors[i];
   }
-  return computeWeights(config_, input, flags);
+  return computeWeights(config_, input, flags, factors);
 }
 
 bool WeightPolicy::saturated(std::uint64_t id) const {

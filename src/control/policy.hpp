@@ -23,6 +23,17 @@
 //  90 %), then recovers smoothly through the hysteresis band to 1 at gpu_low.
 //  min_load_factor > 0 (config) keeps a fully loaded estate taking flows.
 //
+//  Quantisation (so that instances of a tier, each scraping load on its own,
+//  publish the same tables): a saturated backend's lf is rounded to the grid
+//  1 - k * load_factor_step, then clamped to [min_load_factor, 1], and held
+//  at that grid point (per backend id, in WeightPolicy) until the raw lf
+//  leaves the held point's cell by more than load_factor_hysteresis steps,
+//  i.e. |raw - held| > step * (0.5 + hysteresis). Readings that differ by
+//  less than the hysteresis band map to the same weight, and a reading that
+//  hovers at a cell edge does not flip back and forth. A backend that is not
+//  saturated has lf 1 exactly. Step 0 turns quantisation off. The default
+//  step 0.04 is one GPU percentage point with gpu_low 75.
+//
 //  Priority levels: the VIP's pools grouped by priority (lowest first; pools
 //  of equal priority form one level). Over a level's backends that are not
 //  Disabled or Removed, with base weights w:
@@ -137,14 +148,21 @@ struct PolicyDecision {
 // lf as defined above.
 [[nodiscard]] double loadFactor(const PolicyConfig& config, bool saturated,
                                 const BackendLoad& load) noexcept;
+// lf on the grid: the grid point nearest `raw`, or `held` (the point used
+// before) while raw stays within step * (0.5 + hysteresis) of it.
+[[nodiscard]] double quantiseLoadFactor(const PolicyConfig& config, double raw,
+                                        std::optional<double> held) noexcept;
 // Shares of the priority levels from their available capacity a_k (in
 // priority order): spill, then normalise. All zero when every a_k is 0.
 [[nodiscard]] std::vector<double> spillShares(std::span<const double> available,
                                               double overprovisioning);
 // The decision for the given saturation flags (one per input backend), with
-// no state: WeightPolicy::decide() without the hysteresis bookkeeping.
+// no state: WeightPolicy::decide() without the hysteresis bookkeeping. The
+// load factors, when given (one per input backend), are used as they are;
+// otherwise each is loadFactor() quantised with nothing held.
 [[nodiscard]] PolicyDecision computeWeights(const PolicyConfig& config, const PolicyInput& input,
-                                            const std::vector<bool>& saturated);
+                                            const std::vector<bool>& saturated,
+                                            std::span<const double> loadFactors = {});
 
 class WeightPolicy {
  public:
@@ -154,7 +172,7 @@ class WeightPolicy {
   void setConfig(const PolicyConfig& config) { config_ = config; }
   [[nodiscard]] const PolicyConfig& config() const noexcept { return config_; }
 
-  // Updates each backend's saturation from its load, then computes the
+  // Updates each backend's saturation and held load factor from its load, then computes the
   // weights. Calling it again with the same load changes nothing, so a
   // backend that serves several VIPs may appear in each VIP's input.
   PolicyDecision decide(const PolicyInput& input);
@@ -164,11 +182,15 @@ class WeightPolicy {
   // (hysteresis carries over a restart).
   void restoreSaturated(std::uint64_t id) { saturated_[id] = true; }
   // Drops a backend's saturation state (a removed backend).
-  void forget(std::uint64_t id) { saturated_.erase(id); }
+  void forget(std::uint64_t id) {
+    saturated_.erase(id);
+    heldLoadFactor_.erase(id);
+  }
 
  private:
   PolicyConfig config_;
   std::map<std::uint64_t, bool> saturated_;
+  std::map<std::uint64_t, double> heldLoadFactor_;  // quantised lf of saturated backends
 };
 
 // What changed between two decisions of the same VIP, worth an event:

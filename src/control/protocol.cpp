@@ -22,6 +22,8 @@ constexpr ArgSpec kBackendWeightArgs[] = {
     {"dry_run", ArgType::Bool, false},
 };
 constexpr ArgSpec kTableArgs[] = {{"vip", ArgType::String, false}};
+constexpr ArgSpec kDigestArgs[] = {{"vip", ArgType::String, false},
+                                   {"chunk", ArgType::Uint32, false}};
 constexpr ArgSpec kEventsArgs[] = {{"after", ArgType::Uint64, false},
                                    {"limit", ArgType::Uint32, false}};
 constexpr ArgSpec kPathArgs[] = {{"path", ArgType::String, false}};
@@ -43,6 +45,7 @@ constexpr CommandSpec kCommands[] = {
     {"backend.enable", Access::Write, kNameArgs},
     {"backend.weight", Access::Write, kBackendWeightArgs},
     {"table.show", Access::Read, kTableArgs},
+    {"table.digest", Access::Read, kDigestArgs},
     {"flows", Access::Read, {}},
     {"stats", Access::Read, {}},
     {"health", Access::Read, {}},
@@ -283,6 +286,9 @@ std::variant<Validated, Rejection> validate(std::string_view message) {
                        "events: args.limit must be in 1.." + std::to_string(kMaxEventsLimit)};
     }
   }
+  if (name == "table.digest" && out.args.contains("chunk") && !out.args.contains("vip")) {
+    return Rejection{"bad_request", "table.digest: args.chunk needs args.vip"};
+  }
   return out;
 }
 
@@ -338,6 +344,11 @@ ApiResult dispatch(const Validated& request, ControlApi& api) {
                              dryRun != a.end() && dryRun->get<bool>());
   }
   if (name == "table.show") return api.tableShow(stringArg(a, "vip"));
+  if (name == "table.digest") {
+    std::optional<std::uint32_t> chunk;
+    if (a.contains("chunk")) chunk = numberArg<std::uint32_t>(a, "chunk", 0);
+    return api.tableDigest(stringArg(a, "vip"), chunk);
+  }
   if (name == "flows") return api.flows();
   if (name == "stats") return api.stats();
   if (name == "health") return api.health();

@@ -9,8 +9,14 @@
 // nested lists become titled tables, so new fields in a reply show up
 // without a change here.
 //
+// With --tier FILE (or SPILLWAY_TIER) a one-shot command goes to every
+// instance of the tier file at once (tier_client.hpp) and the outcome is
+// printed per instance; `tier status` compares the instances' tables.
+//
 // Exit codes: 0 ok, 1 an error reply (code and message on stderr) or a
-// failed exchange, 2 usage, 3 cannot connect (which socket, and why).
+// failed exchange (with --tier: on any instance), 2 usage, 3 cannot connect
+// (which socket, and why), 4 `tier status`: every instance answered but
+// some table differs from the reference.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -31,6 +37,7 @@
 #include "control/cli_server.hpp"
 #include "control/config.hpp"
 #include "control/protocol.hpp"
+#include "control/tier_client.hpp"
 
 namespace spillway {
 namespace {
@@ -39,9 +46,11 @@ constexpr int kExitOk = 0;
 constexpr int kExitError = 1;
 constexpr int kExitUsage = 2;
 constexpr int kExitConnect = 3;
+constexpr int kExitTierDiffers = 4;
 
 struct GlobalOptions {
   std::string socketPath = ControlConfig{}.socketPath;
+  std::string tierPath;  // --tier: every instance of this tier file
   bool json = false;
   double timeoutSeconds = 10.0;
 };
@@ -443,6 +452,115 @@ int events(const GlobalOptions& options, std::uint64_t after, std::uint32_t limi
   return kExitOk;
 }
 
+// --- a tier ------------------------------------------------------------------
+
+std::chrono::milliseconds timeoutOf(const GlobalOptions& options) {
+  return std::chrono::milliseconds(
+      static_cast<std::int64_t>(std::max(options.timeoutSeconds, 0.001) * 1000.0));
+}
+
+std::optional<TierFile> readTier(const GlobalOptions& options) {
+  auto tier = loadTierFile(options.tierPath);
+  if (auto* error = std::get_if<std::string>(&tier)) {
+    std::cerr << "spillwayctl: " << *error << '\n';
+    return std::nullopt;
+  }
+  return std::get<TierFile>(std::move(tier));
+}
+
+// The command on every instance: per instance its name, ok or the error, and
+// the reply; which instances failed on stderr.
+int runOnTier(const GlobalOptions& options, std::string_view command, const Json& args) {
+  const std::optional<TierFile> tier = readTier(options);
+  if (!tier) return kExitUsage;
+  const std::vector<TierOutcome> outcomes =
+      fanOut(*tier, command, args, socketTierCall(timeoutOf(options)));
+  std::string failed;
+  std::string succeeded;
+  for (std::size_t i = 0; i < outcomes.size(); ++i) {
+    std::string& list = outcomes[i].ok ? succeeded : failed;
+    list += (list.empty() ? "" : ", ") + tier->instances[i].name;
+  }
+  if (options.json) {
+    std::cout << fanOutJson(*tier, outcomes).dump(2, ' ', false, Json::error_handler_t::replace)
+              << '\n';
+  } else {
+    for (std::size_t i = 0; i < outcomes.size(); ++i) {
+      const TierOutcome& o = outcomes[i];
+      std::cout << (i > 0 ? "\n" : "") << tier->instances[i].name << ": ";
+      if (!o.ok) {
+        std::cout << "error: " << o.errorCode << ": " << o.errorMessage << '\n';
+      } else if (o.result.is_null() || (o.result.is_object() && o.result.empty())) {
+        std::cout << "ok\n";
+      } else {
+        std::cout << "ok\n";
+        printValue(o.result, std::cout, 1);
+      }
+    }
+  }
+  if (failed.empty()) return kExitOk;
+  const CommandSpec* spec = findCommand(command);
+  const bool write = spec != nullptr && spec->access == Access::Write;
+  std::cerr << "spillwayctl: " << command << " failed on " << failed
+            << (succeeded.empty() ? "" : (write ? "; applied on " : "; answered by ") + succeeded)
+            << '\n';
+  return kExitError;
+}
+
+int tierStatusCommand(const GlobalOptions& options) {
+  const std::optional<TierFile> tier = readTier(options);
+  if (!tier) return kExitUsage;
+  const Json status = tierStatus(*tier, socketTierCall(timeoutOf(options)));
+  bool anyFailed = false;
+  bool anyDiffers = false;
+  for (const auto& [name, instance] : status["instances"].items()) {
+    anyFailed = anyFailed || !instance.value("ok", false);
+  }
+  for (const auto& [vip, v] : status["vips"].items()) {
+    anyDiffers = anyDiffers || v.value("agreeing", 0) != v.value("reporting", 0);
+  }
+  if (options.json) {
+    std::cout << status.dump(2, ' ', false, Json::error_handler_t::replace) << '\n';
+  } else {
+    TextTable table(
+        {"VIP", "INSTANCE", "GENERATION", "WARMUP", "FINGERPRINT", "DIFFERING", "REFERENCE"});
+    for (const auto& [vip, v] : status["vips"].items()) {
+      for (const TierInstance& t : tier->instances) {
+        const Json& instance = status["instances"][t.name];
+        if (!instance.contains("vips") || !instance["vips"].contains(vip)) continue;
+        const Json& row = instance["vips"][vip];
+        table.addRow({vip, t.name, cellText(instance["generation"]), cellText(instance["warmup"]),
+                      cellText(row["fingerprint"]),
+                      row["differing_entries"].is_null() ? "?" : cellText(row["differing_entries"]),
+                      row["reference"].get<bool>() ? "yes" : "no"});
+      }
+    }
+    table.print(std::cout);
+    for (const auto& [vip, v] : status["vips"].items()) {
+      std::cout << "\n"
+                << vip << ": reference " << cellText(v["reference_fingerprint"])
+                << " (the most common table), held by " << cellText(v["reference_instances"])
+                << ": " << cellText(v["agreeing"]) << " of " << cellText(v["reporting"])
+                << " instances agree\n";
+    }
+    for (const TierInstance& t : tier->instances) {
+      const Json& instance = status["instances"][t.name];
+      if (!instance.value("ok", false)) {
+        std::cout << t.name << ": error: " << cellText(instance["error"]) << '\n';
+      }
+      if (!instance.contains("vips")) continue;
+      for (const auto& [vip, row] : instance["vips"].items()) {
+        for (const char* note : {"differing_note", "differing_error"}) {
+          if (row.contains(note))
+            std::cout << t.name << " " << vip << ": " << cellText(row[note]) << '\n';
+        }
+      }
+    }
+  }
+  if (anyFailed) return kExitError;
+  return anyDiffers ? kExitTierDiffers : kExitOk;
+}
+
 std::string absolutePath(const std::string& path) {
   if (path.empty()) return path;
   std::error_code ec;
@@ -459,7 +577,11 @@ int run(int argc, char** argv) {
       ->envname("SPILLWAY_SOCKET")
       ->capture_default_str();
   app.add_flag("--json", options.json, "print the result as JSON");
-  app.add_option("--timeout", options.timeoutSeconds, "seconds to wait for a reply")
+  app.add_option("--tier", options.tierPath,
+                 "a tier file (NAME SOCKET_PATH per line): send the command to every instance")
+      ->envname("SPILLWAY_TIER");
+  app.add_option("--timeout", options.timeoutSeconds,
+                 "seconds to wait for a reply (and, with --tier, to connect)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
 
@@ -570,6 +692,11 @@ int run(int argc, char** argv) {
          "withdraw every VIP from the router (journaled: kept across restarts); flows continue");
   simple(lb, "undrain", "lb.undrain", "announce the VIPs again");
   simple(lb, "status", "lb.status", "announcement state, and per VIP announced or why not");
+  auto* tierCmd =
+      app.add_subcommand("tier", "a tier of instances (needs --tier)")->require_subcommand(1);
+  simple(tierCmd, "status", "tier.status",
+         "per instance the generation, warm-up and every VIP's table fingerprint, and the "
+         "entries that differ from the most common table");
 
   try {
     app.parse(argc, argv);
@@ -603,6 +730,20 @@ int run(int argc, char** argv) {
   if (command == "stats" && watchOption->count() > 0) mode = Mode::Watch;
   if (command == "events") mode = Mode::Events;
 
+  if (command == "tier.status" || !options.tierPath.empty()) {
+    if (options.tierPath.empty()) {
+      std::cerr << "spillwayctl: tier status needs --tier FILE (or SPILLWAY_TIER)\n";
+      return kExitUsage;
+    }
+    if (command == "tier.status") return tierStatusCommand(options);
+    if (mode != Mode::Once || (command == "events" && follow)) {
+      std::cerr << "spillwayctl: --tier takes one-shot commands (not stats --watch or events "
+                   "--follow)\n";
+      return kExitUsage;
+    }
+    if (command == "events") args = Json{{"after", after}, {"limit", limit}};
+    return runOnTier(options, command, args);
+  }
   switch (mode) {
     case Mode::Watch:
       return watchStats(options, watchSeconds > 0 ? watchSeconds : 2.0, count);

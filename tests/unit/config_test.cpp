@@ -171,6 +171,8 @@ TEST(Config, ControlPlaneDefaults) {
   EXPECT_EQ(c.policy.overprovisioning, 1.4);
   EXPECT_EQ(c.policy.panicThreshold, 0.5);
   EXPECT_EQ(c.policy.minLoadFactor, 0.1);
+  EXPECT_EQ(c.policy.loadFactorStep, 0.04);
+  EXPECT_EQ(c.policy.loadFactorHysteresis, 0.25);
   EXPECT_EQ(c.policy.churnBudget, 0.05);
   EXPECT_EQ(c.policy.churnInterval, 1000u);
   EXPECT_EQ(c.policy.drainTimeout, 300'000u);
@@ -308,6 +310,10 @@ const Invalid kInvalid[] = {
      "policy.gpu_high = 70: must be above gpu_low (75, the default)"},
     {"policy_gpu_high_string", 29, "policy.gpu_high = \"90%\": expected a number, got a string"},
     {"policy_gpu_low_not_below_high", 30, "policy.gpu_low = 90: must be below gpu_high (90)"},
+    {"policy_load_factor_hysteresis_half", 29,
+     "policy.load_factor_hysteresis = 0.5: out of range; must be in [0, 0.5)"},
+    {"policy_load_factor_step_above_half", 29,
+     "policy.load_factor_step = 0.6: out of range; must be in [0, 0.5]"},
     {"policy_min_load_factor_zero", 29,
      "policy.min_load_factor = 0: out of range; must be in (0, 1]"},
     {"policy_not_table", 2, "policy = \"default\": expected a table ([policy])"},
@@ -440,6 +446,8 @@ queue_low = 0
 overprovisioning = 1
 panic_threshold = 0
 min_load_factor = 1
+load_factor_step = 0
+load_factor_hysteresis = 0
 churn_budget = 1
 churn_interval = 0.01
 drain_timeout = 3600
@@ -478,6 +486,8 @@ event_log_size = 16
   EXPECT_EQ(p.overprovisioning, 1.0);
   EXPECT_EQ(p.panicThreshold, 0.0);
   EXPECT_EQ(p.minLoadFactor, 1.0);
+  EXPECT_EQ(p.loadFactorStep, 0.0);
+  EXPECT_EQ(p.loadFactorHysteresis, 0.0);
   EXPECT_EQ(p.churnBudget, 1.0);
   EXPECT_EQ(p.churnInterval, 10u);
   EXPECT_EQ(p.drainTimeout, 3'600'000u);

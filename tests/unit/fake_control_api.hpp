@@ -116,6 +116,11 @@ class FakeControlApi : public ControlApi {
               Json::array({Json{{"vip", "nccl"},
                                 {"entries", Json{{"gpu-a1", 40000}, {"gpu-c1", 25537}}}}})}});
   }
+  ApiResult tableDigest(const std::string& vip, std::optional<std::uint32_t> chunk) override {
+    return answer("tableDigest",
+                  "tableDigest(" + vip + (chunk ? "," + std::to_string(*chunk) : "") + ")",
+                  Json{{"generation", 7}, {"warmup", false}, {"tables", Json::array()}});
+  }
   ApiResult flows() override {
     return answer("flows", "flows()",
                   Json{{"backends", Json::array({Json{{"backend", "gpu-a1"}, {"flows", 12}}})},
