@@ -34,19 +34,29 @@ namespace spillway {
 // 186..199), not below RTPROT_STATIC; iproute2 shows it as a number.
 inline constexpr std::uint8_t kAnnounceRouteProtocol = 250;
 
-class AnnounceDevice {
+// Where announced VIPs go: the kernel (AnnounceDevice) or a test's fake.
+class VipRoutes {
  public:
-  // Creates the device `name` (an error when one of that name exists: it
-  // would not be ours), sets it NOARP and up.
-  [[nodiscard]] std::optional<std::string> open(const std::string& name);
-  [[nodiscard]] bool isOpen() const noexcept { return tap_.valid(); }
-  [[nodiscard]] int ifindex() const noexcept { return ifindex_; }
+  virtual ~VipRoutes() = default;
+  // Creates the device `name`.
+  [[nodiscard]] virtual std::optional<std::string> open(const std::string& name) = 0;
   // VIP/32 (or /128) through the device; replacing ours is not an error.
-  [[nodiscard]] std::optional<std::string> announce(const IpAddress& vip);
+  [[nodiscard]] virtual std::optional<std::string> announce(const IpAddress& vip) = 0;
   // Deletes the route; one that is already gone is not an error.
-  [[nodiscard]] std::optional<std::string> withdraw(const IpAddress& vip);
+  [[nodiscard]] virtual std::optional<std::string> withdraw(const IpAddress& vip) = 0;
   // Destroys the device and with it every route (what a process death does).
-  void close() noexcept { tap_.reset(); }
+  virtual void close() noexcept = 0;
+};
+
+class AnnounceDevice final : public VipRoutes {
+ public:
+  // An error when a device of that name exists: it would not be ours. Sets
+  // it NOARP and up.
+  [[nodiscard]] std::optional<std::string> open(const std::string& name) override;
+  [[nodiscard]] std::optional<std::string> announce(const IpAddress& vip) override;
+  [[nodiscard]] std::optional<std::string> withdraw(const IpAddress& vip) override;
+  void close() noexcept override { tap_.reset(); }
+  [[nodiscard]] int ifindex() const noexcept { return ifindex_; }
 
  private:
   std::optional<std::string> route(const IpAddress& vip, bool add);

@@ -6,12 +6,14 @@
 
 namespace spillway {
 
-Announcer::Announcer(Options options, AnnounceExchange& exchange, const Dataplane& dataplane)
+Announcer::Announcer(Options options, AnnounceExchange& exchange, const Dataplane& dataplane,
+                     std::unique_ptr<VipRoutes> routes)
     : options_(std::move(options)),
       exchange_(exchange),
       dataplane_(dataplane),
       policy_(AnnounceSettings{options_.config.stallMs, options_.config.controlStallMs,
                                options_.config.holdDownMs}) {
+  device_ = std::move(routes);
   outcome_.device = options_.config.device;
 }
 
@@ -19,9 +21,14 @@ Announcer::~Announcer() {
   stop();
 }
 
-std::optional<std::string> Announcer::start() {
-  if (auto e = device_.open(options_.config.device)) return "announce device: " + *e;
+std::optional<std::string> Announcer::openDevice() {
+  if (auto e = device_->open(options_.config.device)) return "announce device: " + *e;
   outcome_.stateSince = options_.clock();
+  return std::nullopt;
+}
+
+std::optional<std::string> Announcer::start() {
+  if (auto e = openDevice()) return e;
   thread_ = std::thread([this] { run(); });
   return std::nullopt;
 }
@@ -33,7 +40,7 @@ void Announcer::stop() {
   }
   wake_.notify_all();
   if (thread_.joinable()) thread_.join();
-  device_.close();
+  device_->close();
 }
 
 void Announcer::run() {
@@ -72,7 +79,7 @@ void Announcer::round(Millis now) {
   // tried again next period.
   std::erase_if(installed_, [&](const VipAnnouncement& r) {
     if (wanted(r.address)) return false;
-    if (auto e = device_.withdraw(r.address)) {
+    if (auto e = device_->withdraw(r.address)) {
       error = *e;
       return false;
     }
@@ -84,7 +91,7 @@ void Announcer::round(Millis now) {
                     [&](const VipAnnouncement& r) { return r.address == d.address; })) {
       continue;
     }
-    if (auto e = device_.announce(d.address)) {
+    if (auto e = device_->announce(d.address)) {
       error = *e;
     } else {
       installed_.push_back(d);

@@ -13,6 +13,7 @@
 
 #include <condition_variable>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -33,7 +34,9 @@ class Announcer {
     std::function<Millis()> clock;                // the control plane's clock
     std::function<void(const std::string&)> log;  // called on the announcer thread
   };
-  Announcer(Options options, AnnounceExchange& exchange, const Dataplane& dataplane);
+  // `routes`: the announce device (a fake in tests).
+  Announcer(Options options, AnnounceExchange& exchange, const Dataplane& dataplane,
+            std::unique_ptr<VipRoutes> routes = std::make_unique<AnnounceDevice>());
   ~Announcer();
   Announcer(const Announcer&) = delete;
   Announcer& operator=(const Announcer&) = delete;
@@ -42,16 +45,19 @@ class Announcer {
   [[nodiscard]] std::optional<std::string> start();
   // Stops the thread and destroys the device (every route goes with it).
   void stop();
+  // One period's work (what the thread runs): decide, apply, publish. Tests
+  // call it directly, on an opened device and without the thread.
+  void round(Millis now);
+  [[nodiscard]] std::optional<std::string> openDevice();
 
  private:
   void run();
-  void round(Millis now);
 
   Options options_;
   AnnounceExchange& exchange_;
   const Dataplane& dataplane_;
   AnnouncePolicy policy_;
-  AnnounceDevice device_;
+  std::unique_ptr<VipRoutes> device_;
   AnnounceOutcome outcome_;
   std::vector<VipAnnouncement> installed_;  // routes in the kernel now
   std::thread thread_;

@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "control/announce_policy.hpp"
+#include "control/announcer.hpp"
+#include "fake_dataplane.hpp"
 
 namespace spillway {
 namespace {
@@ -192,6 +194,125 @@ TEST(AnnouncePolicy, ReasonsHaveStableNames) {
   EXPECT_EQ(toString(WithdrawReason::NoActiveBackend), "no_active_backend");
   EXPECT_EQ(toString(WithdrawReason::DataplaneStalled), "dataplane_stalled");
   EXPECT_EQ(toString(AnnounceState::Drained), "drained");
+}
+
+// --- The announcer's round: decisions applied to the routes -------------------
+
+// Records routes as the kernel would hold them; can refuse a change.
+class FakeRoutes final : public VipRoutes {
+ public:
+  struct State {
+    std::vector<std::string> routes;  // formatted addresses
+    std::optional<std::string> failWithdraw;
+    bool open = false;
+  };
+  explicit FakeRoutes(State& state) : s_(state) {}
+  std::optional<std::string> open(const std::string&) override {
+    s_.open = true;
+    return std::nullopt;
+  }
+  std::optional<std::string> announce(const IpAddress& vip) override {
+    s_.routes.push_back(formatIpAddress(vip));
+    return std::nullopt;
+  }
+  std::optional<std::string> withdraw(const IpAddress& vip) override {
+    if (s_.failWithdraw) return s_.failWithdraw;
+    std::erase(s_.routes, formatIpAddress(vip));
+    return std::nullopt;
+  }
+  void close() noexcept override {
+    s_.open = false;
+    s_.routes.clear();
+  }
+
+ private:
+  State& s_;
+};
+
+struct AnnouncerRig {
+  FakeRoutes::State routes;
+  test::FakeDataplane dataplane;
+  AnnounceExchange exchange;
+  Millis now = 0;
+  bool workerStuck = false;
+  std::unique_ptr<Announcer> announcer;
+
+  AnnouncerRig() {
+    dataplane.rounds = {1};
+    AnnounceConfig c;
+    c.enabled = true;
+    c.holdDownMs = 500;
+    announcer =
+        std::make_unique<Announcer>(Announcer::Options{c, [this] { return now; }, {}}, exchange,
+                                    dataplane, std::make_unique<FakeRoutes>(routes));
+    EXPECT_FALSE(announcer->openDevice());
+  }
+  // The control thread's round, then the announcer's.
+  void at(Millis t, bool drained = false, std::uint32_t active = 2) {
+    now = t;
+    if (!workerStuck) ++dataplane.rounds[0];
+    exchange.beat();
+    AnnounceControlInputs in;
+    in.warm = true;
+    in.drained = drained;
+    in.vips = {{"web", v4("192.0.2.10"), active}, {"api", v4("192.0.2.11"), 1}};
+    exchange.setInputs(in);
+    announcer->round(now);
+  }
+};
+
+TEST(Announcer, RoutesFollowTheDecisionsAndTransitionsAreTold) {
+  AnnouncerRig r;
+  r.at(20);
+  EXPECT_EQ(r.routes.routes, (Names{"192.0.2.10", "192.0.2.11"}));
+  EXPECT_EQ(r.exchange.takeTransitions().size(), 2u);
+  r.at(40, true);
+  EXPECT_EQ(r.routes.routes, Names{});
+  const auto t = r.exchange.takeTransitions();
+  ASSERT_EQ(t.size(), 2u);
+  EXPECT_EQ(t[0].reason, WithdrawReason::Drained);
+  EXPECT_EQ(r.exchange.outcome().state, AnnounceState::Drained);
+  EXPECT_EQ(r.exchange.outcome().stateSince, 40u);
+  r.at(60);
+  EXPECT_EQ(r.routes.routes, (Names{"192.0.2.10", "192.0.2.11"}));
+  // Nothing changed: no transition, no route call.
+  (void)r.exchange.takeTransitions();
+  r.at(80);
+  EXPECT_TRUE(r.exchange.takeTransitions().empty());
+  EXPECT_EQ(r.routes.routes.size(), 2u);
+}
+
+TEST(Announcer, AFailedWithdrawalIsRetriedAndReported) {
+  AnnouncerRig r;
+  r.at(20);
+  r.routes.failWithdraw = "Operation not permitted";
+  r.at(40, false, 0);  // web has no active backend
+  EXPECT_EQ(r.routes.routes.size(), 2u);
+  EXPECT_NE(r.exchange.outcome().error.find("not permitted"), std::string::npos);
+  r.routes.failWithdraw.reset();
+  r.at(60, false, 0);
+  EXPECT_EQ(r.routes.routes, Names{"192.0.2.11"});
+  EXPECT_EQ(r.exchange.outcome().error, "");
+}
+
+TEST(Announcer, AStoppedWorkerOrStoppingWithdrawsEverything) {
+  AnnouncerRig r;
+  r.at(20);
+  // The worker's counter stops moving at 20; the control loop keeps beating.
+  r.workerStuck = true;
+  for (Millis t = 40; t < 220; t += 20) r.at(t);
+  EXPECT_EQ(r.routes.routes.size(), 2u);
+  r.at(220);
+  EXPECT_EQ(r.routes.routes, Names{});
+  EXPECT_EQ(r.exchange.outcome().vips[0].reason, WithdrawReason::DataplaneStalled);
+  AnnouncerRig s;
+  s.at(20);
+  s.exchange.setStopping();
+  s.at(40);  // the control thread's inputs do not undo stopping
+  EXPECT_EQ(s.routes.routes, Names{});
+  EXPECT_EQ(s.exchange.outcome().vips[1].reason, WithdrawReason::Stopping);
+  s.announcer->stop();
+  EXPECT_FALSE(s.routes.open);
 }
 
 }  // namespace
