@@ -115,6 +115,7 @@ void AffinityKeeper::tick(Millis now, std::uint64_t unixMs, std::uint64_t publis
       complete(now, unixMs, *flows, std::move(*exportTables_), idOf);
       exportTables_.reset();
       if (writes) checkpointedGeneration_ = exportGeneration_;
+      exportedGeneration_ = exportGeneration_;
     } else if (now - exportStarted_ > kExportGiveUp) {
       exporting_ = false;
       ++stats_.failures;
@@ -127,8 +128,9 @@ void AffinityKeeper::tick(Millis now, std::uint64_t unixMs, std::uint64_t publis
   const bool write =
       enabled() && (!lastWriteStart_ || (changed && now >= *lastStart_ + options_.minInterval) ||
                     now >= *lastWriteStart_ + options_.maxInterval);
-  const bool sync =
-      options_.exportInterval > 0 && (!lastStart_ || now >= *lastStart_ + options_.exportInterval);
+  const bool sync = options_.exportInterval > 0 &&
+                    (!lastStart_ || now >= *lastStart_ + options_.exportInterval ||
+                     (published > exportedGeneration_ && now >= *lastStart_ + options_.minInterval));
   if (!(write || sync) || applied < published || published == 0) return;
   syncOnly_ = !write;
   if (write) lastWriteStart_ = now;

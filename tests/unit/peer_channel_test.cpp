@@ -26,8 +26,8 @@
 #include "control/affinity_keeper.hpp"
 #include "control/control_plane.hpp"
 #include "control/snapshot_builder.hpp"
-#include "fake_dataplane.hpp"
 #include "estate_fixture.hpp"
+#include "fake_dataplane.hpp"
 
 namespace spillway {
 namespace {
@@ -327,6 +327,42 @@ TEST(KeeperSync, ExportsEverySyncIntervalAndWritesCheckpointsOnlyWhenTheyAreDue)
   EXPECT_EQ(exported.size(), 3u);
   EXPECT_EQ(keeper.stats().checkpoints, 2u);  // the periodic checkpoint
   std::filesystem::remove_all(dir);
+}
+
+TEST(KeeperSync, WithoutAStateDirATableChangeStillExportsForThePeers) {
+  EventLog events(64);
+  std::size_t exports = 0;
+  AffinityKeeper keeper(
+      AffinityKeeper::Options{.stateDir = "",
+                              .hashSeed = kSeed,
+                              .exportInterval = 1000,
+                              .onExport = [&](std::span<const FlowExceptionRecord>) { ++exports; }},
+      events);
+  std::uint64_t asked = 0;
+  const ExceptionExportHooks hooks{
+      [&](std::uint64_t n) { asked = n; },
+      [&](std::uint64_t n) -> std::optional<std::vector<ExportedFlow>> {
+        if (n != asked) return std::nullopt;
+        return std::vector<ExportedFlow>{};
+      }};
+  const auto tick = [&](Millis t, std::uint64_t generation) {
+    keeper.tick(
+        t, 1'000'000, generation, generation, [] { return TablesState{}; },
+        [](std::uint32_t) -> std::uint64_t { return 0; }, hooks);
+  };
+  tick(0, 1);
+  tick(1, 1);
+  EXPECT_EQ(exports, 1u);
+  tick(100, 2);  // a new table: due after minInterval, not after a sync interval
+  tick(101, 2);
+  EXPECT_EQ(exports, 1u);
+  tick(300, 2);
+  tick(301, 2);
+  EXPECT_EQ(exports, 2u);
+  tick(700, 2);  // nothing new until the sync interval
+  tick(701, 2);
+  EXPECT_EQ(exports, 2u);
+  EXPECT_EQ(keeper.stats().checkpoints, 0u);
 }
 
 // --- A ControlPlane with a peer ---------------------------------------------
