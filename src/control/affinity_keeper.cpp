@@ -88,9 +88,8 @@ std::optional<TablesState> AffinityKeeper::restore(Millis now, std::uint64_t uni
   return tables;
 }
 
-void AffinityKeeper::restoredEntries(
-    const std::function<std::uint32_t(std::uint64_t id)>& indexOf,
-    std::vector<ExceptionEntry>& out) const {
+void AffinityKeeper::restoredEntries(const std::function<std::uint32_t(std::uint64_t id)>& indexOf,
+                                     std::vector<ExceptionEntry>& out) const {
   out.reserve(out.size() + restored_.size());
   for (const auto& [hash, r] : restored_) {
     const std::uint32_t index = indexOf(r.backendId);
@@ -116,6 +115,7 @@ void AffinityKeeper::tick(Millis now, std::uint64_t unixMs, std::uint64_t publis
       complete(now, unixMs, *flows, std::move(*exportTables_), idOf);
       exportTables_.reset();
       if (writes) checkpointedGeneration_ = exportGeneration_;
+      exportedGeneration_ = exportGeneration_;
     } else if (now - exportStarted_ > kExportGiveUp) {
       exporting_ = false;
       ++stats_.failures;
@@ -125,11 +125,12 @@ void AffinityKeeper::tick(Millis now, std::uint64_t unixMs, std::uint64_t publis
     return;
   }
   const bool changed = published > checkpointedGeneration_;
-  const bool write = enabled() && (!lastWriteStart_ ||
-                                   (changed && now >= *lastStart_ + options_.minInterval) ||
-                                   now >= *lastWriteStart_ + options_.maxInterval);
-  const bool sync = options_.exportInterval > 0 && (!lastStart_ ||
-                                                    now >= *lastStart_ + options_.exportInterval);
+  const bool write =
+      enabled() && (!lastWriteStart_ || (changed && now >= *lastStart_ + options_.minInterval) ||
+                    now >= *lastWriteStart_ + options_.maxInterval);
+  const bool sync = options_.exportInterval > 0 &&
+                    (!lastStart_ || now >= *lastStart_ + options_.exportInterval ||
+                     (published > exportedGeneration_ && now >= *lastStart_ + options_.minInterval));
   if (!(write || sync) || applied < published || published == 0) return;
   syncOnly_ = !write;
   if (write) lastWriteStart_ = now;

@@ -76,9 +76,10 @@ class AffinityKeeper {
     FlowTimeouts timeouts{};
     Millis minInterval = 250;
     Millis maxInterval = 60'000;
-    // LB tier (peer_channel.hpp): also export this often, and hand every
+    // LB tier (peer_channel.hpp): also export this often, and after a table
+    // change (minInterval apart) even without a stateDir, and hand every
     // export's records (tracked and restored) to onExport; an export due
-    // only to this interval writes no checkpoint. 0 = no such exports.
+    // only to this writes no checkpoint. 0 = no such exports.
     Millis exportInterval = 0;
     std::function<void(std::span<const FlowExceptionRecord>)> onExport;
   };
@@ -142,6 +143,7 @@ class AffinityKeeper {
   std::optional<Millis> lastStart_;
   std::optional<Millis> lastWriteStart_;  // of the last export that writes a checkpoint
   bool syncOnly_ = false;                 // the export in flight writes no checkpoint
+  std::uint64_t exportedGeneration_ = 0;  // of the last export completed (any kind)
   std::optional<Millis> lastEventAt_;  // of the last "checkpoint" event
 };
 

@@ -1450,7 +1450,8 @@ void Loader::loadTier(const toml::table& root, std::set<std::string>& used) {
   if (t == nullptr) return;
   Section s(*this, *t, "tier");
   TierConfig& c = config_.tier;
-  const char* addressHelp = "expected \"address:port\" (\"192.0.2.1:9560\", \"[2001:db8::1]:9560\")";
+  const char* addressHelp =
+      "expected \"address:port\" (\"192.0.2.1:9560\", \"[2001:db8::1]:9560\")";
   if (auto v = s.name("node")) c.node = *v;
   if (auto v = s.string("listen")) {
     if (!isListenAddress(*v)) {

@@ -222,7 +222,7 @@ struct TierConfig {
   std::string listen;  // "address:port" the peers connect to
   std::vector<TierPeerConfig> peers;
   std::string secretFile;
-  std::string secret;  // the file's bytes, read when the configuration is loaded
+  std::string secret;          // the file's bytes, read when the configuration is loaded
   Millis syncInterval = 1000;  // exceptions are exported (and sent) at least this often
   Millis holdTime = 600'000;   // a disconnected peer's exceptions are kept this long
   std::size_t maxRecordsPerPeer = 1'000'000;

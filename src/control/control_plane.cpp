@@ -63,17 +63,17 @@ ControlPlane::ControlPlane(Config config, std::string configPath, SnapshotBuilde
       policy_(config_.policy),
       wallClock_(std::move(wallClockMs)),
       journal_(config_.control.stateDir),
-      keeper_(AffinityKeeper::Options{.stateDir = config_.control.stateDir,
-                                      .hashSeed = config_.dataplane.hashSeed,
-                                      .timeouts = config_.dataplane.timeouts,
-                                      .exportInterval = config_.tier.peers.empty()
-                                                            ? 0
-                                                            : config_.tier.syncInterval,
-                                      .onExport =
-                                          [this](std::span<const FlowExceptionRecord> r) {
-                                            if (peers_) peers_->publishLocal(r);
-                                          }},
-              events_) {
+      keeper_(
+          AffinityKeeper::Options{
+              .stateDir = config_.control.stateDir,
+              .hashSeed = config_.dataplane.hashSeed,
+              .timeouts = config_.dataplane.timeouts,
+              .exportInterval = config_.tier.peers.empty() ? 0 : config_.tier.syncInterval,
+              .onExport =
+                  [this](std::span<const FlowExceptionRecord> r) {
+                    if (peers_) peers_->publishLocal(r);
+                  }},
+          events_) {
   if (!wallClock_) {
     wallClock_ = [] {
       return std::chrono::duration_cast<std::chrono::milliseconds>(

@@ -101,9 +101,9 @@ std::optional<std::string> PeerChannel::open() {
   sockaddr_storage bound{};
   socklen_t length = sizeof bound;
   if (getsockname(listen_.get(), reinterpret_cast<sockaddr*>(&bound), &length) == 0) {
-    port_ = ntohs(bound.ss_family == AF_INET6
-                      ? reinterpret_cast<const sockaddr_in6*>(&bound)->sin6_port
-                      : reinterpret_cast<const sockaddr_in*>(&bound)->sin_port);
+    port_ =
+        ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<const sockaddr_in6*>(&bound)->sin6_port
+                                          : reinterpret_cast<const sockaddr_in*>(&bound)->sin_port);
   }
   if (!epollAdd(epoll_.get(), listen_.get(), kListenerTag, EPOLLIN)) {
     return fail("epoll_ctl: " + errnoText(errno));
@@ -143,7 +143,8 @@ void PeerChannel::accept(Millis now) {
     c.remote = peerText(ss);
     c.opened = c.lastRecv = c.lastSend = now;
     c.serverNonce = freshNonce();
-    send(c, PeerFrameType::Hello, encodePeerHello(PeerHello{kPeerVersion, c.serverNonce, config_.node}));
+    send(c, PeerFrameType::Hello,
+         encodePeerHello(PeerHello{kPeerVersion, c.serverNonce, config_.node}));
     if (!epollAdd(epoll_.get(), fd, id, EPOLLIN)) continue;
     conns_.emplace(id, std::move(c));
   }
@@ -215,8 +216,9 @@ void PeerChannel::poll(Millis now) {
     }
     if (c.out.size() - c.outSent > config_.maxOutputBytes) {
       ++peers_[static_cast<std::size_t>(c.peer)].slowDisconnects;
-      close(id, "slow peer: " + std::to_string(c.out.size() - c.outSent) +
-                    " bytes unsent (max_output_bytes); it is resynced with a full dump",
+      close(id,
+            "slow peer: " + std::to_string(c.out.size() - c.outSent) +
+                " bytes unsent (max_output_bytes); it is resynced with a full dump",
             now);
     }
   }
@@ -265,7 +267,8 @@ bool PeerChannel::service(std::uint64_t id, Conn& c, Millis now) {
     }
     c.in.append(buffer, static_cast<std::size_t>(n));
     readNow += static_cast<std::size_t>(n);
-    if (c.peer >= 0) peers_[static_cast<std::size_t>(c.peer)].bytesIn += static_cast<std::size_t>(n);
+    if (c.peer >= 0)
+      peers_[static_cast<std::size_t>(c.peer)].bytesIn += static_cast<std::size_t>(n);
   }
   std::size_t at = 0;
   while (true) {
@@ -322,9 +325,9 @@ bool PeerChannel::handleHandshake(std::uint64_t id, Conn& c, PeerFrameType type,
       }
       c.serverNonce = hello->nonce;
       c.clientNonce = freshNonce();
-      PeerAuth auth{kPeerVersion, c.clientNonce, seedTag_, config_.node,
-                    peerAuthMac(master_, "auth-c", c.serverNonce, c.clientNonce, seedTag_,
-                                config_.node)};
+      PeerAuth auth{
+          kPeerVersion, c.clientNonce, seedTag_, config_.node,
+          peerAuthMac(master_, "auth-c", c.serverNonce, c.clientNonce, seedTag_, config_.node)};
       send(c, PeerFrameType::Auth, encodePeerAuth(auth));
       c.phase = Phase::AwaitAccept;
       return true;
@@ -367,8 +370,8 @@ bool PeerChannel::handleHandshake(std::uint64_t id, Conn& c, PeerFrameType type,
     return false;
   }
   Peer& p = peers_[static_cast<std::size_t>(index)];
-  if (auth->mac != peerAuthMac(master_, "auth-c", c.serverNonce, auth->nonce, auth->seedTag,
-                               auth->node)) {
+  if (auth->mac !=
+      peerAuthMac(master_, "auth-c", c.serverNonce, auth->nonce, auth->seedTag, auth->node)) {
     ++p.authFailures;
     p.lastError = "bad MAC from " + c.remote + " (another secret?)";
     events_.append(now, "", kEventPeer, "auth refused: peer " + p.config.name + ": " + p.lastError);
@@ -376,8 +379,9 @@ bool PeerChannel::handleHandshake(std::uint64_t id, Conn& c, PeerFrameType type,
     return false;
   }
   if (auth->seedTag != seedTag_) {
-    p.lastError = "hash_seed differs: flow hashes name other flows; configure the same "
-                  "[dataplane] hash_seed on every instance of the tier";
+    p.lastError =
+        "hash_seed differs: flow hashes name other flows; configure the same "
+        "[dataplane] hash_seed on every instance of the tier";
     events_.append(now, "", kEventPeer, "refused peer " + p.config.name + ": " + p.lastError);
     refuse(c, "hash_seed differs from " + config_.node + "'s");
     return false;
@@ -385,8 +389,8 @@ bool PeerChannel::handleHandshake(std::uint64_t id, Conn& c, PeerFrameType type,
   c.clientNonce = auth->nonce;
   c.peer = index;
   send(c, PeerFrameType::Accept,
-       encodePeerU64(peerAuthMac(master_, "auth-s", c.serverNonce, c.clientNonce, seedTag_,
-                                 config_.node)));
+       encodePeerU64(
+           peerAuthMac(master_, "auth-s", c.serverNonce, c.clientNonce, seedTag_, config_.node)));
   c.sendKey = peerSessionKey(master_, "s2c", c.serverNonce, c.clientNonce);
   c.recvKey = peerSessionKey(master_, "c2s", c.serverNonce, c.clientNonce);
   if (p.inConn && *p.inConn != id) close(*p.inConn, "replaced by a new connection", now);
@@ -411,8 +415,8 @@ void PeerChannel::up(std::uint64_t id, Conn& c, Millis now) {
   }
   p.lastError.clear();
   events_.append(now, "", kEventPeer,
-                 "peer " + p.config.name + " up (" + (c.outbound ? "sending to " : "receiving from ") +
-                     c.remote + ")");
+                 "peer " + p.config.name + " up (" +
+                     (c.outbound ? "sending to " : "receiving from ") + c.remote + ")");
 }
 
 bool PeerChannel::handleData(Conn& c, PeerFrameType type, std::string_view payload, Millis now) {
@@ -481,8 +485,8 @@ void PeerChannel::pump(Conn& c) {
     if (c.dumping) {
       const LocalSet& dump = *c.dumpOf;
       for (; c.cursor < dump.size() && chunk.size() < kPeerRecordsPerFrame; ++c.cursor) {
-        chunk.push_back(
-            FlowExceptionRecord{dump[c.cursor].hash, dump[c.cursor].backendId, dump[c.cursor].state, 0});
+        chunk.push_back(FlowExceptionRecord{dump[c.cursor].hash, dump[c.cursor].backendId,
+                                            dump[c.cursor].state, 0});
       }
       if (!chunk.empty()) sendRecords();
       if (c.cursor == dump.size()) {
@@ -585,12 +589,13 @@ void PeerChannel::close(std::uint64_t id, const std::string& why, Millis now) {
     }
     if (p.lastError.empty() || wasUp) p.lastError = why;
     if (wasUp) {
-      events_.append(now, "", kEventPeer,
-                     "peer " + p.config.name + " down (" +
-                         (c.outbound ? "sending to " : "receiving from ") + c.remote + "): " + why +
-                         (c.outbound ? "" : "; its " + std::to_string(p.held.size()) +
-                                                " exceptions are held for " +
-                                                std::to_string(config_.holdTime / 1000) + " s"));
+      events_.append(
+          now, "", kEventPeer,
+          "peer " + p.config.name + " down (" + (c.outbound ? "sending to " : "receiving from ") +
+              c.remote + "): " + why +
+              (c.outbound ? ""
+                          : "; its " + std::to_string(p.held.size()) + " exceptions are held for " +
+                                std::to_string(config_.holdTime / 1000) + " s"));
     }
   }
   (void)epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, c.fd.get(), nullptr);
@@ -605,9 +610,10 @@ void PeerChannel::publishLocal(std::span<const FlowExceptionRecord> records) {
   }
   std::stable_sort(next->begin(), next->end(),
                    [](const LocalRecord& a, const LocalRecord& b) { return a.hash < b.hash; });
-  next->erase(std::unique(next->begin(), next->end(),
-                          [](const LocalRecord& a, const LocalRecord& b) { return a.hash == b.hash; }),
-              next->end());
+  next->erase(
+      std::unique(next->begin(), next->end(),
+                  [](const LocalRecord& a, const LocalRecord& b) { return a.hash == b.hash; }),
+      next->end());
   if (*next == *local_) return;
   local_ = std::move(next);
 }
@@ -662,26 +668,26 @@ Json PeerChannel::status(Millis now) const {
     const std::string out = directionState(p.outConn);
     const std::string in = directionState(p.inConn);
     const std::string state = out == "connected" && in == "connected" ? "connected"
-                              : out == "down" && in == "down"       ? "down"
-                                                                    : "handshaking";
-    peers.push_back(Json{{"name", p.config.name},
-                         {"address", p.config.address},
-                         {"state", state},
-                         {"sending", out},
-                         {"receiving", in},
-                         {"records_in", p.recordsIn},
-                         {"records_out", p.recordsOut},
-                         {"bytes_in", p.bytesIn},
-                         {"bytes_out", p.bytesOut},
-                         {"auth_failures", p.authFailures},
-                         {"frames_refused", p.framesRefused},
-                         {"records_dropped", p.recordsDropped},
-                         {"slow_disconnects", p.slowDisconnects},
-                         {"last_frame_age_ms", p.lastFrame ? Json(now - *p.lastFrame) : Json(nullptr)},
-                         {"held_exceptions", p.held.size()},
-                         {"down_for_ms", p.downSince && !p.inConn ? Json(now - *p.downSince)
-                                                                  : Json(nullptr)},
-                         {"last_error", p.lastError}});
+                              : out == "down" && in == "down"         ? "down"
+                                                                      : "handshaking";
+    peers.push_back(
+        Json{{"name", p.config.name},
+             {"address", p.config.address},
+             {"state", state},
+             {"sending", out},
+             {"receiving", in},
+             {"records_in", p.recordsIn},
+             {"records_out", p.recordsOut},
+             {"bytes_in", p.bytesIn},
+             {"bytes_out", p.bytesOut},
+             {"auth_failures", p.authFailures},
+             {"frames_refused", p.framesRefused},
+             {"records_dropped", p.recordsDropped},
+             {"slow_disconnects", p.slowDisconnects},
+             {"last_frame_age_ms", p.lastFrame ? Json(now - *p.lastFrame) : Json(nullptr)},
+             {"held_exceptions", p.held.size()},
+             {"down_for_ms", p.downSince && !p.inConn ? Json(now - *p.downSince) : Json(nullptr)},
+             {"last_error", p.lastError}});
   }
   return Json{{"enabled", true},
               {"node", config_.node},

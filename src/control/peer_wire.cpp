@@ -90,7 +90,8 @@ SipKey peerMasterKey(std::string_view secret) noexcept {
   std::uint64_t k0 = 0;
   std::uint64_t k1 = 0;
   std::memcpy(&k0, secret.data(), std::min<std::size_t>(8, secret.size()));
-  if (secret.size() > 8) std::memcpy(&k1, secret.data() + 8, std::min<std::size_t>(8, secret.size() - 8));
+  if (secret.size() > 8)
+    std::memcpy(&k1, secret.data() + 8, std::min<std::size_t>(8, secret.size() - 8));
   const SipKey first{k0, k1};
   return SipKey{prf(first, std::string("spw-mk0") + std::string(secret)),
                 prf(first, std::string("spw-mk1") + std::string(secret))};
@@ -132,7 +133,8 @@ std::string encodePeerFrame(PeerFrameType type, std::string_view payload, const 
   return out;
 }
 
-PeerDecoded decodePeerFrame(std::string_view buffer, const SipKey* key, std::uint64_t seq) noexcept {
+PeerDecoded decodePeerFrame(std::string_view buffer, const SipKey* key,
+                            std::uint64_t seq) noexcept {
   try {
     if (buffer.size() < kPeerHeaderBytes) return PeerNeedMore{};
     std::uint32_t length = 0;
@@ -259,7 +261,7 @@ std::optional<std::vector<std::uint64_t>> decodePeerRemoved(std::string_view pay
 }
 
 std::optional<std::string> readPeerSecret(const std::string& path, std::string& error) {
-  struct stat st{};
+  struct stat st {};
   if (::stat(path.c_str(), &st) != 0) {
     error = "cannot read the secret file " + path + ": " + errnoText(errno);
     return std::nullopt;

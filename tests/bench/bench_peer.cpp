@@ -79,8 +79,8 @@ void BM_PeerExceptionTableRebuild(benchmark::State& state) {
   const auto records = sample(static_cast<std::size_t>(state.range(0)));
   std::vector<ExceptionEntry> entries;
   for (const auto& r : records) {
-    entries.push_back(ExceptionEntry{r.hash, static_cast<std::uint32_t>(r.backendId % 64 + 1),
-                                     r.state});
+    entries.push_back(
+        ExceptionEntry{r.hash, static_cast<std::uint32_t>(r.backendId % 64 + 1), r.state});
   }
   for (auto _ : state) {
     ExceptionTable t(entries);

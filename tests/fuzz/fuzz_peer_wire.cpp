@@ -21,16 +21,23 @@ void check(bool condition) {
 void payloads(spillway::PeerFrameType type, std::string_view p) {
   using namespace spillway;
   switch (type) {
-    case PeerFrameType::Hello: (void)decodePeerHello(p); break;
+    case PeerFrameType::Hello:
+      (void)decodePeerHello(p);
+      break;
     case PeerFrameType::Auth:
       if (auto a = decodePeerAuth(p)) check(a->node.size() <= kPeerMaxNameBytes);
       break;
-    case PeerFrameType::Accept: (void)decodePeerU64(p); break;
-    case PeerFrameType::Records: (void)decodePeerRecords(p, 0x0123456789abcdefULL); break;
+    case PeerFrameType::Accept:
+      (void)decodePeerU64(p);
+      break;
+    case PeerFrameType::Records:
+      (void)decodePeerRecords(p, 0x0123456789abcdefULL);
+      break;
     case PeerFrameType::Removed:
       if (auto r = decodePeerRemoved(p)) check(r->size() <= kPeerRemovedPerFrame);
       break;
-    default: break;
+    default:
+      break;
   }
 }
 

@@ -18,6 +18,7 @@
 #include "control/control_plane.hpp"
 #include "control/flow_checkpoint.hpp"
 #include "control/snapshot_builder.hpp"
+#include "estate_fixture.hpp"
 #include "fake_dataplane.hpp"
 
 namespace spillway {
@@ -123,36 +124,7 @@ TEST(TablesStateFile, RoundTripAndMalformed) {
 // --- A ControlPlane across a restart ------------------------------------------
 
 std::string configText(const std::string& stateDir) {
-  std::string text = R"([dataplane]
-lcores = [1]
-hash_seed = "0x0123456789abcdef"
-
-[[port]]
-name = "p0"
-devargs = "net_ring0"
-address = "10.0.0.1"
-next_hop_mac = "02:00:00:00:00:aa"
-
-[[pool]]
-name = "onprem"
-site = "onprem"
-encap = "ipip"
-
-[[vip]]
-name = "nccl"
-address = "192.0.2.1"
-protocol = "tcp"
-table_size = 1009
-pools = ["onprem"]
-
-[control]
-state_dir = ")" + stateDir + R"("
-)";
-  for (int i = 1; i <= 4; ++i) {
-    text += "\n[[backend]]\nname = \"b" + std::to_string(i) + "\"\naddress = \"10.0.1." +
-            std::to_string(i) + "\"\npool = \"onprem\"\n";
-  }
-  return text;
+  return test::onePoolEstate(4) + "\n[control]\nstate_dir = \"" + stateDir + "\"\n";
 }
 
 class AffinityRestart : public ::testing::Test {

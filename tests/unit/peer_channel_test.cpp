@@ -5,6 +5,8 @@
 // handshake and counted. Then a ControlPlane (fake dataplane) that puts a
 // peer's exception into its published snapshot's exception table and sends
 // its own exports to the peer.
+#include "control/peer_channel.hpp"
+
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -23,10 +25,9 @@
 
 #include "control/affinity_keeper.hpp"
 #include "control/control_plane.hpp"
-#include "control/peer_channel.hpp"
 #include "control/snapshot_builder.hpp"
+#include "estate_fixture.hpp"
 #include "fake_dataplane.hpp"
-#include "tier_fixture.hpp"
 
 namespace spillway {
 namespace {
@@ -47,10 +48,12 @@ std::uint16_t freePort() {
   return ntohs(sin.sin_port);
 }
 
-std::string at(std::uint16_t port) { return "127.0.0.1:" + std::to_string(port); }
+std::string at(std::uint16_t port) {
+  return "127.0.0.1:" + std::to_string(port);
+}
 
-TierConfig tier(const std::string& node, std::uint16_t listen,
-                std::vector<TierPeerConfig> peers, const std::string& secret = kSecret) {
+TierConfig tier(const std::string& node, std::uint16_t listen, std::vector<TierPeerConfig> peers,
+                const std::string& secret = kSecret) {
   TierConfig t;
   t.node = node;
   t.listen = at(listen);
@@ -74,8 +77,8 @@ std::vector<FlowExceptionRecord> records(std::uint64_t first, std::uint64_t n,
                                          std::uint64_t backendId) {
   std::vector<FlowExceptionRecord> out;
   for (std::uint64_t i = first; i < first + n; ++i) {
-    out.push_back(FlowExceptionRecord{i * 0x9e3779b97f4a7c15ULL, backendId,
-                                      FlowState::Established, 0});
+    out.push_back(
+        FlowExceptionRecord{i * 0x9e3779b97f4a7c15ULL, backendId, FlowState::Established, 0});
   }
   return out;
 }
@@ -100,11 +103,10 @@ class PeerPair : public ::testing::Test {
   }
   std::unique_ptr<PeerChannel> make(const std::string& node, std::uint16_t port,
                                     const std::string& peer, std::uint16_t peerPort,
-                                    const std::string& secret = kSecret,
-                                    std::uint64_t seed = kSeed, EventLog* log = nullptr) {
+                                    const std::string& secret = kSecret, std::uint64_t seed = kSeed,
+                                    EventLog* log = nullptr) {
     auto c = std::make_unique<PeerChannel>(
-        tier(node, port, {TierPeerConfig{peer, at(peerPort)}}, secret), seed,
-        log ? *log : events_);
+        tier(node, port, {TierPeerConfig{peer, at(peerPort)}}, secret), seed, log ? *log : events_);
     EXPECT_FALSE(c->open());
     return c;
   }
@@ -123,8 +125,11 @@ TEST_F(PeerPair, FullDumpThenDeltas) {
   auto b = make("lb-b", pb_, "lb-a", pa_);
   const auto first = records(1, 5000, 77);  // more than one records frame
   a->publishLocal(first);
-  ASSERT_TRUE(pollUntil([&] { step({a.get(), b.get()}); },
-                        [&] { return a->connected("lb-b") && b->held("lb-a") == 5000; }));
+  ASSERT_TRUE(pollUntil(
+      [&] {
+        step({a.get(), b.get()});
+      },
+      [&] { return a->connected("lb-b") && b->held("lb-a") == 5000; }));
   EXPECT_TRUE(b->takeChanged());
   EXPECT_EQ(byHash(b->exceptions()), byHash(first));
   EXPECT_EQ(a->status(now_)["peers"][0]["records_out"], 5000);
@@ -134,8 +139,11 @@ TEST_F(PeerPair, FullDumpThenDeltas) {
   for (std::size_t i = 0; i < 10; ++i) next[i].backendId = 78;
   for (const auto& r : records(100'000, 20, 79)) next.push_back(r);
   a->publishLocal(next);
-  ASSERT_TRUE(pollUntil([&] { step({a.get(), b.get()}); },
-                        [&] { return byHash(b->exceptions()) == byHash(next); }));
+  ASSERT_TRUE(pollUntil(
+      [&] {
+        step({a.get(), b.get()});
+      },
+      [&] { return byHash(b->exceptions()) == byHash(next); }));
   // Only the difference travelled.
   EXPECT_EQ(a->status(now_)["peers"][0]["records_out"], 5000 + 30);
   EXPECT_EQ(b->status(now_)["peers"][0]["records_in"], 5000 + 30);
@@ -147,8 +155,7 @@ TEST_F(PeerPair, DisconnectedPeerIsHeldThenReplacedByItsNextDump) {
   auto a = make("lb-a", pa_, "lb-b", pb_);
   auto b = make("lb-b", pb_, "lb-a", pa_);
   a->publishLocal(records(1, 100, 77));
-  ASSERT_TRUE(pollUntil([&] { step({a.get(), b.get()}); },
-                        [&] { return b->held("lb-a") == 100; }));
+  ASSERT_TRUE(pollUntil([&] { step({a.get(), b.get()}); }, [&] { return b->held("lb-a") == 100; }));
   // A dies.
   a.reset();
   ASSERT_TRUE(pollUntil([&] { step({b.get()}); },
@@ -161,8 +168,7 @@ TEST_F(PeerPair, DisconnectedPeerIsHeldThenReplacedByItsNextDump) {
   a = make("lb-a", pa_, "lb-b", pb_);
   const auto fresh = records(500, 3, 80);
   a->publishLocal(fresh);
-  ASSERT_TRUE(pollUntil([&] { step({a.get(), b.get()}); },
-                        [&] { return b->held("lb-a") == 3; }));
+  ASSERT_TRUE(pollUntil([&] { step({a.get(), b.get()}); }, [&] { return b->held("lb-a") == 3; }));
   EXPECT_EQ(byHash(b->exceptions()), byHash(fresh));
 }
 
@@ -194,8 +200,7 @@ TEST_F(PeerPair, SilentPeerTimesOutAndIsForgottenAfterHoldTime) {
   auto a = make("lb-a", pa_, "lb-b", pb_);
   auto b = make("lb-b", pb_, "lb-a", pa_);
   a->publishLocal(records(1, 10, 77));
-  ASSERT_TRUE(pollUntil([&] { step({a.get(), b.get()}); },
-                        [&] { return b->held("lb-a") == 10; }));
+  ASSERT_TRUE(pollUntil([&] { step({a.get(), b.get()}); }, [&] { return b->held("lb-a") == 10; }));
   (void)b->takeChanged();
   // A stops answering (a stalled process: its socket stays open).
   now_ += 3'001;
@@ -212,10 +217,14 @@ TEST_F(PeerPair, WrongSecretIsRefusedAndCounted) {
   auto a = make("lb-a", pa_, "lb-b", pb_, "another-secret-of-16-bytes");
   auto b = make("lb-b", pb_, "lb-a", pa_);
   a->publishLocal(records(1, 10, 77));
-  ASSERT_TRUE(pollUntil([&] { step({a.get(), b.get()}); }, [&] {
-    return b->status(now_)["peers"][0]["auth_failures"] >= 1 &&
-           a->status(now_)["peers"][0]["auth_failures"] >= 1;
-  }));
+  ASSERT_TRUE(pollUntil(
+      [&] {
+        step({a.get(), b.get()});
+      },
+      [&] {
+        return b->status(now_)["peers"][0]["auth_failures"] >= 1 &&
+               a->status(now_)["peers"][0]["auth_failures"] >= 1;
+      }));
   EXPECT_EQ(b->held("lb-a"), 0u);
   EXPECT_FALSE(a->connected("lb-b"));
 }
@@ -224,8 +233,11 @@ TEST_F(PeerPair, UnknownNodeIsRefusedAndCounted) {
   auto b = make("lb-b", pb_, "lb-a", pa_);
   auto c = make("lb-c", freePort(), "lb-b", pb_);
   c->publishLocal(records(1, 10, 77));
-  ASSERT_TRUE(pollUntil([&] { step({b.get(), c.get()}); },
-                        [&] { return b->status(now_)["unknown_node_refusals"] >= 1; }));
+  ASSERT_TRUE(pollUntil(
+      [&] {
+        step({b.get(), c.get()});
+      },
+      [&] { return b->status(now_)["unknown_node_refusals"] >= 1; }));
   EXPECT_EQ(b->held("lb-a"), 0u);
   EXPECT_NE(c->status(now_)["peers"][0]["last_error"].get<std::string>().find("unknown node"),
             std::string::npos);
@@ -256,17 +268,17 @@ TEST_F(PeerPair, GarbageFromAnUnauthenticatedClientIsDroppedAndTheChannelLives) 
   const std::string junk(100, '\xff');
   ASSERT_EQ(::send(fd, junk.data(), junk.size(), MSG_NOSIGNAL), 100);
   char buf[256];
-  ASSERT_TRUE(pollUntil([&] { step({b.get()}); }, [&] {
-    const ssize_t n = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
-    // Closed by B (after its hello).
-    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
-  }));
+  ASSERT_TRUE(pollUntil([&] { step({b.get()}); },
+                        [&] {
+                          const ssize_t n = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+                          // Closed by B (after its hello).
+                          return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+                        }));
   ::close(fd);
   // A real peer still gets through.
   auto a = make("lb-a", pa_, "lb-b", pb_);
   a->publishLocal(records(1, 1, 77));
-  ASSERT_TRUE(pollUntil([&] { step({a.get(), b.get()}); },
-                        [&] { return b->held("lb-a") == 1; }));
+  ASSERT_TRUE(pollUntil([&] { step({a.get(), b.get()}); }, [&] { return b->held("lb-a") == 1; }));
 }
 
 // --- The keeper's exports for the peers --------------------------------------
@@ -277,15 +289,14 @@ TEST(KeeperSync, ExportsEverySyncIntervalAndWritesCheckpointsOnlyWhenTheyAreDue)
   const std::string dir = tmpl;
   EventLog events(64);
   std::vector<std::vector<FlowExceptionRecord>> exported;
-  AffinityKeeper keeper(
-      AffinityKeeper::Options{.stateDir = dir,
-                              .hashSeed = kSeed,
-                              .exportInterval = 1000,
-                              .onExport =
-                                  [&](std::span<const FlowExceptionRecord> r) {
-                                    exported.emplace_back(r.begin(), r.end());
-                                  }},
-      events);
+  AffinityKeeper keeper(AffinityKeeper::Options{.stateDir = dir,
+                                                .hashSeed = kSeed,
+                                                .exportInterval = 1000,
+                                                .onExport =
+                                                    [&](std::span<const FlowExceptionRecord> r) {
+                                                      exported.emplace_back(r.begin(), r.end());
+                                                    }},
+                        events);
   std::uint64_t asked = 0;
   const std::vector<ExportedFlow> flows{{0x10, 1, FlowState::Established, 0}};
   const ExceptionExportHooks hooks{
@@ -309,13 +320,49 @@ TEST(KeeperSync, ExportsEverySyncIntervalAndWritesCheckpointsOnlyWhenTheyAreDue)
   EXPECT_EQ(exported.size(), 1u);  // not due
   tick(1000);
   tick(1001);
-  EXPECT_EQ(exported.size(), 2u);                // for the peers
-  EXPECT_EQ(keeper.stats().checkpoints, 1u);     // and no write
+  EXPECT_EQ(exported.size(), 2u);             // for the peers
+  EXPECT_EQ(keeper.stats().checkpoints, 1u);  // and no write
   tick(60'000);
   tick(60'001);
   EXPECT_EQ(exported.size(), 3u);
-  EXPECT_EQ(keeper.stats().checkpoints, 2u);     // the periodic checkpoint
+  EXPECT_EQ(keeper.stats().checkpoints, 2u);  // the periodic checkpoint
   std::filesystem::remove_all(dir);
+}
+
+TEST(KeeperSync, WithoutAStateDirATableChangeStillExportsForThePeers) {
+  EventLog events(64);
+  std::size_t exports = 0;
+  AffinityKeeper keeper(
+      AffinityKeeper::Options{.stateDir = "",
+                              .hashSeed = kSeed,
+                              .exportInterval = 1000,
+                              .onExport = [&](std::span<const FlowExceptionRecord>) { ++exports; }},
+      events);
+  std::uint64_t asked = 0;
+  const ExceptionExportHooks hooks{
+      [&](std::uint64_t n) { asked = n; },
+      [&](std::uint64_t n) -> std::optional<std::vector<ExportedFlow>> {
+        if (n != asked) return std::nullopt;
+        return std::vector<ExportedFlow>{};
+      }};
+  const auto tick = [&](Millis t, std::uint64_t generation) {
+    keeper.tick(
+        t, 1'000'000, generation, generation, [] { return TablesState{}; },
+        [](std::uint32_t) -> std::uint64_t { return 0; }, hooks);
+  };
+  tick(0, 1);
+  tick(1, 1);
+  EXPECT_EQ(exports, 1u);
+  tick(100, 2);  // a new table: due after minInterval, not after a sync interval
+  tick(101, 2);
+  EXPECT_EQ(exports, 1u);
+  tick(300, 2);
+  tick(301, 2);
+  EXPECT_EQ(exports, 2u);
+  tick(700, 2);  // nothing new until the sync interval
+  tick(701, 2);
+  EXPECT_EQ(exports, 2u);
+  EXPECT_EQ(keeper.stats().checkpoints, 0u);
 }
 
 // --- A ControlPlane with a peer ---------------------------------------------
@@ -335,14 +382,15 @@ class TierControl : public ::testing::Test {
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
   Config config() {
-    const std::string text = test::tierEstate() + R"(
+    const std::string text = test::onePoolEstate(3) + R"(
 [control]
 state_dir = ")" + dir_ + R"("
 
 [tier]
 node = "lb-a"
 listen = ")" + at(pa_) + R"("
-peers = [{name = "lb-b", address = ")" + at(pb_) + R"("}]
+peers = [{name = "lb-b", address = ")" +
+                             at(pb_) + R"("}]
 secret_file = ")" + secret_ + R"("
 )";
     auto r = loadConfigFromString(text, "test.toml");
@@ -370,8 +418,8 @@ TEST_F(TierControl, PeerExceptionReachesThePublishedExceptionTableAndLocalOnesRe
   const std::uint64_t flow = 0xabcdef0123456789ULL;
   const std::uint64_t stray = 0x1111111111111111ULL;
   // One exception on b2, one on a backend this instance does not know.
-  b.publishLocal(std::vector<FlowExceptionRecord>{
-      {flow, b2, FlowState::Established, 0}, {stray, 0xdeadbeef, FlowState::Established, 0}});
+  b.publishLocal(std::vector<FlowExceptionRecord>{{flow, b2, FlowState::Established, 0},
+                                                  {stray, 0xdeadbeef, FlowState::Established, 0}});
   // A's own tracked exception, exported by its (fake) workers.
   const std::uint32_t b3Index = builder.indexOf(backendIdFromName("b3"));
   dp_.exportFlows.push_back(ExportedFlow{0x4242, b3Index, FlowState::Udp, 0});
@@ -408,8 +456,9 @@ TEST_F(TierControl, PeerExceptionReachesThePublishedExceptionTableAndLocalOnesRe
 
   // b2 fails: its peer exception leaves the table (its flows re-steer).
   ASSERT_TRUE(std::holds_alternative<Json>(a.backendDisable("b2")));
-  ASSERT_TRUE(pollUntil(step, [&] { return dp_.latest->exceptions == nullptr ||
-                                           dp_.latest->exceptions->find(flow).backend == 0; }));
+  ASSERT_TRUE(pollUntil(step, [&] {
+    return dp_.latest->exceptions == nullptr || dp_.latest->exceptions->find(flow).backend == 0;
+  }));
 }
 
 }  // namespace

@@ -4,6 +4,8 @@
 // round-trip and refuse damage; the secret file and the [tier] section refuse
 // what they must, with a message that says why. (SipHash-2-4 itself is
 // checked against the paper's vectors in flow_key_test.)
+#include "control/peer_wire.hpp"
+
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -15,19 +17,26 @@
 #include <vector>
 
 #include "control/config.hpp"
-#include "control/peer_wire.hpp"
-#include "tier_fixture.hpp"
+#include "estate_fixture.hpp"
 
 namespace spillway {
 namespace {
 
 constexpr std::uint64_t kSeed = 0x0123456789abcdefULL;
 
-SipKey key(std::uint64_t n) { return SipKey{0x1111 * n, 0x2222 * n}; }
+SipKey key(std::uint64_t n) {
+  return SipKey{0x1111 * n, 0x2222 * n};
+}
 
-const PeerFrame* frameOf(const PeerDecoded& d) { return std::get_if<PeerFrame>(&d); }
-bool bad(const PeerDecoded& d) { return std::holds_alternative<PeerBadFrame>(d); }
-bool needMore(const PeerDecoded& d) { return std::holds_alternative<PeerNeedMore>(d); }
+const PeerFrame* frameOf(const PeerDecoded& d) {
+  return std::get_if<PeerFrame>(&d);
+}
+bool bad(const PeerDecoded& d) {
+  return std::holds_alternative<PeerBadFrame>(d);
+}
+bool needMore(const PeerDecoded& d) {
+  return std::holds_alternative<PeerNeedMore>(d);
+}
 
 TEST(PeerFrame, RoundTripWithAndWithoutKey) {
   const SipKey k = key(1);
@@ -210,7 +219,9 @@ TEST_F(TierFiles, SecretFileMustBePrivateAndLongEnough) {
   EXPECT_EQ(*ok, "0123456789abcdef0123");
 }
 
-std::string baseConfig() { return test::tierEstate(); }
+std::string baseConfig() {
+  return test::onePoolEstate(3);
+}
 
 TEST_F(TierFiles, TierSectionIsValidatedWithClearErrors) {
   const std::string path = secret("0123456789abcdef0123", 0600);
@@ -251,7 +262,8 @@ peers = [{name = "lb-2", address = "127.0.0.2:9560"}]
 node = "lb-1"
 listen = "127.0.0.1"
 peers = [{name = "lb-1", address = "nowhere:1"}, {name = "lb-2", address = "127.0.0.2:1"}, {name = "lb-2", address = "127.0.0.3:1"}]
-secret_file = ")" + path + R"("
+secret_file = ")" +
+               path + R"("
 )");
   EXPECT_NE(e.find("tier.listen"), std::string::npos) << e;
   EXPECT_NE(e.find("tier.peers[0].address"), std::string::npos) << e;
@@ -263,7 +275,8 @@ secret_file = ")" + path + R"("
 node = "lb-1"
 listen = "127.0.0.1:9560"
 peers = [{name = "lb-2", address = "127.0.0.2:9560"}]
-secret_file = ")" + path + R"("
+secret_file = ")" +
+               path + R"("
 )");
   EXPECT_NE(e.find("mode 0640"), std::string::npos) << e;
   e = errorsOf("\n[tier]\nnode = \"lb-1\"\nsync_interval_ms = 100\n");

@@ -1,13 +1,13 @@
-// The estate of the tier tests (peer_wire_test, peer_channel_test): one port,
-// one pool, one VIP, three backends b1..b3; a test appends its [control] and
-// [tier] sections.
+// A small estate for control-plane tests (affinity, peer wire and channel):
+// one port, one pool, one VIP (table size 1009), backends b1..bN; a test
+// appends its own [control] and [tier] sections.
 #pragma once
 
 #include <string>
 
 namespace spillway::test {
 
-inline std::string tierEstate() {
+inline std::string onePoolEstate(int backends) {
   std::string text = R"([dataplane]
 lcores = [1]
 hash_seed = "0x0123456789abcdef"
@@ -30,7 +30,7 @@ protocol = "tcp"
 table_size = 1009
 pools = ["onprem"]
 )";
-  for (int i = 1; i <= 3; ++i) {
+  for (int i = 1; i <= backends; ++i) {
     text += "\n[[backend]]\nname = \"b" + std::to_string(i) + "\"\naddress = \"10.0.1." +
             std::to_string(i) + "\"\npool = \"onprem\"\n";
   }
