@@ -184,7 +184,7 @@ bool ControlPlane::warmupComplete() const {
 }
 
 bool ControlPlane::announceReady(Millis now) const {
-  return !warmup_ && (warmupComplete() || now >= started_ + kWarmupLimit);
+  return !warmup_ && (warmupComplete() || now >= started_ + kWarmupLimit) && peersReady(now);
 }
 
 TablesState ControlPlane::tablesState() const {
@@ -412,13 +412,23 @@ bool ControlPlane::tick(Millis now) {
                        " ms (" + (warmupComplete() ? "health and load known" : "time limit") +
                        "); the policy moves the tables within the churn budget");
     lastChurn_ = 0;  // evaluate now
+    lastChurnSlot_ = 0;
   }
-  const bool churnDue = now >= lastChurn_ + config_.policy.churnInterval;
+  // In a tier, the policy steps on the wall clock's multiples of the churn
+  // interval, so instances that see the same load step together and their
+  // tables differ only for as long as their readings do (not for up to a
+  // whole interval of phase). Alone, an interval after the last step.
+  const std::uint64_t slot = unixNow() / static_cast<std::uint64_t>(config_.policy.churnInterval);
+  const bool churnDue =
+      peers_ ? slot != lastChurnSlot_ : now >= lastChurn_ + config_.policy.churnInterval;
   // During warm-up the held tables change only with backend states (the
   // builder zeroes a backend that is not Active).
   if (!warmup_ && (statesChanged || churnDue)) {
     if (applyPolicy(now, churnDue)) dirty_ = true;
-    if (churnDue) lastChurn_ = now;
+    if (churnDue) {
+      lastChurn_ = now;
+      lastChurnSlot_ = slot;
+    }
   }
   tickPeers(now, statesChanged);
   if (dataplane_ != nullptr) {

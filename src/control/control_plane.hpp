@@ -99,6 +99,9 @@ class ControlPlane final : public ControlApi {
   // Health and load known once (or the warm-up limit passed): VIPs may be
   // announced.
   [[nodiscard]] bool announceReady(Millis now) const;
+  // With peers: every live peer's exceptions are in a snapshot the workers
+  // applied (or kPeerSyncLimit passed since the start). Without: true.
+  [[nodiscard]] bool peersReady(Millis now) const;
 
   // ControlApi.
   ApiResult status() override;
@@ -200,6 +203,7 @@ class ControlPlane final : public ControlApi {
   bool dirty_ = true;
   std::uint64_t statesSeen_ = 0;
   Millis lastChurn_ = 0;
+  std::uint64_t lastChurnSlot_ = 0;  // with peers: the wall-clock slot of the last step
   std::map<std::string, PolicyDecision> decisions_;                          // by VIP
   std::map<std::string, std::map<std::uint64_t, std::uint32_t>> weights_;  // applied, by VIP
 
@@ -232,6 +236,8 @@ class ControlPlane final : public ControlApi {
   std::unique_ptr<PeerChannel> peers_;
   bool peersPending_ = false;  // the peers' exceptions changed since the last rebuild
   Millis peersBuiltAt_ = 0;
+  std::uint64_t peersSyncGeneration_ = 0;  // the first snapshot built once synced
+  bool peersSynced_ = false;               // latched: peersReady()
   // Warm-up: the start-up tables are the last process's (tables.json) and
   // the policy holds them until every backend has a settled health verdict
   // and, where its pool scrapes load, a successful sample; or kWarmupLimit.

@@ -154,16 +154,21 @@ void PeerChannel::connectOut(std::size_t index, Millis now) {
   Peer& p = peers_[index];
   p.nextAttempt = now + timers_.reconnect;
   const auto address = socketAddressOf(p.config.address);
-  if (!address) return;
+  if (!address) {
+    p.unreachable = true;
+    return;
+  }
   UniqueFd fd(socket(address->family(), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   if (!fd.valid()) {
     p.lastError = "socket: " + errnoText(errno);
+    p.unreachable = !p.inConn;
     return;
   }
   const int one = 1;
   (void)setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   if (connect(fd.get(), address->get(), address->length()) != 0 && errno != EINPROGRESS) {
     p.lastError = "connect: " + errnoText(errno);
+    p.unreachable = !p.inConn;
     return;
   }
   const std::uint64_t id = nextConn_++;
@@ -403,6 +408,7 @@ void PeerChannel::up(std::uint64_t id, Conn& c, Millis now) {
   c.phase = Phase::Up;
   c.lastRecv = now;
   if (c.outbound) {
+    p.unreachable = false;
     c.dumping = true;
     c.dumpOf = local_;
     c.cursor = 0;
@@ -412,6 +418,10 @@ void PeerChannel::up(std::uint64_t id, Conn& c, Millis now) {
     p.downSince.reset();
     p.receivingDump = false;
     p.staging.clear();
+    p.unreachable = false;
+    // A peer that reaches us is up: send it our set now rather than at the
+    // next redial (a joining instance waits for every live peer's dump).
+    if (!p.outConn) p.nextAttempt = now;
   }
   p.lastError.clear();
   events_.append(now, "", kEventPeer,
@@ -438,6 +448,7 @@ bool PeerChannel::handleData(Conn& c, PeerFrameType type, std::string_view paylo
       p.held.swap(p.staging);
       p.staging.clear();
       p.receivingDump = false;
+      p.dumpReceived = true;
       changed_ = true;
       return payload.empty();
     case PeerFrameType::Records: {
@@ -580,6 +591,7 @@ void PeerChannel::close(std::uint64_t id, const std::string& why, Millis now) {
     if (c.outbound && p.outConn == id) {
       p.outConn.reset();
       p.nextAttempt = now + timers_.reconnect;
+      if (!wasUp && !p.inConn) p.unreachable = true;
     }
     if (!c.outbound && p.inConn == id) {
       p.inConn.reset();
@@ -650,6 +662,18 @@ std::string PeerChannel::directionState(const std::optional<std::uint64_t>& conn
   return it->second.phase == Phase::Up ? "connected" : "handshaking";
 }
 
+std::size_t PeerChannel::heldTotal() const {
+  std::size_t n = 0;
+  for (const Peer& p : peers_) n += p.held.size();
+  return n;
+}
+
+bool PeerChannel::synced() const {
+  return std::all_of(peers_.begin(), peers_.end(), [](const Peer& p) {
+    return p.dumpReceived || (p.unreachable && !p.inConn);
+  });
+}
+
 bool PeerChannel::connected(const std::string& peer) const {
   const int i = peerNamed(peer);
   if (i < 0) return false;
@@ -691,6 +715,7 @@ Json PeerChannel::status(Millis now) const {
   }
   return Json{{"enabled", true},
               {"node", config_.node},
+              {"synced", synced()},
               {"listen", config_.listen},
               {"listening", listen_.valid()},
               {"local_exceptions", local_->size()},

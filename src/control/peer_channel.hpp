@@ -109,7 +109,15 @@ class PeerChannel {
 
   // For tests: the named peer's directions are both connected.
   [[nodiscard]] bool connected(const std::string& peer) const;
+  // Whether this instance holds what its live peers had: every peer has
+  // either delivered a complete dump since this channel opened, or could not
+  // be reached (an outbound attempt to it failed before its handshake ended
+  // and nothing came from it). A joining instance announces only when synced
+  // (ControlPlane::peersReady), or ECMP would hand it flows whose exceptions
+  // it does not know yet.
+  [[nodiscard]] bool synced() const;
   [[nodiscard]] std::size_t held(const std::string& peer) const;
+  [[nodiscard]] std::size_t heldTotal() const;
 
  private:
   struct Held {
@@ -160,6 +168,8 @@ class PeerChannel {
     std::unordered_map<std::uint64_t, Held> held;
     std::unordered_map<std::uint64_t, Held> staging;  // a dump being received
     bool receivingDump = false;
+    bool dumpReceived = false;    // a complete dump arrived since open()
+    bool unreachable = false;     // the last outbound attempt ended before its handshake did
     std::optional<Millis> downSince;
     std::optional<Millis> lastFrame;
     std::string lastError;
