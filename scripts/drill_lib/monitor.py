@@ -17,12 +17,11 @@ import time
 from estate import DrillError
 
 
-class Monitor:
-    def __init__(self, ctl, vips, period=0.1):
-        self.ctl = ctl
-        self.vips = vips
+class Sampler:
+    """A daemon thread that calls self.tick() every `period` s until stop()."""
+
+    def __init__(self, period):
         self.period = period
-        self.samples = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -32,6 +31,19 @@ class Monitor:
     def stop(self):
         self._stop.set()
         self._thread.join(5)
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.tick()
+            self._stop.wait(self.period)
+
+
+class Monitor(Sampler):
+    def __init__(self, ctl, vips, period=0.1):
+        super().__init__(period)
+        self.ctl = ctl
+        self.vips = vips
+        self.samples = []
 
     def _take(self):
         t = time.time()
@@ -68,10 +80,8 @@ class Monitor:
             "warmup_ms": status.get("warmup_ms"),
         }
 
-    def _run(self):
-        while not self._stop.is_set():
-            self.samples.append(self._take())
-            self._stop.wait(self.period)
+    def tick(self):
+        self.samples.append(self._take())
 
     def write(self, path):
         with open(path, "w") as f:

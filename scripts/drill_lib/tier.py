@@ -7,10 +7,10 @@ after its warm-up, and that ECMP really spread the flows over the instances.
 """
 import json
 import subprocess
-import threading
 import time
 
 from estate import VIP_FLOWS, VIP_GRPC, DrillError
+from monitor import Sampler
 
 
 def next_hops(route_json):
@@ -28,25 +28,18 @@ def next_hops(route_json):
     return sorted(hops)
 
 
-class TierMonitor:
+class TierMonitor(Sampler):
     """Samples the router's routes every `period` s (changes only) and each
     running instance's status and stats every `status_period` s."""
 
     def __init__(self, estate, period=0.02, status_period=0.25):
+        super().__init__(period)
         self.e = estate
-        self.period, self.status_period = period, status_period
+        self.status_period = status_period
         self.router = []     # [(t, vip, [next hops])], a row per change
         self.instances = {n: [] for n in estate.instances}  # name -> [sample]
         self._last = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def start(self):
-        self._thread.start()
-
-    def stop(self):
-        self._stop.set()
-        self._thread.join(5)
+        self._next_status = 0.0
 
     def routes(self, vip):
         r = subprocess.run(["ip", "-j", "-n", self.e.ns("router"), "route", "show", vip],
@@ -85,17 +78,14 @@ class TierMonitor:
                 pass
             self.instances[inst.name].append(row)
 
-    def _run(self):
-        next_status = 0.0
-        while not self._stop.is_set():
-            try:
-                self.sample_router()
-                if time.monotonic() >= next_status:
-                    next_status = time.monotonic() + self.status_period
-                    self.sample_instances()
-            except (OSError, subprocess.SubprocessError):
-                pass
-            self._stop.wait(self.period)
+    def tick(self):
+        try:
+            self.sample_router()
+            if time.monotonic() >= self._next_status:
+                self._next_status = time.monotonic() + self.status_period
+                self.sample_instances()
+        except (OSError, subprocess.SubprocessError):
+            pass
 
     def write(self, path):
         with open(path, "w") as f:
