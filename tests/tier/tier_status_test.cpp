@@ -291,6 +291,9 @@ TEST_F(Tier, StatusReportsAnUnreachableInstanceAndAMalformedReply) {
       o.result = Json{{"entries", 5}};
     } else if (i.name == "lb1") {
       o.result = Json{{"tables", 7}};
+    } else if (i.name == "lb5") {
+      o.result = Json{{"tables", Json::array({tableDigestJson("nccl", table(13))})}};
+      o.result["tables"][0]["table_size"] = 1u << 30;  // would be 262,144 chunks
     } else {
       o.result = Json{{"tables", Json::array({tableDigestJson("nccl", table(13))})}};
       if (i.name == "lb3") {
@@ -302,11 +305,14 @@ TEST_F(Tier, StatusReportsAnUnreachableInstanceAndAMalformedReply) {
     return o;
   };
   tier_.instances.push_back({"lb4", (dir_ / "lb4.sock").string()});
+  tier_.instances.push_back({"lb5", (dir_ / "lb5.sock").string()});
   s = tierStatus(tier_, broken);
   stop();
   EXPECT_EQ(s["instances"]["lb4"]["vips"]["nccl"]["differing_error"],
             "the fingerprint differs from the reference's but no chunk hash does");
   EXPECT_EQ(s["instances"]["lb1"]["error"], "table.digest reply has no \"tables\" array");
+  EXPECT_EQ(s["instances"]["lb5"]["error"],
+            "table.digest reply for nccl: 1 chunk hashes for a table of 1073741824 entries");
   EXPECT_TRUE(s["instances"]["lb3"]["vips"]["nccl"]["differing_entries"].is_null());
   EXPECT_NE(s["instances"]["lb3"]["vips"]["nccl"]["differing_error"].get<std::string>().find(
                 "chunk reply needs"),
