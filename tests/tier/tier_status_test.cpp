@@ -5,10 +5,14 @@
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <spawn.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -218,6 +222,37 @@ TEST(TableDigestOfControlPlane, EqualTablesAtOtherIndicesGiveEqualDigests) {
   // b2's third of the table moved to b1 and b3.
   EXPECT_GT(differing, 65537u / 4);
   EXPECT_LT(differing, 65537u / 2);
+}
+
+// connect() to a server whose backlog is full gives up after the timeout
+// instead of blocking (no bound on how long is asserted).
+TEST(TierConnect, FullBacklogIsAnErrorNotAHang) {
+  const std::string path =
+      (fs::temp_directory_path() / ("tier-backlog-" + std::to_string(getpid()) + ".sock")).string();
+  const int listener = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", path.c_str());
+  ::unlink(path.c_str());
+  ASSERT_EQ(::bind(listener, reinterpret_cast<const sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(listener, 0), 0);
+  std::vector<int> fillers;
+  bool full = false;
+  for (int i = 0; i < 64 && !full; ++i) {
+    const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    full = ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0 &&
+           errno == EAGAIN;
+    fillers.push_back(fd);
+  }
+  ASSERT_TRUE(full) << "the backlog never filled";
+  CliClient client;
+  std::string error;
+  EXPECT_FALSE(client.connect(path, error, std::chrono::milliseconds(50)));
+  EXPECT_EQ(error, "cannot connect to " + path + ": the server's backlog stayed full for 50 ms");
+  for (const int fd : fillers) ::close(fd);
+  ::close(listener);
+  ::unlink(path.c_str());
 }
 
 TEST_F(Tier, FanOutAppliesWhereItCanAndNamesTheFailures) {
