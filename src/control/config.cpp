@@ -1345,7 +1345,6 @@ void Loader::loadPolicy(const toml::table& root, std::set<std::string>& used) {
   if (auto v = s.number("load_factor_hysteresis", 0.0, 0.5, false, true)) {
     c.loadFactorHysteresis = *v;
   }
-  if (auto v = s.seconds("load_factor_resnap", 0, 86'400'000)) c.loadFactorResnap = *v;
   if (auto v = s.number("churn_budget", 0.0, 1.0, true, false)) c.churnBudget = *v;
   if (auto v = s.seconds("churn_interval", 10, 3'600'000)) c.churnInterval = *v;
   if (auto v = s.seconds("drain_timeout")) c.drainTimeout = *v;

@@ -178,11 +178,6 @@ struct PolicyConfig {
   // load publish the same weights (policy.hpp, "Quantisation").
   double loadFactorStep = 0.04;
   double loadFactorHysteresis = 0.45;
-  // Every this many ms of Unix time the held grid points are dropped and
-  // re-taken from the reading, at the same moments on every instance (0:
-  // never), so two instances that ended up on neighbouring points do not
-  // stay there.
-  Millis loadFactorResnap = 30'000;
   double churnBudget = 0.05;      // at most this share of a table's entries moves per interval
   Millis churnInterval = 1000;
   Millis drainTimeout = 300'000;  // a draining backend's flows are cut (FAILED) after this

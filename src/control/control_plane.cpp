@@ -276,8 +276,6 @@ PolicyInput ControlPlane::policyInput(
 bool ControlPlane::applyPolicy(Millis now, bool forceChurn) {
   (void)forceChurn;
   bool changed = false;
-  const Millis resnap = config_.policy.loadFactorResnap;
-  policy_.setEpoch(resnap > 0 ? wallNow() / static_cast<std::int64_t>(resnap) : 0);
   for (const VipConfig& vip : config_.vips) {
     const PolicyInput in = policyInput(vip, now, nullptr);
     PolicyDecision decision = policy_.decide(in);

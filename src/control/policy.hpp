@@ -32,12 +32,7 @@
 //  less than the hysteresis band map to the same weight, and a reading that
 //  hovers at a cell edge does not flip back and forth. A backend that is not
 //  saturated has lf 1 exactly. Step 0 turns quantisation off. The default
-//  step 0.04 is one GPU percentage point with gpu_low 75. Hysteresis makes a
-//  disagreement as sticky as an agreement: two instances that ended a ramp
-//  on neighbouring points would keep them while the load stays near the
-//  cell edge. So the held points are dropped at every load_factor_resnap
-//  boundary of Unix time (setEpoch), the same moments on every instance,
-//  and re-taken as the nearest grid point.
+//  step 0.04 is one GPU percentage point with gpu_low 75.
 //
 //  Priority levels: the VIP's pools grouped by priority (lowest first; pools
 //  of equal priority form one level). Over a level's backends that are not
@@ -175,13 +170,6 @@ class WeightPolicy {
 
   // Keeps the saturation states.
   void setConfig(const PolicyConfig& config) { config_ = config; }
-  // The current load_factor_resnap period of Unix time; a new one drops the
-  // held load factors (before the decisions of a round, so every VIP of the
-  // round sees the same).
-  void setEpoch(std::int64_t epoch) {
-    if (epoch != epoch_) heldLoadFactor_.clear();
-    epoch_ = epoch;
-  }
   [[nodiscard]] const PolicyConfig& config() const noexcept { return config_; }
 
   // Updates each backend's saturation and held load factor from its load, then computes the
@@ -203,7 +191,6 @@ class WeightPolicy {
   PolicyConfig config_;
   std::map<std::uint64_t, bool> saturated_;
   std::map<std::uint64_t, double> heldLoadFactor_;  // quantised lf of saturated backends
-  std::int64_t epoch_ = 0;
 };
 
 // What changed between two decisions of the same VIP, worth an event:

@@ -89,46 +89,6 @@ TEST(Convergence, HysteresisHoldsAReadingThatHoversAtACellEdge) {
   EXPECT_GT(flapping.flipsA, 50);
 }
 
-// Two instances whose histories put them on neighbouring grid points (one
-// read 91 %, the other 92 % for a moment) at a load between them (91.4 %:
-// lf 0.344, nearest point 0.36, both held points within the band) stay
-// apart under hysteresis alone, and agree from the next resnap boundary.
-TEST(Convergence, ResnapEndsADisagreementThatHysteresisWouldKeep) {
-  const PolicyConfig config;
-  PolicyPipeline a(config, kTableSize);
-  PolicyPipeline b(config, kTableSize);
-  const auto all = [](double gpu) { return std::vector<double>(4, gpu); };
-  for (int i = 0; i < 40; ++i) {  // into saturation, within the churn budget
-    (void)a.step(all(95));
-    (void)b.step(all(95));
-  }
-  for (int i = 0; i < 40; ++i) {
-    (void)a.step(all(91));
-    (void)b.step(all(92));
-  }
-  ASSERT_NE(a.weights(), b.weights());
-  std::mt19937_64 rng(3);
-  std::uniform_real_distribution<double> jitter(-0.1, 0.1);
-  const auto noisy = [&] {
-    std::vector<double> g(4);
-    for (double& x : g) x = 91.4 + jitter(rng);
-    return g;
-  };
-  for (int i = 0; i < 40; ++i) {  // the same epoch: each keeps its point
-    (void)a.step(noisy());
-    (void)b.step(noisy());
-  }
-  EXPECT_NE(a.weights(), b.weights());
-  for (int i = 0; i < 40; ++i) {  // the next epoch: both re-take 0.36
-    const MaglevTable& ta = a.step(noisy(), 1);
-    const MaglevTable& tb = b.step(noisy(), 1);
-    if (i >= 20) {  // past the churn budget's steps
-      EXPECT_TRUE(ta == tb) << "interval " << i;
-    }
-  }
-  EXPECT_EQ(a.weights(), b.weights());
-}
-
 TEST(Convergence, QuantisedLoadFactorKeepsItsGridPointWithinTheBand) {
   const PolicyConfig c;  // step 0.04, hysteresis 0.45: band 0.038 around the held point
   EXPECT_NEAR(quantiseLoadFactor(c, 0.33, std::nullopt), 0.32, 1e-12);

@@ -1,8 +1,7 @@
 // policy_divergence: how often two instances of a tier publish different
 // tables when they read the same load with independent noise, before and
 // after load-factor quantisation. Two PolicyPipelines (policy_pipeline.hpp)
-// per configuration; reports, per (step, hysteresis, resnap period in
-// intervals, noise), the share of
+// per configuration; reports, per (step, hysteresis, noise), the share of
 // churn intervals whose tables differ (all of them, and those at least 10
 // intervals into a plateau of the load), the mean number of differing
 // entries (over all intervals, and over those that differ), the largest, and
@@ -69,60 +68,53 @@ int main(int argc, char** argv) {
   const int settledIntervals =
       static_cast<int>(std::count(trace.settled.begin(), trace.settled.end(), true));
   const double offsets[4] = {0.0, 0.5, 1.0, 1.5};
-  std::printf("%-6s %-5s %-6s %-6s %10s %10s %12s %12s %10s %9s\n", "step", "hyst", "resnap",
-              "noise", "differing", "settled", "mean_entries", "mean_if_diff", "max", "longest");
-  struct Setting {
-    double step;
-    double hysteresis;
-    int resnap;  // intervals; 0 = never
-  };
-  const Setting settings[] = {{0, 0, 0},        {0.04, 0, 0},    {0.04, 0.25, 0}, {0.04, 0.45, 0},
-                              {0.04, 0.45, 30}, {0.08, 0.45, 0}, {0.08, 0.45, 30}};
-  for (const Setting& setting : settings) {
-    for (const double noise : {0.25, 0.5, 1.0}) {
-      PolicyConfig config;
-      config.loadFactorStep = setting.step;
-      config.loadFactorHysteresis = setting.hysteresis;
-      PolicyPipeline a(config, tableSize);
-      PolicyPipeline b(config, tableSize);
-      std::mt19937_64 rng(7);
-      std::uniform_real_distribution<double> jitter(-noise, noise);
-      int differing = 0;
-      int differingSettled = 0;
-      int run = 0;
-      int longest = 0;
-      std::uint64_t entries = 0;
-      std::uint32_t most = 0;
-      for (std::size_t t = 0; t < trace.gpu.size(); ++t) {
-        const double value = trace.gpu[t];
-        std::vector<double> readA(4);
-        std::vector<double> readB(4);
-        for (int k = 0; k < 4; ++k) {
-          readA[k] = value + offsets[k] + jitter(rng);
-          readB[k] = value + offsets[k] + jitter(rng);
+  std::printf("%-6s %-5s %-6s %10s %10s %12s %12s %10s %9s\n", "step", "hyst", "noise", "differing",
+              "settled", "mean_entries", "mean_if_diff", "max", "longest");
+  for (const double step : {0.0, 0.04, 0.08}) {
+    for (const double hysteresis : {0.0, 0.25, 0.45}) {
+      if (step == 0.0 && hysteresis > 0) continue;
+      for (const double noise : {0.25, 0.5, 1.0}) {
+        PolicyConfig config;
+        config.loadFactorStep = step;
+        config.loadFactorHysteresis = hysteresis;
+        PolicyPipeline a(config, tableSize);
+        PolicyPipeline b(config, tableSize);
+        std::mt19937_64 rng(7);
+        std::uniform_real_distribution<double> jitter(-noise, noise);
+        int differing = 0;
+        int differingSettled = 0;
+        int run = 0;
+        int longest = 0;
+        std::uint64_t entries = 0;
+        std::uint32_t most = 0;
+        for (std::size_t t = 0; t < trace.gpu.size(); ++t) {
+          const double value = trace.gpu[t];
+          std::vector<double> readA(4);
+          std::vector<double> readB(4);
+          for (int k = 0; k < 4; ++k) {
+            readA[k] = value + offsets[k] + jitter(rng);
+            readB[k] = value + offsets[k] + jitter(rng);
+          }
+          const MaglevTable& ta = a.step(readA);
+          const MaglevTable& tb = b.step(readB);
+          const std::uint32_t changed = spillway::countChanged(ta, tb);
+          if (changed > 0) {
+            ++differing;
+            if (trace.settled[t]) ++differingSettled;
+            longest = std::max(longest, ++run);
+          } else {
+            run = 0;
+          }
+          entries += changed;
+          most = std::max(most, changed);
         }
-        const std::int64_t epoch =
-            setting.resnap > 0 ? static_cast<std::int64_t>(t) / setting.resnap : 0;
-        const MaglevTable& ta = a.step(readA, epoch);
-        const MaglevTable& tb = b.step(readB, epoch);
-        const std::uint32_t changed = spillway::countChanged(ta, tb);
-        if (changed > 0) {
-          ++differing;
-          if (trace.settled[t]) ++differingSettled;
-          longest = std::max(longest, ++run);
-        } else {
-          run = 0;
-        }
-        entries += changed;
-        most = std::max(most, changed);
+        std::printf("%-6.2f %-5.2f %-6.2f %9.1f%% %9.1f%% %12.1f %12.1f %10u %9d\n", step,
+                    hysteresis, noise, 100.0 * differing / intervals,
+                    100.0 * differingSettled / std::max(settledIntervals, 1),
+                    static_cast<double>(entries) / intervals,
+                    differing > 0 ? static_cast<double>(entries) / differing : 0.0, most, longest);
+        std::fflush(stdout);
       }
-      std::printf("%-6.2f %-5.2f %-6d %-6.2f %9.1f%% %9.1f%% %12.1f %12.1f %10u %9d\n",
-                  setting.step, setting.hysteresis, setting.resnap, noise,
-                  100.0 * differing / intervals,
-                  100.0 * differingSettled / std::max(settledIntervals, 1),
-                  static_cast<double>(entries) / intervals,
-                  differing > 0 ? static_cast<double>(entries) / differing : 0.0, most, longest);
-      std::fflush(stdout);
     }
   }
   return 0;

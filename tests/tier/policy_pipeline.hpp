@@ -42,11 +42,9 @@ class PolicyPipeline {
   PolicyPipeline(const PolicyConfig& config, std::uint32_t tableSize)
       : policy_(config), config_(config), tableSize_(tableSize), hasher_(kPipelineSeed) {}
 
-  // One churn interval: the on-prem backends read `gpu[i]` (% utilisation),
-  // in load_factor_resnap period `epoch`. Returns the table published after
-  // it.
-  const MaglevTable& step(const std::vector<double>& gpu, std::int64_t epoch = 0) {
-    policy_.setEpoch(epoch);
+  // One churn interval: the on-prem backends read `gpu[i]` (% utilisation).
+  // Returns the table published after it.
+  const MaglevTable& step(const std::vector<double>& gpu) {
     PolicyInput in = tierVip();
     for (std::size_t i = 0; i < gpu.size() && i < in.backends.size(); ++i) {
       in.backends[i].load.gpu = gpu[i];

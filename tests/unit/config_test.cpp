@@ -172,7 +172,6 @@ TEST(Config, ControlPlaneDefaults) {
   EXPECT_EQ(c.policy.minLoadFactor, 0.1);
   EXPECT_EQ(c.policy.loadFactorStep, 0.04);
   EXPECT_EQ(c.policy.loadFactorHysteresis, 0.45);
-  EXPECT_EQ(c.policy.loadFactorResnap, 30'000u);
   EXPECT_EQ(c.policy.churnBudget, 0.05);
   EXPECT_EQ(c.policy.churnInterval, 1000u);
   EXPECT_EQ(c.policy.drainTimeout, 300'000u);
@@ -445,7 +444,6 @@ panic_threshold = 0
 min_load_factor = 1
 load_factor_step = 0
 load_factor_hysteresis = 0
-load_factor_resnap = 0
 churn_budget = 1
 churn_interval = 0.01
 drain_timeout = 3600
@@ -486,7 +484,6 @@ event_log_size = 16
   EXPECT_EQ(p.minLoadFactor, 1.0);
   EXPECT_EQ(p.loadFactorStep, 0.0);
   EXPECT_EQ(p.loadFactorHysteresis, 0.0);
-  EXPECT_EQ(p.loadFactorResnap, 0u);
   EXPECT_EQ(p.churnBudget, 1.0);
   EXPECT_EQ(p.churnInterval, 10u);
   EXPECT_EQ(p.drainTimeout, 3'600'000u);
