@@ -179,7 +179,7 @@ struct PolicyConfig {
   // loadFactorHysteresis steps, so instances that read slightly different
   // load publish the same weights (policy.hpp, "Quantisation").
   double loadFactorStep = 0.04;
-  double loadFactorHysteresis = 0.25;
+  double loadFactorHysteresis = 0.45;
   double churnBudget = 0.05;      // at most this share of a table's entries moves per interval
   Millis churnInterval = 1000;
   Millis drainTimeout = 300'000;  // a draining backend's flows are cut (FAILED) after this

@@ -535,7 +535,7 @@ int tierStatusCommand(const GlobalOptions& options) {
                       row["reference"].get<bool>() ? "yes" : "no"});
       }
     }
-    table.print(std::cout);
+    if (!status["vips"].empty()) table.print(std::cout);
     for (const auto& [vip, v] : status["vips"].items()) {
       std::cout << "\n"
                 << vip << ": reference " << cellText(v["reference_fingerprint"])

@@ -6,6 +6,7 @@
 
 #include "control/cli_server.hpp"
 #include "control/table_digest.hpp"
+#include "spillway/maglev.hpp"
 
 namespace spillway {
 
@@ -40,6 +41,12 @@ std::string readDigest(const Json& result, std::map<std::string, VipDigest>& out
     VipDigest d;
     d.fingerprint = t["fingerprint"].get<std::string>();
     d.tableSize = t["table_size"].get<std::uint64_t>();
+    if (d.tableSize > kMaglevMaxTableSize ||
+        t["chunks"].size() != (d.tableSize + kDigestChunkEntries - 1) / kDigestChunkEntries) {
+      return "table.digest reply for " + t["vip"].get<std::string>() + ": " +
+             std::to_string(t["chunks"].size()) + " chunk hashes for a table of " +
+             std::to_string(d.tableSize) + " entries";
+    }
     for (const Json& c : t["chunks"]) {
       if (!c.is_string()) return "table.digest reply has a non-string chunk hash";
       d.chunks.push_back(c.get<std::string>());

@@ -56,7 +56,7 @@ PairRun run(const PolicyConfig& config, const std::vector<double>& trueGpu, int 
 }
 
 TEST(Convergence, NoiseBelowHalfAStepGivesIdenticalTables) {
-  const PolicyConfig config;  // step 0.04 (one GPU point), hysteresis 0.25
+  const PolicyConfig config;  // step 0.04 (one GPU point), hysteresis 0.45
   ASSERT_DOUBLE_EQ(config.loadFactorStep, 0.04);
   for (std::uint32_t seed = 1; seed <= 5; ++seed) {
     const PairRun r = run(config, kPlateaus, 30, 0.49, seed);
@@ -75,7 +75,7 @@ TEST(Convergence, WithoutQuantisationTheSameNoiseDiverges) {
 
 TEST(Convergence, HysteresisHoldsAReadingThatHoversAtACellEdge) {
   // gpu 91.5: lf 0.34, halfway between the grid points 0.32 and 0.36. Noise
-  // of 0.2 of a step is below the hysteresis (0.25 of a step).
+  // of 0.2 of a step is below the hysteresis (0.45 of a step).
   PolicyConfig config;
   const std::vector<double> edge = {95, 91.5};
   const PairRun held = run(config, edge, 200, 0.2, 7);
@@ -90,11 +90,13 @@ TEST(Convergence, HysteresisHoldsAReadingThatHoversAtACellEdge) {
 }
 
 TEST(Convergence, QuantisedLoadFactorKeepsItsGridPointWithinTheBand) {
-  const PolicyConfig c;  // step 0.04, hysteresis 0.25: band 0.03 around the held point
+  const PolicyConfig c;  // step 0.04, hysteresis 0.45: band 0.038 around the held point
   EXPECT_NEAR(quantiseLoadFactor(c, 0.33, std::nullopt), 0.32, 1e-12);
   EXPECT_NEAR(quantiseLoadFactor(c, 0.345, std::nullopt), 0.36, 1e-12);
-  EXPECT_NEAR(quantiseLoadFactor(c, 0.345, 0.32), 0.32, 1e-12);  // held
-  EXPECT_NEAR(quantiseLoadFactor(c, 0.355, 0.32), 0.36, 1e-12);  // past the band
+  EXPECT_NEAR(quantiseLoadFactor(c, 0.355, 0.32), 0.32, 1e-12);  // held
+  EXPECT_NEAR(quantiseLoadFactor(c, 0.36, 0.32), 0.36, 1e-12);   // past the band
+  // On a grid point the neighbour (a step away, outside the band) is not held.
+  EXPECT_NEAR(quantiseLoadFactor(c, 0.32, 0.28), 0.32, 1e-12);
   EXPECT_NEAR(quantiseLoadFactor(c, 0.02, std::nullopt), c.minLoadFactor, 1e-12);
   EXPECT_NEAR(quantiseLoadFactor(c, 0.999, std::nullopt), 1.0, 1e-12);
   PolicyConfig off = c;

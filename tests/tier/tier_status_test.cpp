@@ -5,10 +5,14 @@
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <spawn.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -220,6 +224,37 @@ TEST(TableDigestOfControlPlane, EqualTablesAtOtherIndicesGiveEqualDigests) {
   EXPECT_LT(differing, 65537u / 2);
 }
 
+// connect() to a server whose backlog is full gives up after the timeout
+// instead of blocking (no bound on how long is asserted).
+TEST(TierConnect, FullBacklogIsAnErrorNotAHang) {
+  const std::string path =
+      (fs::temp_directory_path() / ("tier-backlog-" + std::to_string(getpid()) + ".sock")).string();
+  const int listener = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", path.c_str());
+  ::unlink(path.c_str());
+  ASSERT_EQ(::bind(listener, reinterpret_cast<const sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(listener, 0), 0);
+  std::vector<int> fillers;
+  bool full = false;
+  for (int i = 0; i < 64 && !full; ++i) {
+    const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    full = ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0 &&
+           errno == EAGAIN;
+    fillers.push_back(fd);
+  }
+  ASSERT_TRUE(full) << "the backlog never filled";
+  CliClient client;
+  std::string error;
+  EXPECT_FALSE(client.connect(path, error, std::chrono::milliseconds(50)));
+  EXPECT_EQ(error, "cannot connect to " + path + ": the server's backlog stayed full for 50 ms");
+  for (const int fd : fillers) ::close(fd);
+  ::close(listener);
+  ::unlink(path.c_str());
+}
+
 TEST_F(Tier, FanOutAppliesWhereItCanAndNamesTheFailures) {
   start(2);
   apis_[1]->replies["backendDrain"] = ApiError{"not_found", "no backend gpu-a1"};
@@ -291,6 +326,9 @@ TEST_F(Tier, StatusReportsAnUnreachableInstanceAndAMalformedReply) {
       o.result = Json{{"entries", 5}};
     } else if (i.name == "lb1") {
       o.result = Json{{"tables", 7}};
+    } else if (i.name == "lb5") {
+      o.result = Json{{"tables", Json::array({tableDigestJson("nccl", table(13))})}};
+      o.result["tables"][0]["table_size"] = 1u << 30;  // would be 262,144 chunks
     } else {
       o.result = Json{{"tables", Json::array({tableDigestJson("nccl", table(13))})}};
       if (i.name == "lb3") {
@@ -302,11 +340,14 @@ TEST_F(Tier, StatusReportsAnUnreachableInstanceAndAMalformedReply) {
     return o;
   };
   tier_.instances.push_back({"lb4", (dir_ / "lb4.sock").string()});
+  tier_.instances.push_back({"lb5", (dir_ / "lb5.sock").string()});
   s = tierStatus(tier_, broken);
   stop();
   EXPECT_EQ(s["instances"]["lb4"]["vips"]["nccl"]["differing_error"],
             "the fingerprint differs from the reference's but no chunk hash does");
   EXPECT_EQ(s["instances"]["lb1"]["error"], "table.digest reply has no \"tables\" array");
+  EXPECT_EQ(s["instances"]["lb5"]["error"],
+            "table.digest reply for nccl: 1 chunk hashes for a table of 1073741824 entries");
   EXPECT_TRUE(s["instances"]["lb3"]["vips"]["nccl"]["differing_entries"].is_null());
   EXPECT_NE(s["instances"]["lb3"]["vips"]["nccl"]["differing_error"].get<std::string>().find(
                 "chunk reply needs"),

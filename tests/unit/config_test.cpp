@@ -172,7 +172,7 @@ TEST(Config, ControlPlaneDefaults) {
   EXPECT_EQ(c.policy.panicThreshold, 0.5);
   EXPECT_EQ(c.policy.minLoadFactor, 0.1);
   EXPECT_EQ(c.policy.loadFactorStep, 0.04);
-  EXPECT_EQ(c.policy.loadFactorHysteresis, 0.25);
+  EXPECT_EQ(c.policy.loadFactorHysteresis, 0.45);
   EXPECT_EQ(c.policy.churnBudget, 0.05);
   EXPECT_EQ(c.policy.churnInterval, 1000u);
   EXPECT_EQ(c.policy.drainTimeout, 300'000u);
