@@ -307,7 +307,11 @@ const BackendOverride* IntentOverlay::find(const std::string& name) const {
 
 std::vector<IntentRecord> IntentOverlay::toRecords() const {
   std::vector<IntentRecord> out;
-  for (const auto& [name, o] : backends_) {
+  for (const auto& entry : backends_) {
+    // Not the structured bindings themselves: clang 14 (the fuzz build)
+    // cannot capture them in a lambda.
+    const std::string& name = entry.first;
+    const BackendOverride& o = entry.second;
     auto base = [&](IntentOp op, IntentStamp s) {
       IntentRecord r;
       r.seq = s.seq;
