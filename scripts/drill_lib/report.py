@@ -104,8 +104,10 @@ def summary(rep, out_dir):
             f"{n} {c['max']} / {c['last']}" for n, c in tier["instances"].items()))
         for w in tier["withdrawals"]:
             lines.append(f"  {w['do']} {w['instance']} at {w['at']} s: the router stopped using "
-                         f"it after " + ", ".join(f"{w[v]} s ({v})" for v in w
-                                                    if v not in ("at", "do", "instance")))
+                         f"it after " + ", ".join(
+                             f"{w[v]} s ({v})" for v in w
+                             if v not in ("at", "do", "instance", "tables_unchanged_for_s")) +
+                         f"; the tables had not changed for {w['tables_unchanged_for_s']} s")
         for j in tier["joins"]:
             lines.append(f"  start-instance {j['instance']} at {j['at']} s: warm after "
                          f"{j['warm_after_s']} s, in the router's next hops after "

@@ -150,6 +150,19 @@ def excused_windows(d):
     return out
 
 
+def last_table_change(samples, before):
+    """The time of the last control sample before `before` whose table
+    entries differ from the sample preceding it (None: none changed)."""
+    last, prev = None, None
+    for s in samples:
+        if s.get("down") or s["t"] >= before:
+            continue
+        if prev is not None and s["entries"] != prev:
+            last = s["t"]
+        prev = s["entries"]
+    return last
+
+
 def judge_tier(d, check, rel):
     """The tier invariants; returns the report's "tier" measurements."""
     e, inv, mon = d.e, d.sc["invariants"], d.tier_monitor
@@ -164,6 +177,11 @@ def judge_tier(d, check, rel):
         name = a.get("target")
         if a["do"] in ("kill-instance", "stop-instance", "lb-drain"):
             row = {"at": a["at"], "do": a["do"], "instance": name}
+            # How settled the tables were: flows on entries that moved less
+            # than one export before an instance dies may go with it.
+            t_change = last_table_change(d.monitor.samples, a["t"])
+            row["tables_unchanged_for_s"] = (round(a["t"] - t_change, 3)
+                                             if t_change is not None else None)
             for vip in (VIP_FLOWS, VIP_GRPC):
                 t = mon.first_change(vip, a["t"], lambda h, x=addr[name]: x not in h)
                 row[vip] = round(t - a["t"], 3) if t is not None else None
