@@ -16,6 +16,9 @@
 namespace spillway {
 namespace {
 
+// DCGM_FI_DEV_GPU_UTIL and its kind: percent.
+constexpr double kMaxUtilisation = 100.0;
+
 Millis staggerOffset(std::uint64_t id, Millis interval) noexcept {
   if (interval <= 1) return 0;
   const std::uint64_t mixed = (id ^ (id >> 29)) * 0xbf58476d1ce4e5b9ULL;
@@ -280,10 +283,17 @@ bool LoadScraper::ingestInto(Entry& e, Millis now, std::string_view body) {
   for (const PrometheusSample& s : parsed.samples)
     e.status.gpuSamples += s.name == c.gpuMetric ? 1 : 0;
   const std::optional<double> gpu = averageOf(parsed.samples, c.gpuMetric);
+  // A utilisation is a percentage: one GPU reporting 250 or 1e308 makes the
+  // whole reading unknown (neutral), never a saturated backend.
+  const auto outOfRange = std::find_if(
+      parsed.samples.begin(), parsed.samples.end(), [&](const PrometheusSample& s) {
+        return s.name == c.gpuMetric && !(s.value >= 0.0 && s.value <= kMaxUtilisation);
+      });
   if (!gpu) {
     note("no samples of " + c.gpuMetric);
-  } else if (!std::isfinite(*gpu) || *gpu < 0.0) {
-    note(c.gpuMetric + " is not a utilisation (" + std::to_string(*gpu) + ")");
+  } else if (outOfRange != parsed.samples.end()) {
+    note(c.gpuMetric + " is not a utilisation (" + std::to_string(outOfRange->value) +
+         "; a percentage is 0 to 100)");
   } else {
     e.gpu.update(now, *gpu, c.smoothing, c.staleAfter);
   }

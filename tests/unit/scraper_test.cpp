@@ -177,9 +177,31 @@ TEST(LoadScraper, RejectedTextChangesNothing) {
   EXPECT_TRUE(scraper.ingest(
       1, 2000, "DCGM_FI_DEV_GPU_UTIL{gpu=\"0\"} -5\nvllm:num_requests_waiting NaN\n"));
   EXPECT_EQ(scraper.status(1)->lastError,
-            "DCGM_FI_DEV_GPU_UTIL is not a utilisation (-5.000000); no samples of "
+            "DCGM_FI_DEV_GPU_UTIL is not a utilisation (-5.000000; a percentage is 0 to 100); no "
+            "samples of "
             "vllm:num_requests_waiting");
   EXPECT_DOUBLE_EQ(scraper.load(1, 2000).gpuUtilization.value(), 40.0);
+}
+
+// A utilisation above 100 % (one GPU of several, or an absurd 1e308) is no
+// reading at all: the last good one stays, and a backend is never marked
+// saturated by it. 100 itself and 0 are readings.
+TEST(LoadScraper, UtilisationOutsideZeroToHundredIsNotAReading) {
+  LoadScraper scraper;
+  scraper.setTargets({target(1, source())});
+  ASSERT_TRUE(scraper.ingest(1, 0, dcgm({40}, 2.0)));
+  for (const char* bad : {"250", "1e308", "100.5", "-0.5", "+Inf", "NaN"}) {
+    const std::string text = std::string("DCGM_FI_DEV_GPU_UTIL{gpu=\"0\"} 10\n") +
+                             "DCGM_FI_DEV_GPU_UTIL{gpu=\"1\"} " + bad + "\n";
+    EXPECT_TRUE(scraper.ingest(1, 1000, text)) << bad;
+    EXPECT_NE(scraper.status(1)->lastError.find("DCGM_FI_DEV_GPU_UTIL is not a utilisation"),
+              std::string::npos)
+        << bad << ": " << scraper.status(1)->lastError;
+    EXPECT_DOUBLE_EQ(scraper.load(1, 1000).gpuUtilization.value(), 40.0) << bad;
+  }
+  ASSERT_TRUE(scraper.ingest(1, 2000, dcgm({100, 0}, 2.0)));  // a reading of 50
+  EXPECT_EQ(scraper.status(1)->lastError, "");
+  EXPECT_GT(scraper.load(1, 2000).gpuUtilization.value(), 40.0);  // smoothed toward 50
 }
 
 TEST(LoadScraper, NoQueueMetricConfiguredMeansNoQueueSignal) {
