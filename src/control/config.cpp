@@ -1069,7 +1069,13 @@ void Loader::loadBackends(const toml::table& root, std::set<std::string>& used) 
         }
       }
     }
-    const auto address = s.address("address", true);
+    auto address = s.address("address", true);
+    if (address) {
+      if (auto bad = backendAddressProblem(config_, *address)) {
+        s.fail("address", *bad);
+        address.reset();
+      }
+    }
     if (address) {
       b.address = *address;
       if (auto [it, fresh] = addresses.emplace(std::pair{b.address.version, b.address.bytes},
@@ -1554,6 +1560,33 @@ ConfigResult Loader::load(std::string_view text) {
 }
 
 }  // namespace
+
+std::optional<std::string> backendNameProblem(std::string_view name) { return nameProblem(name); }
+
+bool isUnicastMacAddress(const MacAddress& m) { return isUnicastMac(m); }
+
+std::optional<std::string> backendAddressProblem(const Config& c, const IpAddress& a) {
+  if (isUnspecifiedOrMulticast(a)) {
+    return "must be a unicast address (not unspecified, multicast or broadcast)";
+  }
+  const auto b0 = std::to_integer<std::uint8_t>(a.bytes[0]);
+  const bool loopback =
+      a.version == IpVersion::V4
+          ? b0 == 127
+          : std::all_of(a.bytes.begin(), a.bytes.begin() + 15,
+                        [](std::byte x) { return x == std::byte{0}; }) &&
+                a.bytes[15] == std::byte{1};
+  if (loopback) return "a loopback address; a backend is reached through a port";
+  for (const VipConfig& v : c.vips) {
+    if (v.address == a) return "the address of VIP " + v.name + "; a backend needs its own";
+  }
+  for (const PortConfig& p : c.ports) {
+    if (p.address == a || p.address6 == a) {
+      return "this gateway's own address (port " + p.name + "); a backend needs its own";
+    }
+  }
+  return std::nullopt;
+}
 
 ConfigResult loadConfigFromString(std::string_view text, std::string_view name) noexcept {
   try {

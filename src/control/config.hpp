@@ -265,6 +265,16 @@ struct Config {
   std::vector<BackendConfig> backends;
 };
 
+// The checks a [[backend]] gets, shared with backends added at run time
+// (`backend add`): a name fit for the CLI and metric labels, a unicast MAC,
+// and an address a backend can have in `c` (unicast, not loopback, not a
+// VIP's, not one of this gateway's own port addresses). nullopt when fine,
+// else what is wrong.
+[[nodiscard]] std::optional<std::string> backendNameProblem(std::string_view name);
+[[nodiscard]] bool isUnicastMacAddress(const MacAddress& m);
+[[nodiscard]] std::optional<std::string> backendAddressProblem(const Config& c,
+                                                             const IpAddress& a);
+
 // The outer header kind for a backend of `pool` at `backend`'s address family.
 [[nodiscard]] constexpr EncapKind encapKindFor(PoolEncap encap, IpVersion backend) noexcept {
   if (encap == PoolEncap::Gue) return backend == IpVersion::V4 ? EncapKind::Gue4 : EncapKind::Gue6;

@@ -1041,11 +1041,19 @@ ApiResult ControlPlane::backendAdd(const BackendSpec& spec) {
   if (backendNamed(spec.name) != nullptr) {
     return ApiError{"conflict", "a backend named '" + spec.name + "' exists"};
   }
+  // The same checks as a [[backend]] in the file (config.hpp).
+  if (auto bad = backendNameProblem(spec.name)) {
+    return ApiError{"invalid", "name '" + spec.name.substr(0, 80) +
+                                   (spec.name.size() > 80 ? "...'" : "'") + ": " + *bad};
+  }
   Config next = config_;
   BackendConfig b;
   b.name = spec.name;
   auto address = parseIpAddress(spec.address);
   if (!address) return ApiError{"invalid", "address '" + spec.address + "' is not an IP address"};
+  if (auto bad = backendAddressProblem(config_, *address)) {
+    return ApiError{"invalid", "address " + spec.address + ": " + *bad};
+  }
   b.address = *address;
   b.id = spec.id.value_or(backendIdFromName(spec.name));
   b.weight = spec.weight;
@@ -1081,6 +1089,11 @@ ApiResult ControlPlane::backendAdd(const BackendSpec& spec) {
   if (spec.mac) {
     auto mac = parseMacAddress(*spec.mac);
     if (!mac) return ApiError{"invalid", "mac '" + *spec.mac + "' is not a MAC address"};
+    if (!isUnicastMacAddress(*mac)) {
+      return ApiError{"invalid", "mac " + *spec.mac +
+                                     " must be a unicast MAC address (not zero, multicast or "
+                                     "broadcast)"};
+    }
     b.mac = *mac;
   }
   for (const BackendConfig& o : next.backends) {

@@ -236,6 +236,12 @@ struct Invalid {
 };
 
 const Invalid kInvalid[] = {
+    {"backend_address_loopback", 24,
+     "backend[0].address = \"127.0.0.1\": a loopback address; a backend is reached through a "
+     "port"},
+    {"backend_address_own", 24,
+     "backend[0].address = \"10.0.0.1\": this gateway's own address (port p0)"},
+    {"backend_address_vip", 24, "backend[0].address = \"192.0.2.1\": the address of VIP v"},
     {"backend_on_client_port", 34, "backend[0].port = \"p0\": port \"p0\" has role \"client\""},
     {"backend_unknown_pool", 25, "backend[0].pool = \"b\": no such pool; pools are a"},
     {"backend_unknown_port", 26, "backend[0].port = \"p9\": no such port"},

@@ -994,3 +994,59 @@ TEST(ControlIntent, WithoutAnAnnouncerStatusSaysDisabled) {
 
 }  // namespace
 }  // namespace spillway
+
+namespace spillway {
+namespace {
+
+// `backend add` refuses what a [[backend]] in the file would be refused for
+// (issue #13: it accepted 11 of these 20), says why, and changes nothing:
+// no backend, no journal record.
+TEST(ControlIntent, BackendAddRefusesWhatTheFileRefuses) {
+  TempDir dir;
+  std::int64_t wall = 1'700'000'000'000;
+  Daemon d(dir, configText(dir / "state"), &wall);
+  const std::string backends = std::get<Json>(d.cp().backendList()).dump();
+  const std::uint64_t seq = d.cp().intent().lastSeq();
+  struct Bad {
+    BackendSpec spec;
+    const char* says;
+  };
+  auto withMac = [](const char* mac) {
+    BackendSpec s = spec("b9", "10.0.0.19");
+    s.mac = mac;
+    return s;
+  };
+  const std::vector<Bad> bad = {
+      {spec("b9", "0.0.0.0"), "must be a unicast address"},
+      {spec("b9", "255.255.255.255"), "must be a unicast address"},
+      {spec("b9", "224.0.0.1"), "must be a unicast address"},
+      {spec("b9", "ff02::1"), "must be a unicast address"},
+      {spec("b9", "::"), "must be a unicast address"},
+      {spec("b9", "127.0.0.1"), "a loopback address"},
+      {spec("b9", "::1"), "a loopback address"},
+      {spec("b9", "192.0.2.1"), "the address of VIP"},
+      {spec("b9", "10.0.0.1"), "this gateway's own address"},
+      {withMac("ff:ff:ff:ff:ff:ff"), "must be a unicast MAC address"},
+      {withMac("00:00:00:00:00:00"), "must be a unicast MAC address"},
+      {withMac("01:00:5e:00:00:01"), "must be a unicast MAC address"},
+      {spec("gpu a1", "10.0.0.19"), "may hold only"},
+      {spec("gpu\"a1", "10.0.0.19"), "may hold only"},
+      {spec("", "10.0.0.19"), "must not be empty"},
+      {spec(std::string(300, 'x'), "10.0.0.19"), "longer than 64 characters"},
+  };
+  for (const Bad& b : bad) {
+    const ApiResult r = d.cp().backendAdd(b.spec);
+    ASSERT_TRUE(std::holds_alternative<ApiError>(r)) << b.spec.name << " " << b.spec.address;
+    const ApiError& e = std::get<ApiError>(r);
+    EXPECT_EQ(e.code, "invalid") << e.message;
+    EXPECT_NE(e.message.find(b.says), std::string::npos) << e.message;
+    EXPECT_LT(e.message.size(), 200u) << "a 300-character name is not echoed whole";
+  }
+  EXPECT_EQ(std::get<Json>(d.cp().backendList()).dump(), backends);
+  EXPECT_EQ(d.cp().intent().lastSeq(), seq);
+  // What the file accepts, the command accepts.
+  EXPECT_OK(d.cp().backendAdd(spec("gpu-a1.rack_2", "10.0.0.19")));
+}
+
+}  // namespace
+}  // namespace spillway
