@@ -97,12 +97,17 @@ struct VipKey {
   return static_cast<std::uint8_t>(h % FlowTable::kMaxVipTag + 1);
 }
 
+struct VipPlacement;
+
 struct SnapshotVip {
   VipKey key{};
   std::uint8_t tag = 0;  // vipTagOf(key), set by the builder; 0 = unknown
   std::string name;
   MaglevTable table;
   bool answerEcho = false;  // reply to ICMP echo requests sent to the address
+  // Byte-aware placement of new TCP connections (placement.hpp); null: the
+  // table alone places them.
+  std::shared_ptr<const VipPlacement> placement;
 };
 
 // Open-addressing index from (address, proto, port) to a VIP, with linear

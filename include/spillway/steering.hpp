@@ -31,6 +31,7 @@
 #include "spillway/flow_key.hpp"
 #include "spillway/flow_table.hpp"
 #include "spillway/packet.hpp"
+#include "spillway/placement.hpp"
 #include "spillway/snapshot.hpp"
 #include "spillway/stats.hpp"
 
@@ -78,12 +79,16 @@ struct SteeringCounters {
   Counter flowInsertFailed; // forwarded by the table, but not tracked
   Counter icmpErrorsSteered;
   Counter exceptionHits;    // flows tracked anew on the backend a restored or peer exception named
+  Counter placedOffTable;   // new connections a placing VIP sent elsewhere than its table's entry
   DropCounters drops;
 };
 
 class Steering {
  public:
-  Steering(const FlowTableConfig& flowTable, std::uint64_t hashSeed);
+  // placementHalfLife: how fast this lcore forgets the flows it placed
+  // (RecentPlacements), for VIPs that place by bytes.
+  Steering(const FlowTableConfig& flowTable, std::uint64_t hashSeed,
+           Millis placementHalfLife = kDefaultPlacementHalfLife);
 
   // Steers frames[i] into results[i] for every i (results.size() >=
   // frames.size(); frames.size() <= kMaxBurst). `now` is the lcore's clock
@@ -95,6 +100,7 @@ class Steering {
   [[nodiscard]] FlowTable& flowTable() noexcept { return flows_; }
   [[nodiscard]] const FlowTable& flowTable() const noexcept { return flows_; }
   [[nodiscard]] const FlowHasher& hasher() const noexcept { return hasher_; }
+  [[nodiscard]] const RecentPlacements& recentPlacements() const noexcept { return recent_; }
 
  private:
   // Per-frame state between the stages.
@@ -103,6 +109,11 @@ class Steering {
     std::uint64_t hash = 0;
     std::uint32_t vip = 0;
   };
+  // A new connection of a placing VIP: placeNewFlow(), tracked before the
+  // SYN leaves (an off-table choice that cannot be tracked falls back to the
+  // table's entry, which the flow's next packets would reach anyway).
+  void placeAndForward(const FrameRef& frame, Pending& p, SteerResult& r,
+                       const ForwardingSnapshot& snapshot, Millis now) noexcept;
   void finishVipFrame(const FrameRef& frame, Pending& p, SteerResult& r,
                       const ForwardingSnapshot& snapshot, Millis now) noexcept;
   void encapsulateTo(const FrameRef& frame, const PacketView& view, std::uint64_t hash,
@@ -112,6 +123,7 @@ class Steering {
 
   FlowHasher hasher_;
   FlowTable flows_;
+  RecentPlacements recent_;
   SteeringCounters counters_;
   // The burst's working state lives here, not on the stack, so no burst pays
   // for value-initialising it; steerBurst() writes every element it reads.

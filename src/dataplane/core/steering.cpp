@@ -54,8 +54,54 @@ bool isEchoRequest(const PacketView& v) noexcept {
 
 }  // namespace
 
-Steering::Steering(const FlowTableConfig& flowTable, std::uint64_t hashSeed)
-    : hasher_(hashSeed), flows_(flowTable) {}
+Steering::Steering(const FlowTableConfig& flowTable, std::uint64_t hashSeed,
+                   Millis placementHalfLife)
+    : hasher_(hashSeed), flows_(flowTable), recent_(kBackendSlots, placementHalfLife) {}
+
+void Steering::placeAndForward(const FrameRef& frame, Pending& p, SteerResult& r,
+                               const ForwardingSnapshot& snapshot, Millis now) noexcept {
+  const SnapshotVip& vip = snapshot.vips[p.vip];
+  // A second SYN of the flow in this burst (its entry is younger than the
+  // batched lookup) goes where the first went.
+  if (const std::uint32_t earlier = flows_.lookup(p.hash, now); earlier != 0) {
+    encapsulateTo(frame, p.view, p.hash, earlier, r, snapshot);
+    return;
+  }
+  const Placement placed = placeNewFlow(vip.table, *vip.placement, recent_, p.hash, vip.tag, now);
+  std::uint32_t backend = placed.backend;
+  if (backend == 0) {
+    drop(r, DropReason::NoBackend);
+    return;
+  }
+  bool tracked = false;
+  if (backend != placed.tableBackend) {
+    // Off the table: only a tracked flow stays there.
+    const InsertResult ins = flows_.insert(p.hash, backend, FlowState::Embryonic, now, vip.tag);
+    tracked = ins == InsertResult::Inserted || ins == InsertResult::Updated;
+    if (!tracked) {
+      counters_.flowInsertFailed.add();
+      backend = placed.tableBackend;
+    }
+  }
+  encapsulateTo(frame, p.view, p.hash, backend, r, snapshot);
+  if (r.verdict != Verdict::Forward) {
+    if (tracked) flows_.erase(p.hash);
+    return;
+  }
+  if (!tracked) {
+    const InsertResult ins = flows_.insert(p.hash, backend, FlowState::Embryonic, now, vip.tag);
+    if (ins == InsertResult::Full || ins == InsertResult::FullEmbryonic) {
+      counters_.flowInsertFailed.add();
+      return;
+    }
+    if (ins != InsertResult::Inserted) return;
+  } else {
+    counters_.placedOffTable.add();
+  }
+  counters_.newFlows.add();
+  r.newFlow = true;
+  recent_.add(backend, vip.tag, now);
+}
 
 void Steering::drop(SteerResult& r, DropReason reason) noexcept {
   r.verdict = Verdict::Drop;
@@ -165,6 +211,11 @@ void Steering::finishVipFrame(const FrameRef& frame, Pending& p, SteerResult& r,
         }
       }
     }
+  }
+  if (backend == 0 && vip.placement != nullptr && state == FlowState::Embryonic &&
+      (p.view.tcpFlags & (kTcpSyn | kTcpAck)) == kTcpSyn) {
+    placeAndForward(frame, p, r, snapshot, now);
+    return;
   }
   if (backend == 0) backend = vip.table.lookup(p.hash);
   if (backend == 0) {
