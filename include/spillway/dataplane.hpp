@@ -46,6 +46,7 @@ struct DataplaneCounters {
   std::uint64_t flowInsertFailed = 0;
   std::uint64_t icmpErrorsSteered = 0;
   std::uint64_t exceptionHits = 0;
+  std::uint64_t placedOffTable = 0;  // new connections placed off their table entry (placement.hpp)
   std::uint64_t txDropped = 0;
   std::uint64_t exceptionRx = 0;  // from the kernel's exception path to the wire
   std::uint64_t exceptionTx = 0;  // from the wire to the kernel's exception path
@@ -54,6 +55,7 @@ struct DataplaneCounters {
   // By backend index (as long as the largest index in use).
   std::vector<std::uint64_t> backendPackets;
   std::vector<std::uint64_t> backendNewFlows;
+  std::vector<std::uint64_t> backendBytes;  // forwarded frame bytes, as encapsulated
   struct Lcore {
     unsigned lcore = 0;
     std::uint64_t rxPackets = 0;
@@ -99,6 +101,10 @@ class Dataplane {
   [[nodiscard]] virtual std::optional<std::string> syncVips(std::span<const VipKey> vips) = 0;
 
   [[nodiscard]] virtual DataplaneCounters counters() const = 0;
+  // Forwarded bytes of backend indices [0, out.size()), summed over the
+  // workers, into out (cheaper than counters(): the placement's rate meter
+  // reads it ten times a second). A purged index reads 0 again.
+  virtual void backendBytes(std::span<std::uint64_t> out) const = 0;
 
   // Worker heartbeats: one round counter per worker, advanced once per poll
   // round (busy or idle). A counter that stops moving is a stalled or

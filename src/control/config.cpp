@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "control/peer_wire.hpp"
+#include "spillway/placement.hpp"
 #include "spillway/errno_text.hpp"
 
 namespace spillway {
@@ -425,6 +426,7 @@ class Loader {
   void loadHealth(Section& pool, PoolConfig& p);
   void loadLoadSource(Section& pool, PoolConfig& p);
   void loadPolicy(const toml::table& root, std::set<std::string>& used);
+  void loadPlacement(const toml::table& root, std::set<std::string>& used);
   void loadControl(const toml::table& root, std::set<std::string>& used);
   void loadAnnounce(const toml::table& root, std::set<std::string>& used);
   void loadTier(const toml::table& root, std::set<std::string>& used);
@@ -1003,6 +1005,19 @@ void Loader::loadVips(const toml::table& root, std::set<std::string>& used) {
       }
     }
     if (auto b = s.boolean("answer_ping")) v.answerPing = *b;
+    if (auto m = s.string("placement")) {
+      if (*m == "table") {
+        v.placement = VipPlacementMode::Table;
+      } else if (*m == "bytes") {
+        v.placement = VipPlacementMode::Bytes;
+        if (v.protocol != IpProto::Tcp) {
+          s.fail("placement", "\"bytes\" places new TCP connections; this VIP is UDP");
+        }
+      } else {
+        s.fail("placement", "expected \"table\" (the Maglev table alone) or \"bytes\" "
+                            "(bounded byte load over the table's entries)");
+      }
+    }
     s.finish();
     if (keyOk) {
       VipKey key{v.address.bytes, v.address.version, static_cast<std::uint8_t>(v.protocol), v.port};
@@ -1450,6 +1465,22 @@ void Loader::loadAnnounce(const toml::table& root, std::set<std::string>& used) 
   s.finish();
 }
 
+void Loader::loadPlacement(const toml::table& root, std::set<std::string>& used) {
+  used.insert("placement");
+  const toml::table* t = topTable(root, "placement");
+  if (t == nullptr) return;
+  Section s(*this, *t, "placement");
+  PlacementConfig& c = config_.placement;
+  if (auto v = s.number("balance_factor", 1.0, 10.0, true, false)) c.balanceFactor = *v;
+  if (auto v = s.integer("candidates", 1, kMaxPlacementCandidates)) {
+    c.candidates = static_cast<std::uint32_t>(*v);
+  }
+  if (auto v = s.seconds("half_life", 10, 60'000)) c.halfLife = *v;
+  if (auto v = s.seconds("rate_interval", 10, 10'000)) c.rateInterval = *v;
+  if (auto v = s.seconds("rate_smoothing", 10, 600'000)) c.rateSmoothing = *v;
+  s.finish();
+}
+
 void Loader::loadTier(const toml::table& root, std::set<std::string>& used) {
   used.insert("tier");
   const toml::table* t = topTable(root, "tier");
@@ -1543,6 +1574,7 @@ ConfigResult Loader::load(std::string_view text) {
   loadControl(root, used);
   loadAnnounce(root, used);
   loadTier(root, used);
+  loadPlacement(root, used);
   for (auto&& [key, node] : root) {
     if (used.count(std::string(key.str())) != 0) continue;
     error(regionPlace(key.source()), std::string(key.str()), describe(node),

@@ -229,6 +229,20 @@ struct TierConfig {
   std::size_t maxOutputBytes = std::size_t{16} << 20;  // per peer; past it: disconnect, resync
 };
 
+// How a VIP places new TCP connections: by its Maglev table alone, or by
+// bytes (spillway/placement.hpp: bounded loads over the table's entries).
+enum class VipPlacementMode : std::uint8_t { Table, Bytes };
+
+// Byte-aware placement ([placement]; the rule is in the README's
+// configuration reference and spillway/placement.hpp).
+struct PlacementConfig {
+  double balanceFactor = 1.25;   // f: a backend takes at most f x its share of the bytes
+  std::uint32_t candidates = 8;  // distinct backends of the table looked at, at most
+  Millis halfLife = 1000;        // a worker forgets the flows it placed with this half-life
+  Millis rateInterval = 100;     // per-backend byte rates are sampled this often
+  Millis rateSmoothing = 1000;   // ... and smoothed with this time constant
+};
+
 struct VipConfig {
   std::string name;
   IpAddress address;
@@ -238,6 +252,7 @@ struct VipConfig {
   std::vector<std::string> pools;
   std::vector<std::uint32_t> poolIndices;  // into Config::pools, same order
   bool answerPing = false;
+  VipPlacementMode placement = VipPlacementMode::Table;
 };
 
 struct BackendConfig {
@@ -259,6 +274,7 @@ struct Config {
   TierConfig tier;
   PolicyConfig policy;
   AnnounceConfig announce;
+  PlacementConfig placement;
   std::vector<PortConfig> ports;
   std::vector<PoolConfig> pools;
   std::vector<VipConfig> vips;

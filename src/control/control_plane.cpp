@@ -73,7 +73,8 @@ ControlPlane::ControlPlane(Config config, std::string configPath, SnapshotBuilde
                   [this](std::span<const FlowExceptionRecord> r) {
                     if (peers_) peers_->publishLocal(r);
                   }},
-          events_) {
+          events_),
+      byteRates_(config_.placement.rateSmoothing) {
   if (!wallClock_) {
     wallClock_ = [] {
       return std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -431,6 +432,7 @@ bool ControlPlane::tick(Millis now) {
     }
   }
   tickPeers(now, statesChanged);
+  samplePlacement(now);
   if (dataplane_ != nullptr) {
     keeper_.tick(
         now, unixNow(), generation_, dataplane_->appliedGeneration(),
@@ -652,7 +654,12 @@ ApiResult ControlPlane::vipShow(const std::string& name) {
     if (v.name != name) continue;
     Json out{{"name", v.name},       {"address", ipJson(v.address)},
              {"protocol", protocolName(v.protocol)}, {"port", v.port},
-             {"table_size", v.tableSize}, {"answer_ping", v.answerPing}};
+             {"table_size", v.tableSize}, {"answer_ping", v.answerPing},
+             {"placement", v.placement == VipPlacementMode::Bytes ? "bytes" : "table"}};
+    if (VipLoad* load = builder_.vipLoad(v.name)) {
+      out["byte_rate"] = static_cast<std::uint64_t>(load->totalRate);
+      out["backend_byte_rate"] = static_cast<std::uint64_t>(load->backendRate);
+    }
     auto d = decisions_.find(v.name);
     if (d != decisions_.end()) {
       Json pools = Json::array();
@@ -762,6 +769,8 @@ Json ControlPlane::backendJson(const BackendConfig& b) const {
   const BackendRuntime* rt = builder_.runtime(b.id);
   j["next_hop_resolved"] = rt != nullptr && rt->nextHopMac.has_value();
   j["held_for_next_hop"] = heldSince_.count(b.id) != 0;
+  // Placement's measurement (0 until a placing VIP makes the meter run).
+  j["byte_rate"] = byteRates_.rate(builder_.indexOf(b.id));
   return j;
 }
 
@@ -904,10 +913,11 @@ ApiResult ControlPlane::configReload(const std::string& path) {
   const auto& a = config_.dataplane;
   const auto& b = next.dataplane;
   if (a.lcores != b.lcores || a.hashSeed != b.hashSeed || a.flowCapacity != b.flowCapacity ||
-      config_.ports.size() != next.ports.size()) {
+      config_.ports.size() != next.ports.size() ||
+      config_.placement.halfLife != next.placement.halfLife) {
     return reject(ApiError{"conflict",
-                           "the new file changes [dataplane] or the ports; restart spillwayd for "
-                           "that"});
+                           "the new file changes [dataplane], [placement] half_life (the "
+                           "workers') or the ports; restart spillwayd for that"});
   }
   for (std::size_t i = 0; i < next.ports.size(); ++i) {
     if (next.ports[i].devargs != config_.ports[i].devargs ||
@@ -1634,6 +1644,10 @@ std::string ControlPlane::metricsText() {
       m.gauge("spillway_backend_queue_depth", "Smoothed requests waiting.", {{"backend", b.name}},
               *load.queueDepth);
     }
+    if (anyVipPlaces()) {
+      m.gauge("spillway_backend_byte_rate", "Smoothed forwarded bytes per second (placement).",
+              {{"backend", b.name}}, byteRates_.rate(builder_.indexOf(b.id)));
+    }
     if (const BackendStatus* st = states_.find(b.id); st && st->liveFlows) {
       m.gauge("spillway_backend_active_flows", "Tracked flows on the backend (all lcores).",
               {{"backend", b.name}}, static_cast<double>(*st->liveFlows));
@@ -1651,6 +1665,9 @@ std::string ControlPlane::metricsText() {
     m.counter("spillway_kernel_packets_total", "Frames handed to the kernel.", {},
               num("to_kernel"));
     m.counter("spillway_new_flows_total", "Flows started.", {}, num("new_flows"));
+    m.counter("spillway_placed_off_table_total",
+              "New connections a placing VIP sent elsewhere than its table's entry (by bytes).",
+              {}, num("placed_off_table"));
     if (s.contains("drops")) {
       for (const auto& [reason, n] : s["drops"].items()) {
         m.counter("spillway_drops_total", "Frames dropped, by reason.", {{"reason", reason}},
@@ -1664,6 +1681,9 @@ std::string ControlPlane::metricsText() {
                   {{"backend", name}}, b["packets"].get<double>());
         m.counter("spillway_backend_new_flows_total", "Flows started on the backend.",
                   {{"backend", name}}, b["new_flows"].get<double>());
+        m.counter("spillway_backend_bytes_total",
+                  "Bytes forwarded to the backend (encapsulated frames).", {{"backend", name}},
+                  b["bytes"].get<double>());
       }
     }
     if (s.contains("workers")) {

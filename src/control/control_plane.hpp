@@ -32,6 +32,7 @@
 #include "control/affinity_keeper.hpp"
 #include "control/announce_exchange.hpp"
 #include "control/backend_state.hpp"
+#include "control/byte_rates.hpp"
 #include "control/config.hpp"
 #include "control/control_api.hpp"
 #include "control/event_log.hpp"
@@ -157,6 +158,11 @@ class ControlPlane final : public ControlApi {
   void refreshExceptions();
   // The peer channel: poll, and rebuild the exceptions at most every 250 ms.
   void tickPeers(Millis now, bool statesChanged);
+  // Byte-aware placement (control_plane_placement.cpp): every
+  // [placement] rate_interval, the backends' forwarded byte rates and each
+  // placing VIP's totals, written where the snapshots' VipPlacement reads.
+  void samplePlacement(Millis now);
+  [[nodiscard]] bool anyVipPlaces() const;
 
   // Intent.
   struct ApplyPlan {
@@ -234,6 +240,9 @@ class ControlPlane final : public ControlApi {
   TablesState publishedTables_;  // as of the newest snapshot taken
   // LB tier ([tier]): null without peers.
   std::unique_ptr<PeerChannel> peers_;
+  ByteRateMeter byteRates_;
+  std::vector<std::uint64_t> bytesScratch_;
+  Millis nextRateSample_ = 0;
   bool peersPending_ = false;  // the peers' exceptions changed since the last rebuild
   Millis peersBuiltAt_ = 0;
   std::uint64_t peersSyncGeneration_ = 0;  // the first snapshot built once synced

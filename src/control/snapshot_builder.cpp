@@ -20,7 +20,13 @@ bool sameInput(const std::vector<MaglevBackend>& a, const std::vector<MaglevBack
 }  // namespace
 
 SnapshotBuilder::SnapshotBuilder(std::uint32_t maxBackends)
-    : maxBackends_(std::clamp<std::uint32_t>(maxBackends, 1, kMaxBackends)) {}
+    : maxBackends_(std::clamp<std::uint32_t>(maxBackends, 1, kMaxBackends)),
+      placementRates_(std::make_shared<BackendRates>(kBackendSlots)) {}
+
+VipLoad* SnapshotBuilder::vipLoad(const std::string& vip) {
+  auto it = vipLoads_.find(vip);
+  return it == vipLoads_.end() ? nullptr : it->second.get();
+}
 
 BackendRuntime SnapshotBuilder::initialRuntime(const Config& config, const BackendConfig& b) const {
   BackendRuntime r;
@@ -507,6 +513,28 @@ std::unique_ptr<ForwardingSnapshot> SnapshotBuilder::build(std::uint64_t generat
                                               std::move(built.table), std::move(built.shares)});
   }
   previous_ = std::move(next);
+  // Placing VIPs: the share of each backend's entries, and the byte rates.
+  std::map<std::string, std::shared_ptr<VipLoad>> loads;
+  for (std::size_t i = 0; i < n; ++i) {
+    const VipConfig& v = config_.vips[i];
+    if (v.placement != VipPlacementMode::Bytes) continue;
+    std::shared_ptr<VipLoad>& load = loads[v.name];
+    auto kept = vipLoads_.find(v.name);
+    load = kept != vipLoads_.end() ? kept->second : std::make_shared<VipLoad>();
+    auto p = std::make_shared<VipPlacement>();
+    p->balanceFactor = config_.placement.balanceFactor;
+    p->candidates = config_.placement.candidates;
+    p->share.assign(snapshot->backends.size(), 0.0F);
+    for (const MaglevShare& s : reports[i].shares) {
+      if (s.backendIndex < p->share.size() && v.tableSize > 0) {
+        p->share[s.backendIndex] = static_cast<float>(s.entries) / static_cast<float>(v.tableSize);
+      }
+    }
+    p->rates = placementRates_;
+    p->load = load;
+    snapshot->vips[i].placement = std::move(p);
+  }
+  vipLoads_ = std::move(loads);
   lastBuild_ = std::move(reports);
   snapshot->indexVips();
   // Retiring indices are listed Removed, in no table, from this generation on.

@@ -71,6 +71,7 @@
 #include "spillway/flow_exceptions.hpp"
 #include "spillway/flow_key.hpp"
 #include "spillway/maglev.hpp"
+#include "spillway/placement.hpp"
 #include "spillway/snapshot.hpp"
 #include "spillway/wire.hpp"
 
@@ -186,6 +187,12 @@ class SnapshotBuilder {
   void setExceptions(std::shared_ptr<const ExceptionTable> exceptions) {
     exceptions_ = std::move(exceptions);
   }
+  // Byte-aware placement (spillway/placement.hpp): the per-backend byte
+  // rates and the per-VIP totals that every snapshot's placing VIPs point
+  // to, written by the control plane's rate meter between builds. vipLoad()
+  // is null for a VIP that does not place by bytes (or does not exist).
+  [[nodiscard]] BackendRates& placementRates() noexcept { return *placementRates_; }
+  [[nodiscard]] VipLoad* vipLoad(const std::string& vip);
   // The VIP's table as last built, or null.
   [[nodiscard]] const MaglevTable* currentTable(const std::string& vip) const;
   // Entries of the VIP's table that would change with these weights (by id;
@@ -251,6 +258,8 @@ class SnapshotBuilder {
   std::map<std::string, std::map<std::uint64_t, std::uint32_t>> vipWeights_;
   MaglevBuilder maglev_;
   std::shared_ptr<const ExceptionTable> exceptions_;
+  std::shared_ptr<BackendRates> placementRates_;
+  std::map<std::string, std::shared_ptr<VipLoad>> vipLoads_;  // placing VIPs, by name
   std::vector<VipBuildReport> lastBuild_;
   std::string lastError_;
 };

@@ -20,7 +20,8 @@ Json statsDocument(const DataplaneCounters& c, const Config& config,
          {"next_hop_resolved", rt != nullptr && rt->nextHopMac.has_value()},
          {"packets", index != 0 && index < c.backendPackets.size() ? c.backendPackets[index] : 0},
          {"new_flows",
-          index != 0 && index < c.backendNewFlows.size() ? c.backendNewFlows[index] : 0}});
+          index != 0 && index < c.backendNewFlows.size() ? c.backendNewFlows[index] : 0},
+         {"bytes", index != 0 && index < c.backendBytes.size() ? c.backendBytes[index] : 0}});
   }
   Json workers = Json::array();
   for (const DataplaneCounters::Lcore& l : c.lcores) {
@@ -42,6 +43,7 @@ Json statsDocument(const DataplaneCounters& c, const Config& config,
               {"flow_insert_failed", c.flowInsertFailed},
               {"icmp_errors_steered", c.icmpErrorsSteered},
               {"exception_hits", c.exceptionHits},
+              {"placed_off_table", c.placedOffTable},
               {"tx_dropped", c.txDropped},
               {"exception_rx", c.exceptionRx},
               {"exception_tx", c.exceptionTx},

@@ -143,6 +143,7 @@ std::unique_ptr<DpdkDataplane> DpdkDataplane::open(const Options& options, std::
     wc.idleSleepUs = options.idleSleepUs;
     wc.flowTable = options.flowTable;
     wc.hashSeed = options.hashSeed;
+    wc.placementHalfLife = options.placementHalfLife;
     try {
       dp->workers_.push_back(
           std::make_unique<Worker>(wc, dp->ports_.ports(), dp->qsbr_, dp->publisher_));
@@ -304,6 +305,7 @@ DataplaneCounters DpdkDataplane::counters() const {
   DataplaneCounters c;
   c.backendPackets.assign(kBackendSlots, 0);
   c.backendNewFlows.assign(kBackendSlots, 0);
+  c.backendBytes.assign(kBackendSlots, 0);
   for (const auto& w : workers_) {
     const auto& s = w->steering();
     const auto& wc = w->counters();
@@ -316,6 +318,7 @@ DataplaneCounters DpdkDataplane::counters() const {
     c.flowInsertFailed += s.flowInsertFailed.read();
     c.icmpErrorsSteered += s.icmpErrorsSteered.read();
     c.exceptionHits += s.exceptionHits.read();
+    c.placedOffTable += s.placedOffTable.read();
     c.txDropped += wc.txDropped.read();
     c.exceptionRx += wc.exceptionRx.read();
     c.exceptionTx += wc.exceptionTx.read();
@@ -329,12 +332,22 @@ DataplaneCounters DpdkDataplane::counters() const {
     for (std::uint32_t i = 0; i < kBackendSlots; ++i) {
       c.backendPackets[i] += wc.backendPackets[i].read();
       c.backendNewFlows[i] += wc.backendNewFlows[i].read();
+      c.backendBytes[i] += wc.backendBytes[i].read();
     }
     c.lcores.push_back(DataplaneCounters::Lcore{
         w->config().lcore, s.rxPackets.read(), s.forwarded.read(), s.newFlows.read(),
         w->flowTable().occupancy, wc.snapshotGeneration.read(), wc.idleSleeps.read()});
   }
   return c;
+}
+
+void DpdkDataplane::backendBytes(std::span<std::uint64_t> out) const {
+  std::fill(out.begin(), out.end(), 0);
+  const std::size_t n = std::min<std::size_t>(out.size(), kBackendSlots);
+  for (const auto& w : workers_) {
+    const auto& wc = w->counters();
+    for (std::size_t i = 0; i < n; ++i) out[i] += wc.backendBytes[i].read();
+  }
 }
 
 }  // namespace spillway

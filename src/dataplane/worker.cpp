@@ -46,7 +46,7 @@ Worker::Worker(const WorkerConfig& config, const std::vector<OpenPort>& ports, Q
     : config_(config),
       qsbr_(qsbr),
       publisher_(publisher),
-      steering_(config.flowTable, config.hashSeed),
+      steering_(config.flowTable, config.hashSeed, config.placementHalfLife),
       countScratch_(kBackendSlots, 0),
       liveFlows_(std::make_unique<Counter[]>(kBackendSlots)),
       exportChunk_(kExportChunk),
@@ -123,6 +123,7 @@ std::uint16_t Worker::pollPort(PortIo& io, const ForwardingSnapshot& snapshot,
           out = ports_[r.egressPort].get();
           if (r.backend < kBackendSlots) {
             counters_.backendPackets[r.backend].add();
+            counters_.backendBytes[r.backend].add(r.length);
             if (r.newFlow) counters_.backendNewFlows[r.backend].add();
           }
         }
@@ -274,6 +275,7 @@ void Worker::purgeSlice() noexcept {
   for (std::uint32_t i : purgeIndices_) {
     counters_.backendPackets[i].set(0);
     counters_.backendNewFlows[i].set(0);
+    counters_.backendBytes[i].set(0);
   }
   purgeDone_.store(purgingFor_, std::memory_order_release);
   purgingFor_ = 0;

@@ -7,7 +7,7 @@
 // snapshots. Per packet: no lock, no read-modify-write atomic, no allocation,
 // no exception, no log line.
 //
-// Per-backend counters (packets, new flows, live flows) are arrays of
+// Per-backend counters (packets, bytes, new flows, live flows) are arrays of
 // kBackendSlots (snapshot.hpp), one entry per possible backend index. Work
 // the control thread asks for runs in the idle housekeeping of each drain
 // period, a slice of the flow table at a time, never per packet:
@@ -59,12 +59,14 @@ struct WorkerConfig {
   std::uint32_t idleSleepUs = 0;
   FlowTableConfig flowTable{};
   std::uint64_t hashSeed = 0;
+  Millis placementHalfLife = kDefaultPlacementHalfLife;  // spillway/placement.hpp
 };
 
 struct WorkerCounters {
   WorkerCounters()
       : backendPackets(std::make_unique<Counter[]>(kBackendSlots)),
-        backendNewFlows(std::make_unique<Counter[]>(kBackendSlots)) {}
+        backendNewFlows(std::make_unique<Counter[]>(kBackendSlots)),
+        backendBytes(std::make_unique<Counter[]>(kBackendSlots)) {}
 
   Counter txPackets;
   Counter txDropped;       // TX ring full: freed; the stats add these to drops.tx_queue_full
@@ -79,6 +81,7 @@ struct WorkerCounters {
   Counter snapshotGeneration;  // the generation this worker last used
   std::unique_ptr<Counter[]> backendPackets;   // forwarded, by backend index
   std::unique_ptr<Counter[]> backendNewFlows;  // flows opened, by backend index
+  std::unique_ptr<Counter[]> backendBytes;     // forwarded frame bytes, by backend index
 };
 
 class Worker {

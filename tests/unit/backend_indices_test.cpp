@@ -140,6 +140,9 @@ class LaggingDataplane final : public Dataplane {
   }
   std::optional<std::string> syncVips(std::span<const VipKey>) override { return std::nullopt; }
   DataplaneCounters counters() const override { return {}; }
+  void backendBytes(std::span<std::uint64_t> out) const override {
+    std::fill(out.begin(), out.end(), 0);
+  }
   std::vector<std::uint64_t> workerRounds() const override { return {}; }
 
 

@@ -53,6 +53,11 @@ class FakeDataplane final : public Dataplane {
     return std::nullopt;
   }
   [[nodiscard]] DataplaneCounters counters() const override { return stats; }
+  void backendBytes(std::span<std::uint64_t> out) const override {
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      out[i] = i < stats.backendBytes.size() ? stats.backendBytes[i] : 0;
+    }
+  }
   [[nodiscard]] std::vector<std::uint64_t> workerRounds() const override { return rounds; }
 
   // As new (a restarted process's data path).
