@@ -105,6 +105,9 @@ class Dataplane {
   // workers, into out (cheaper than counters(): the placement's rate meter
   // reads it ten times a second). A purged index reads 0 again.
   virtual void backendBytes(std::span<std::uint64_t> out) const = 0;
+  // DataplaneCounters::placedOffTable alone: new flow exceptions the
+  // checkpoint should take soon.
+  [[nodiscard]] virtual std::uint64_t placedOffTable() const = 0;
 
   // Worker heartbeats: one round counter per worker, advanced once per poll
   // round (busy or idle). A counter that stops moving is a stalled or

@@ -85,10 +85,7 @@ struct SteeringCounters {
 
 class Steering {
  public:
-  // placementHalfLife: how fast this lcore forgets the flows it placed
-  // (RecentPlacements), for VIPs that place by bytes.
-  Steering(const FlowTableConfig& flowTable, std::uint64_t hashSeed,
-           Millis placementHalfLife = kDefaultPlacementHalfLife);
+  Steering(const FlowTableConfig& flowTable, std::uint64_t hashSeed);
 
   // Steers frames[i] into results[i] for every i (results.size() >=
   // frames.size(); frames.size() <= kMaxBurst). `now` is the lcore's clock
@@ -100,7 +97,9 @@ class Steering {
   [[nodiscard]] FlowTable& flowTable() noexcept { return flows_; }
   [[nodiscard]] const FlowTable& flowTable() const noexcept { return flows_; }
   [[nodiscard]] const FlowHasher& hasher() const noexcept { return hasher_; }
-  [[nodiscard]] const RecentPlacements& recentPlacements() const noexcept { return recent_; }
+  // The owner lcore starts flow count n (placement.hpp's epochs).
+  void beginPlacementEpoch(std::uint64_t n) noexcept { ledger_.beginEpoch(n); }
+  [[nodiscard]] const PlacementLedger& placementLedger() const noexcept { return ledger_; }
 
  private:
   // Per-frame state between the stages.
@@ -123,7 +122,7 @@ class Steering {
 
   FlowHasher hasher_;
   FlowTable flows_;
-  RecentPlacements recent_;
+  PlacementLedger ledger_;
   SteeringCounters counters_;
   // The burst's working state lives here, not on the stack, so no burst pays
   // for value-initialising it; steerBurst() writes every element it reads.

@@ -125,15 +125,20 @@ void AffinityKeeper::tick(Millis now, std::uint64_t unixMs, std::uint64_t publis
     return;
   }
   const bool changed = published > checkpointedGeneration_;
+  const bool placed = placedTotal_ != placedAtWrite_;
   const bool write =
       enabled() && (!lastWriteStart_ || (changed && now >= *lastStart_ + options_.minInterval) ||
+                    (placed && now >= *lastWriteStart_ + options_.placedInterval) ||
                     now >= *lastWriteStart_ + options_.maxInterval);
   const bool sync = options_.exportInterval > 0 &&
                     (!lastStart_ || now >= *lastStart_ + options_.exportInterval ||
                      (published > exportedGeneration_ && now >= *lastStart_ + options_.minInterval));
   if (!(write || sync) || applied < published || published == 0) return;
   syncOnly_ = !write;
-  if (write) lastWriteStart_ = now;
+  if (write) {
+    lastWriteStart_ = now;
+    placedAtWrite_ = placedTotal_;
+  }
   exporting_ = true;
   exportStarted_ = now;
   lastStart_ = now;

@@ -12,10 +12,16 @@
 // On SIGTERM the daemon stops the workers and hands the keeper every
 // exception of the stopped tables for a last checkpoint.
 //
+// Flows placed off their table entry by bytes (spillway/placement.hpp) are
+// exceptions from their first packet, with no table change: when the data
+// path's count of them grew (notePlacedOffTable), a checkpoint starts
+// placedInterval after the last one.
+//
 // Loss window after kill -9: a flow is lost only when its entry moved after
 // the last completed checkpoint: at most minInterval + the export walk + the
-// write after a table change (measured in BENCHMARKS.md), and nothing for
-// flows whose entry never moved. Flows that began after the last
+// write after a table change (measured in BENCHMARKS.md), placedInterval +
+// the walk + the write for a flow placed by bytes, and nothing for flows
+// whose entry never moved. Flows that began after the last
 // checkpoint on the current tables need nothing: the restarted daemon
 // publishes the same tables (tables.json) until its warm-up ends.
 //
@@ -76,6 +82,7 @@ class AffinityKeeper {
     FlowTimeouts timeouts{};
     Millis minInterval = 250;
     Millis maxInterval = 60'000;
+    Millis placedInterval = 1'000;
     // LB tier (peer_channel.hpp): also export this often, and after a table
     // change (minInterval apart) even without a stateDir, and hand every
     // export's records (tracked and restored) to onExport; an export due
@@ -112,6 +119,9 @@ class AffinityKeeper {
                        const TablesState& tables,
                        const std::function<std::uint64_t(std::uint32_t index)>& idOf);
 
+  // The data path's running count of flows placed off their table entry.
+  void notePlacedOffTable(std::uint64_t total) noexcept { placedTotal_ = total; }
+
   [[nodiscard]] const CheckpointStats& stats() const noexcept { return stats_; }
   // An export asked of the workers and not yet collected.
   [[nodiscard]] bool exporting() const noexcept { return exporting_; }
@@ -145,6 +155,8 @@ class AffinityKeeper {
   bool syncOnly_ = false;                 // the export in flight writes no checkpoint
   std::uint64_t exportedGeneration_ = 0;  // of the last export completed (any kind)
   std::optional<Millis> lastEventAt_;  // of the last "checkpoint" event
+  std::uint64_t placedTotal_ = 0;
+  std::uint64_t placedAtWrite_ = 0;  // placedTotal_ when the last writing export started
 };
 
 }  // namespace spillway

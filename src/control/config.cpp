@@ -1475,7 +1475,6 @@ void Loader::loadPlacement(const toml::table& root, std::set<std::string>& used)
   if (auto v = s.integer("candidates", 1, kMaxPlacementCandidates)) {
     c.candidates = static_cast<std::uint32_t>(*v);
   }
-  if (auto v = s.seconds("half_life", 10, 60'000)) c.halfLife = *v;
   if (auto v = s.seconds("rate_interval", 10, 10'000)) c.rateInterval = *v;
   if (auto v = s.seconds("rate_smoothing", 10, 600'000)) c.rateSmoothing = *v;
   s.finish();

@@ -233,12 +233,11 @@ struct TierConfig {
 // bytes (spillway/placement.hpp: bounded loads over the table's entries).
 enum class VipPlacementMode : std::uint8_t { Table, Bytes };
 
-// Byte-aware placement ([placement]; the rule is in the README's
+// Load-aware placement ([placement]; the rule is in the README's
 // configuration reference and spillway/placement.hpp).
 struct PlacementConfig {
-  double balanceFactor = 1.25;   // f: a backend takes at most f x its share of the bytes
+  double balanceFactor = 1.25;   // f: a backend takes at most f x its share of the load
   std::uint32_t candidates = 8;  // distinct backends of the table looked at, at most
-  Millis halfLife = 1000;        // a worker forgets the flows it placed with this half-life
   Millis rateInterval = 100;     // per-backend byte rates are sampled this often
   Millis rateSmoothing = 1000;   // ... and smoothed with this time constant
 };

@@ -348,6 +348,7 @@ void ControlPlane::collectFlows(Millis now) {
   if (flowCountAsked_ != 0 && flowCountAt_ != 0) {
     if (auto counts = dataplane_->collectFlowCounts(flowCountAsked_)) {
       lastFlows_ = std::move(*counts);
+      flowsCounted_ = flowCountAsked_;
       flowCountAt_ = 0;
       for (const BackendConfig& b : config_.backends) {
         const std::uint32_t index = builder_.indexOf(b.id);
@@ -657,8 +658,8 @@ ApiResult ControlPlane::vipShow(const std::string& name) {
              {"table_size", v.tableSize}, {"answer_ping", v.answerPing},
              {"placement", v.placement == VipPlacementMode::Bytes ? "bytes" : "table"}};
     if (VipLoad* load = builder_.vipLoad(v.name)) {
-      out["byte_rate"] = static_cast<std::uint64_t>(load->totalRate);
-      out["backend_byte_rate"] = static_cast<std::uint64_t>(load->backendRate);
+      out["placement_load_flows"] =
+          static_cast<double>(static_cast<std::uint64_t>(load->milliFlows)) / kLoadScale;
     }
     auto d = decisions_.find(v.name);
     if (d != decisions_.end()) {
@@ -769,8 +770,9 @@ Json ControlPlane::backendJson(const BackendConfig& b) const {
   const BackendRuntime* rt = builder_.runtime(b.id);
   j["next_hop_resolved"] = rt != nullptr && rt->nextHopMac.has_value();
   j["held_for_next_hop"] = heldSince_.count(b.id) != 0;
-  // Placement's measurement (0 until a placing VIP makes the meter run).
+  // Placement's measurements (0 until a placing VIP makes the meter run).
   j["byte_rate"] = byteRates_.rate(builder_.indexOf(b.id));
+  j["placement_load_flows"] = placementLoad(builder_.indexOf(b.id));
   return j;
 }
 
@@ -913,11 +915,10 @@ ApiResult ControlPlane::configReload(const std::string& path) {
   const auto& a = config_.dataplane;
   const auto& b = next.dataplane;
   if (a.lcores != b.lcores || a.hashSeed != b.hashSeed || a.flowCapacity != b.flowCapacity ||
-      config_.ports.size() != next.ports.size() ||
-      config_.placement.halfLife != next.placement.halfLife) {
+      config_.ports.size() != next.ports.size()) {
     return reject(ApiError{"conflict",
-                           "the new file changes [dataplane], [placement] half_life (the "
-                           "workers') or the ports; restart spillwayd for that"});
+                           "the new file changes [dataplane] or the ports; restart spillwayd for "
+                           "that"});
   }
   for (std::size_t i = 0; i < next.ports.size(); ++i) {
     if (next.ports[i].devargs != config_.ports[i].devargs ||
@@ -1647,6 +1648,9 @@ std::string ControlPlane::metricsText() {
     if (anyVipPlaces()) {
       m.gauge("spillway_backend_byte_rate", "Smoothed forwarded bytes per second (placement).",
               {{"backend", b.name}}, byteRates_.rate(builder_.indexOf(b.id)));
+      m.gauge("spillway_backend_placement_load",
+              "Load placement balances: max(live flows, bytes / mean bytes of a flow).",
+              {{"backend", b.name}}, placementLoad(builder_.indexOf(b.id)));
     }
     if (const BackendStatus* st = states_.find(b.id); st && st->liveFlows) {
       m.gauge("spillway_backend_active_flows", "Tracked flows on the backend (all lcores).",

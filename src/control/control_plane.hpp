@@ -158,11 +158,12 @@ class ControlPlane final : public ControlApi {
   void refreshExceptions();
   // The peer channel: poll, and rebuild the exceptions at most every 250 ms.
   void tickPeers(Millis now, bool statesChanged);
-  // Byte-aware placement (control_plane_placement.cpp): every
-  // [placement] rate_interval, the backends' forwarded byte rates and each
-  // placing VIP's totals, written where the snapshots' VipPlacement reads.
+  // Load-aware placement (control_plane_placement.cpp): every [placement]
+  // rate_interval and after every flow count, the backends' loads and each
+  // placing VIP's total, written where the snapshots' VipPlacement reads.
   void samplePlacement(Millis now);
   [[nodiscard]] bool anyVipPlaces() const;
+  [[nodiscard]] double placementLoad(std::uint32_t index) const;
 
   // Intent.
   struct ApplyPlan {
@@ -217,6 +218,7 @@ class ControlPlane final : public ControlApi {
   Millis flowCountAt_ = 0;  // when the pending count was asked; 0 = none pending
   Millis lastFlowRequest_ = 0;
   std::vector<LcoreFlowCounts> lastFlows_;
+  std::uint64_t flowsCounted_ = 0;  // the request number lastFlows_ answers
   // Indices recycled while the pending flow count ran: its numbers for them
   // may include the purged entries, so they are not used.
   std::set<std::uint32_t> recycledDuringCount_;
@@ -243,6 +245,7 @@ class ControlPlane final : public ControlApi {
   ByteRateMeter byteRates_;
   std::vector<std::uint64_t> bytesScratch_;
   Millis nextRateSample_ = 0;
+  std::uint64_t loadsEpoch_ = 0;  // flowsCounted_ as last published to the placement loads
   bool peersPending_ = false;  // the peers' exceptions changed since the last rebuild
   Millis peersBuiltAt_ = 0;
   std::uint64_t peersSyncGeneration_ = 0;  // the first snapshot built once synced

@@ -21,7 +21,7 @@ bool sameInput(const std::vector<MaglevBackend>& a, const std::vector<MaglevBack
 
 SnapshotBuilder::SnapshotBuilder(std::uint32_t maxBackends)
     : maxBackends_(std::clamp<std::uint32_t>(maxBackends, 1, kMaxBackends)),
-      placementRates_(std::make_shared<BackendRates>(kBackendSlots)) {}
+      placementLoads_(std::make_shared<BackendLoads>(kBackendSlots)) {}
 
 VipLoad* SnapshotBuilder::vipLoad(const std::string& vip) {
   auto it = vipLoads_.find(vip);
@@ -530,7 +530,7 @@ std::unique_ptr<ForwardingSnapshot> SnapshotBuilder::build(std::uint64_t generat
         p->share[s.backendIndex] = static_cast<float>(s.entries) / static_cast<float>(v.tableSize);
       }
     }
-    p->rates = placementRates_;
+    p->loads = placementLoads_;
     p->load = load;
     snapshot->vips[i].placement = std::move(p);
   }

@@ -187,11 +187,11 @@ class SnapshotBuilder {
   void setExceptions(std::shared_ptr<const ExceptionTable> exceptions) {
     exceptions_ = std::move(exceptions);
   }
-  // Byte-aware placement (spillway/placement.hpp): the per-backend byte
-  // rates and the per-VIP totals that every snapshot's placing VIPs point
-  // to, written by the control plane's rate meter between builds. vipLoad()
-  // is null for a VIP that does not place by bytes (or does not exist).
-  [[nodiscard]] BackendRates& placementRates() noexcept { return *placementRates_; }
+  // Load-aware placement (spillway/placement.hpp): the per-backend loads
+  // and the per-VIP totals that every snapshot's placing VIPs point to,
+  // written by the control plane between builds. vipLoad() is null for a VIP
+  // that does not place by bytes (or does not exist).
+  [[nodiscard]] BackendLoads& placementLoads() noexcept { return *placementLoads_; }
   [[nodiscard]] VipLoad* vipLoad(const std::string& vip);
   // The VIP's table as last built, or null.
   [[nodiscard]] const MaglevTable* currentTable(const std::string& vip) const;
@@ -258,7 +258,7 @@ class SnapshotBuilder {
   std::map<std::string, std::map<std::uint64_t, std::uint32_t>> vipWeights_;
   MaglevBuilder maglev_;
   std::shared_ptr<const ExceptionTable> exceptions_;
-  std::shared_ptr<BackendRates> placementRates_;
+  std::shared_ptr<BackendLoads> placementLoads_;
   std::map<std::string, std::shared_ptr<VipLoad>> vipLoads_;  // placing VIPs, by name
   std::vector<VipBuildReport> lastBuild_;
   std::string lastError_;

@@ -143,7 +143,6 @@ std::unique_ptr<DpdkDataplane> DpdkDataplane::open(const Options& options, std::
     wc.idleSleepUs = options.idleSleepUs;
     wc.flowTable = options.flowTable;
     wc.hashSeed = options.hashSeed;
-    wc.placementHalfLife = options.placementHalfLife;
     try {
       dp->workers_.push_back(
           std::make_unique<Worker>(wc, dp->ports_.ports(), dp->qsbr_, dp->publisher_));
@@ -339,6 +338,12 @@ DataplaneCounters DpdkDataplane::counters() const {
         w->flowTable().occupancy, wc.snapshotGeneration.read(), wc.idleSleeps.read()});
   }
   return c;
+}
+
+std::uint64_t DpdkDataplane::placedOffTable() const {
+  std::uint64_t n = 0;
+  for (const auto& w : workers_) n += w->steering().placedOffTable.read();
+  return n;
 }
 
 void DpdkDataplane::backendBytes(std::span<std::uint64_t> out) const {

@@ -41,7 +41,6 @@ class DpdkDataplane final : public Dataplane {
     std::uint32_t idleSleepUs = 0;  // WorkerConfig::idleSleepUs
     FlowTableConfig flowTable{};
     std::uint64_t hashSeed = 0;
-    Millis placementHalfLife = kDefaultPlacementHalfLife;
     std::function<void(const std::string&)> log;  // progress lines
   };
 
@@ -77,6 +76,7 @@ class DpdkDataplane final : public Dataplane {
   [[nodiscard]] std::optional<std::string> syncVips(std::span<const VipKey> vips) override;
   [[nodiscard]] DataplaneCounters counters() const override;
   void backendBytes(std::span<std::uint64_t> out) const override;
+  [[nodiscard]] std::uint64_t placedOffTable() const override;
   [[nodiscard]] std::vector<std::uint64_t> workerRounds() const override;
 
  private:

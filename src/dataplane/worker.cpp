@@ -46,7 +46,7 @@ Worker::Worker(const WorkerConfig& config, const std::vector<OpenPort>& ports, Q
     : config_(config),
       qsbr_(qsbr),
       publisher_(publisher),
-      steering_(config.flowTable, config.hashSeed, config.placementHalfLife),
+      steering_(config.flowTable, config.hashSeed),
       countScratch_(kBackendSlots, 0),
       liveFlows_(std::make_unique<Counter[]>(kBackendSlots)),
       exportChunk_(kExportChunk),
@@ -175,6 +175,7 @@ void Worker::countFlowsSlice(std::uint64_t nowMs) noexcept {
     if (req == flowCountDone_.load(std::memory_order_relaxed)) return;
     countingFor_ = req;
     countCursor_ = 0;
+    steering_.beginPlacementEpoch(req);
     std::fill(countScratch_.begin(), countScratch_.end(), 0);
   }
   FlowTable& table = steering_.flowTable();

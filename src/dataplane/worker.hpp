@@ -59,7 +59,6 @@ struct WorkerConfig {
   std::uint32_t idleSleepUs = 0;
   FlowTableConfig flowTable{};
   std::uint64_t hashSeed = 0;
-  Millis placementHalfLife = kDefaultPlacementHalfLife;  // spillway/placement.hpp
 };
 
 struct WorkerCounters {

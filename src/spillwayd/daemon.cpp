@@ -123,7 +123,6 @@ int runDaemon(const Config& configIn, const DaemonOptions& options) {
   dpOptions.idleSleepUs = config.dataplane.idleSleepUs;
   dpOptions.flowTable = FlowTableConfig{config.dataplane.flowCapacity, config.dataplane.timeouts};
   dpOptions.hashSeed = config.dataplane.hashSeed;
-  dpOptions.placementHalfLife = config.placement.halfLife;
   dpOptions.log = log;
   std::string error;
   std::unique_ptr<DpdkDataplane> dataplane = DpdkDataplane::open(dpOptions, error);

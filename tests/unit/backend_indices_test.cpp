@@ -140,6 +140,7 @@ class LaggingDataplane final : public Dataplane {
   }
   std::optional<std::string> syncVips(std::span<const VipKey>) override { return std::nullopt; }
   DataplaneCounters counters() const override { return {}; }
+  std::uint64_t placedOffTable() const override { return 0; }
   void backendBytes(std::span<std::uint64_t> out) const override {
     std::fill(out.begin(), out.end(), 0);
   }

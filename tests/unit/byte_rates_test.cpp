@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <numeric>
 
 #include "control/byte_rates.hpp"
@@ -196,6 +197,49 @@ TEST_F(PlacementControl, APlainVipHasNoPlacementAndHalfLifeNeedsARestart) {
   std::remove(path.c_str());
   ASSERT_TRUE(std::holds_alternative<ApiError>(r));
   EXPECT_NE(std::get<ApiError>(r).message.find("half_life"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace spillway
+
+namespace spillway {
+namespace {
+
+// Flows placed off their table entry are exceptions with no table change:
+// the next checkpoint comes [placement]-soon (AffinityKeeper placedInterval),
+// not a minute later.
+TEST_F(PlacementControl, FlowsPlacedOffTheTableAreCheckpointedWithinASecond) {
+  char tmpl[] = "/tmp/spillway-placed-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  auto r = loadConfigFromString(placingEstate("\n[control]\nstate_dir = \"" + dir + "\"\n"),
+                                "test.toml");
+  ASSERT_TRUE(r) << formatErrors(r.errors());
+  SnapshotBuilder builder;
+  ASSERT_FALSE(builder.setConfig(r.value()));
+  ControlPlane c(r.value(), "test.toml", builder, &dp_, 0);
+  dp_.publish(c.takeSnapshot(0));
+  const auto tick = [&](Millis t) {
+    if (c.tick(t)) dp_.publish(c.takeSnapshot(t));
+  };
+  Millis t = 0;
+  for (; t <= 3000; t += 10) tick(t);
+  const std::uint64_t before = c.affinity().stats().checkpoints;
+  ASSERT_GE(before, 1u) << c.affinity().stats().lastError;
+  for (; t <= 6000; t += 10) tick(t);
+  EXPECT_EQ(c.affinity().stats().checkpoints, before) << "no change, no placement: no checkpoint";
+  // A worker places a flow on b3 whose table entry is elsewhere.
+  const std::uint32_t b3 = builder.indexOf(backendIdFromName("b3"));
+  std::uint64_t hash = 1;
+  while (dp_.latest->vips[0].table.lookup(hash) == b3) hash += 7919;
+  dp_.exportFlows.push_back(ExportedFlow{hash, b3, FlowState::Established, 0});
+  dp_.stats.placedOffTable = 1;
+  const Millis placedAt = t;
+  for (; t <= placedAt + 1500 && c.affinity().stats().checkpoints == before; t += 10) tick(t);
+  EXPECT_EQ(c.affinity().stats().checkpoints, before + 1);
+  EXPECT_LE(t - placedAt, 1200u);
+  EXPECT_EQ(c.affinity().stats().lastExceptions, 1u);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

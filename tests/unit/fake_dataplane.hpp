@@ -53,6 +53,7 @@ class FakeDataplane final : public Dataplane {
     return std::nullopt;
   }
   [[nodiscard]] DataplaneCounters counters() const override { return stats; }
+  [[nodiscard]] std::uint64_t placedOffTable() const override { return stats.placedOffTable; }
   void backendBytes(std::span<std::uint64_t> out) const override {
     for (std::size_t i = 0; i < out.size(); ++i) {
       out[i] = i < stats.backendBytes.size() ? stats.backendBytes[i] : 0;

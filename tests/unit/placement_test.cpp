@@ -1,5 +1,5 @@
-// Byte-aware placement (spillway/placement.hpp): the bounded-load rule on its
-// own (counts, measured rates, weights, decay), and through the data path
+// Load-aware placement (spillway/placement.hpp): the bounded-load rule on its
+// own (counts, published loads, weights, ledger epochs), and through the data path
 // (a placed connection is tracked, stays, is an exception, and falls back to
 // the table's entry when it cannot be tracked).
 #include <gtest/gtest.h>
@@ -64,7 +64,7 @@ class PlacementTest : public ::testing::Test {
       for (const MaglevShare& sh : built.shares) {
         p->share[sh.backendIndex] = static_cast<float>(sh.entries) / kTableSize;
       }
-      p->rates = rates_;
+      p->loads = loads_;
       p->load = load_;
       placement_ = p;
       v.placement = p;
@@ -91,12 +91,15 @@ class PlacementTest : public ::testing::Test {
     steering_->steerBurst(std::span(&f.ref, 1), std::span(&r, 1), *snapshot_, now_);
     return r;
   }
-  void setRate(std::uint32_t index, std::uint64_t bytesPerSecond, std::uint32_t backends) {
-    rates_->set(index, bytesPerSecond);
-    std::uint64_t total = 0;
-    for (std::uint32_t i = 1; i <= backends; ++i) total += rates_->get(i);
-    load_->totalRate = total;
-    load_->backendRate = std::max<std::uint64_t>(1, total / backends);
+  // Publishes backend `index`'s load (in flows), the VIP's total over
+  // `backends`, as of flow count `epoch`.
+  void setLoad(std::uint32_t index, double flows, std::uint32_t backends,
+               std::uint64_t epoch = 0) {
+    loads_->set(index, static_cast<std::uint64_t>(flows * kLoadScale));
+    double total = 0;
+    for (std::uint32_t i = 1; i <= backends; ++i) total += loads_->flows(i);
+    load_->milliFlows = static_cast<std::uint64_t>(total * kLoadScale);
+    loads_->setEpoch(epoch);
   }
   // Backends of `flows` new connections (source ports from `first`).
   std::map<std::uint32_t, int> openFlows(int flows, std::uint16_t first = 20000) {
@@ -123,7 +126,7 @@ class PlacementTest : public ::testing::Test {
 
   MaglevBuilder builder_;
   std::uint64_t generation_ = 0;
-  std::shared_ptr<BackendRates> rates_ = std::make_shared<BackendRates>(kBackendSlots);
+  std::shared_ptr<BackendLoads> loads_ = std::make_shared<BackendLoads>(kBackendSlots);
   std::shared_ptr<VipLoad> load_ = std::make_shared<VipLoad>();
   std::shared_ptr<const VipPlacement> placement_;
   std::unique_ptr<ForwardingSnapshot> snapshot_;
@@ -132,18 +135,31 @@ class PlacementTest : public ::testing::Test {
   Millis now_ = 1'000'000;
 };
 
-TEST(RecentPlacements, DecayWithTheirHalfLife) {
-  RecentPlacements recent(16, 1000);
-  recent.add(3, 7, 5000);
-  recent.add(3, 7, 5000);
-  EXPECT_DOUBLE_EQ(recent.backend(3, 5000), 2.0);
-  EXPECT_NEAR(recent.backend(3, 6000), 1.0, 1e-6);
-  EXPECT_NEAR(recent.vip(7, 7000), 0.5, 1e-6);
-  EXPECT_EQ(recent.backend(4, 5000), 0.0);
-  EXPECT_EQ(recent.backend(99, 5000), 0.0);  // beyond the slots: nothing, no crash
-  EXPECT_EQ(recent.backend(3, 5000 + 30 * 1000), 0.0);
-  recent.add(3, 7, 6000);  // 1 left of the 2, plus 1
-  EXPECT_NEAR(recent.backend(3, 6000), 2.0, 1e-6);
+TEST(PlacementLedger, CountsPlacementsSinceAnEpoch) {
+  PlacementLedger ledger(16);
+  ledger.add(3, 7);
+  ledger.add(3, 7);
+  EXPECT_EQ(ledger.backend(3, 0), 2u);
+  EXPECT_EQ(ledger.vip(7, 0), 2u);
+  ledger.beginEpoch(1);  // flow count 1 starts: it will include those two
+  ledger.add(3, 7);
+  EXPECT_EQ(ledger.backend(3, 0), 3u);  // the published loads are still count 0's
+  EXPECT_EQ(ledger.backend(3, 1), 1u);  // count 1's are out: only what it may lack
+  EXPECT_EQ(ledger.vip(7, 1), 1u);
+  EXPECT_EQ(ledger.backend(4, 1), 0u);
+  EXPECT_EQ(ledger.backend(99, 0), 0u);  // beyond the slots: nothing, no crash
+  ledger.beginEpoch(2);
+  ledger.beginEpoch(2);  // again: nothing changes
+  ledger.add(3, 7);
+  EXPECT_EQ(ledger.backend(3, 1), 2u);
+  EXPECT_EQ(ledger.backend(3, 2), 1u);
+  // Counts the lcore never started, and loads older than the epochs kept:
+  // the kept epochs, all of them.
+  ledger.beginEpoch(9);
+  ledger.add(3, 7);
+  EXPECT_EQ(ledger.backend(3, 9), 1u);
+  EXPECT_EQ(ledger.backend(3, 2), 1u);
+  EXPECT_EQ(ledger.backend(3, 3), 1u);
 }
 
 // Sixteen NCCL connections opened at once over eight equal backends: nothing
@@ -173,15 +189,38 @@ TEST_F(PlacementTest, TheFirstFlowAndBalancedLoadsKeepTheTableEntry) {
   EXPECT_EQ(steering_->counters().placedOffTable.read(), 0u);
 }
 
-// Measured bytes: a backend carrying an elephant gets no new flow while
-// the others are idle, whatever the table says.
-TEST_F(PlacementTest, MeasuredBytesSteerAwayFromTheLoadedBackend) {
+// A loaded backend (published load: 10 flows, or their bytes) gets no new
+// flow until the others carry as much, whatever the table says.
+TEST_F(PlacementTest, PublishedLoadSteersAwayFromTheLoadedBackend) {
   publish(std::vector<std::uint32_t>(4, 100));
-  setRate(2, 1'000'000'000, 4);
-  for (std::uint16_t port = 31000; port < 31040; ++port) {
-    EXPECT_NE(steer(port).backend, 2u) << port;
-    now_ += 10'000;  // placements forgotten: only the measured rates count
+  setLoad(2, 10, 4);
+  const auto placed = openFlows(24, 31000);
+  EXPECT_EQ(placed.count(2), 0u);
+  // Bounded: f * (10 + 24) / 4 = 10.6 flows a backend at most.
+  EXPECT_LE(maxOf(placed), 10);
+  // Balanced now (10, 8, 8, 8 within the factor): backend 2 takes its turn.
+  EXPECT_GT(openFlows(16, 32000).count(2), 0u);
+}
+
+// The lcore's own placements count until a flow count holds them, then
+// only the count does: after count 1 found none of the first burst's flows
+// (they ended), new flows are as free as in an empty estate and keep their
+// table entries.
+TEST_F(PlacementTest, PlacementsCountUntilAFlowCountHoldsThem) {
+  publish(std::vector<std::uint32_t>(4, 100));
+  ASSERT_EQ(maxOf(openFlows(8, 33000)), 2);
+  steering_->beginPlacementEpoch(1);
+  setLoad(1, 0, 4, /*epoch=*/1);
+  for (std::uint16_t port = 34000; port < 34003; ++port) {
+    // One at a time, each on a fresh lcore epoch: none is held by the others.
+    EXPECT_EQ(steer(port).backend, snapshot_->vips[0].table.lookup(hashOf(port))) << port;
+    steering_->beginPlacementEpoch(port - 34000 + 2);
+    setLoad(1, 0, 4, port - 34000 + 2);
   }
+  const PlacementLedger& ledger = steering_->placementLedger();
+  EXPECT_EQ(ledger.backend(1, 4) + ledger.backend(2, 4) + ledger.backend(3, 4) +
+                ledger.backend(4, 4),
+            0u);
 }
 
 // Weights keep their meaning: no backend takes more than the balance
@@ -227,9 +266,9 @@ TEST_F(PlacementTest, PlacedConnectionsStayAndAreExceptions) {
 TEST_F(PlacementTest, AnUntrackablePlacementFallsBackToTheTable) {
   publish(std::vector<std::uint32_t>(4, 100), true, /*flowCapacity=*/4);
   for (std::uint16_t port = 40000; port < 40200; ++port) (void)steer(port);  // fill it
-  setRate(1, 1'000'000'000, 4);
-  setRate(2, 1'000'000'000, 4);
-  setRate(3, 1'000'000'000, 4);
+  setLoad(1, 1000, 4);
+  setLoad(2, 1000, 4);
+  setLoad(3, 1000, 4);
   int checked = 0;
   for (std::uint16_t port = 41000; port < 41400; ++port) {
     const std::uint32_t table = snapshot_->vips[0].table.lookup(hashOf(port));

@@ -4,37 +4,51 @@
 
 namespace spillway {
 
-RecentPlacements::RecentPlacements(std::size_t slots, Millis halfLife)
-    : byBackend_(std::make_unique<Decayed[]>(slots)),
-      slots_(slots),
-      halfLife_(static_cast<std::uint32_t>(std::clamp<Millis>(halfLife, 1, 3'600'000))) {}
-
-void RecentPlacements::bump(Decayed& d, Millis now) noexcept {
-  d.count = static_cast<float>(decayed(d, now) + 1.0);
-  d.stamp = static_cast<std::uint32_t>(now);
+PlacementLedger::PlacementLedger(std::size_t slots) : slots_(slots) {
+  for (auto& epoch : byBackend_) epoch = std::make_unique<std::uint32_t[]>(slots);
 }
 
-void RecentPlacements::add(std::uint32_t index, std::uint8_t tag, Millis now) noexcept {
-  if (index < slots_) bump(byBackend_[index], now);
-  bump(byVip_[tag & FlowTable::kMaxVipTag], now);
+void PlacementLedger::beginEpoch(std::uint64_t n) noexcept {
+  if (n <= epoch_) return;
+  // Epochs skipped (counts this lcore never saw) start empty too.
+  for (std::uint64_t e = std::max(epoch_ + 1, n + 1 > kEpochs ? n + 1 - kEpochs : 0); e <= n;
+       ++e) {
+    std::fill_n(byBackend_[e % kEpochs].get(), slots_, 0U);
+    byVip_[e % kEpochs].fill(0);
+  }
+  epoch_ = n;
+}
+
+void PlacementLedger::add(std::uint32_t index, std::uint8_t tag) noexcept {
+  if (index < slots_) ++byBackend_[epoch_ % kEpochs][index];
+  ++byVip_[epoch_ % kEpochs][tag & FlowTable::kMaxVipTag];
+}
+
+std::uint32_t PlacementLedger::backend(std::uint32_t index, std::uint64_t since) const noexcept {
+  if (index >= slots_) return 0;
+  return sum(since, [&](std::size_t e) { return byBackend_[e][index]; });
+}
+
+std::uint32_t PlacementLedger::vip(std::uint8_t tag, std::uint64_t since) const noexcept {
+  return sum(since, [&](std::size_t e) { return byVip_[e][tag & FlowTable::kMaxVipTag]; });
 }
 
 Placement placeNewFlow(const MaglevTable& table, const VipPlacement& placement,
-                       const RecentPlacements& recent, std::uint64_t hash, std::uint8_t vipTag,
-                       Millis now) noexcept {
+                       const PlacementLedger& ledger, std::uint64_t hash,
+                       std::uint8_t vipTag) noexcept {
   Placement out;
   const std::span<const std::uint32_t> entries = table.entries();
   const std::uint32_t size = table.size();
   const std::uint32_t first = MaglevTable::slotOf(hash, size);
   out.tableBackend = entries[first];
   out.backend = out.tableBackend;
-  if (out.tableBackend == 0 || placement.rates == nullptr || placement.load == nullptr) {
+  if (out.tableBackend == 0 || placement.loads == nullptr || placement.load == nullptr) {
     return out;
   }
-  const double total = static_cast<double>(static_cast<std::uint64_t>(placement.load->totalRate));
-  const double perFlow = std::max(1.0, static_cast<double>(static_cast<std::uint64_t>(placement.load->backendRate)));
-  const double budget =
-      placement.balanceFactor * (total + perFlow * (recent.vip(vipTag, now) + 1.0));
+  const std::uint64_t since = placement.loads->epoch();
+  const double total = static_cast<double>(static_cast<std::uint64_t>(placement.load->milliFlows)) /
+                       kLoadScale;
+  const double budget = placement.balanceFactor * (total + ledger.vip(vipTag, since) + 1.0);
   const std::uint32_t wanted =
       std::clamp<std::uint32_t>(placement.candidates, 1, kMaxPlacementCandidates);
   const std::uint32_t walk = std::min(size, kMaxPlacementWalk);
@@ -52,11 +66,8 @@ Placement placeNewFlow(const MaglevTable& table, const VipPlacement& placement,
     seen[seenCount++] = b;
     const double share =
         b < placement.share.size() && placement.share[b] > 0 ? placement.share[b] : 1e-9;
-    const double after = static_cast<double>(placement.rates->get(b)) +
-                         perFlow * (recent.backend(b, now) + 1.0);
-    // (max with one flow: like the ceiling in bounded loads, an idle backend
-    // may always take a flow, so the first flows keep their table entries)
-    if (after <= std::max(budget * share, perFlow)) {
+    const double after = placement.loads->flows(b) + ledger.backend(b, since) + 1.0;
+    if (after <= std::max(budget * share, 1.0)) {
       out.backend = b;
       out.candidates = seenCount;
       return out;

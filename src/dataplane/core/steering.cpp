@@ -54,9 +54,8 @@ bool isEchoRequest(const PacketView& v) noexcept {
 
 }  // namespace
 
-Steering::Steering(const FlowTableConfig& flowTable, std::uint64_t hashSeed,
-                   Millis placementHalfLife)
-    : hasher_(hashSeed), flows_(flowTable), recent_(kBackendSlots, placementHalfLife) {}
+Steering::Steering(const FlowTableConfig& flowTable, std::uint64_t hashSeed)
+    : hasher_(hashSeed), flows_(flowTable), ledger_(kBackendSlots) {}
 
 void Steering::placeAndForward(const FrameRef& frame, Pending& p, SteerResult& r,
                                const ForwardingSnapshot& snapshot, Millis now) noexcept {
@@ -67,7 +66,7 @@ void Steering::placeAndForward(const FrameRef& frame, Pending& p, SteerResult& r
     encapsulateTo(frame, p.view, p.hash, earlier, r, snapshot);
     return;
   }
-  const Placement placed = placeNewFlow(vip.table, *vip.placement, recent_, p.hash, vip.tag, now);
+  const Placement placed = placeNewFlow(vip.table, *vip.placement, ledger_, p.hash, vip.tag);
   std::uint32_t backend = placed.backend;
   if (backend == 0) {
     drop(r, DropReason::NoBackend);
@@ -100,7 +99,7 @@ void Steering::placeAndForward(const FrameRef& frame, Pending& p, SteerResult& r
   }
   counters_.newFlows.add();
   r.newFlow = true;
-  recent_.add(backend, vip.tag, now);
+  ledger_.add(backend, vip.tag);
 }
 
 void Steering::drop(SteerResult& r, DropReason reason) noexcept {
