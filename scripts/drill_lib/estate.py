@@ -347,11 +347,19 @@ class Estate:
                 lines += [f"{k} = {toml_value(v)}" for k, v in load.items()
                           if k not in ("gpu", "queue")]
                 lines.append("")
+        # [estate] nccl_placement = "bytes": the flows' VIP places new
+        # connections by bytes (spillway/placement.hpp); [placement] tunes it.
+        placing = sc["estate"].get("nccl_placement")
         lines += ["[[vip]]", 'name = "nccl"', f'address = "{VIP_FLOWS}"', 'protocol = "tcp"',
-                  "port = 0", f'pools = {toml_value(list(sc["pools"]))}', "",
-                  "[[vip]]", 'name = "grpc"', f'address = "{VIP_GRPC}"', 'protocol = "tcp"',
+                  "port = 0", f'pools = {toml_value(list(sc["pools"]))}']
+        lines += ([f"placement = {toml_value(placing)}"] if placing else []) + [""]
+        lines += ["[[vip]]", 'name = "grpc"', f'address = "{VIP_GRPC}"', 'protocol = "tcp"',
                   f"port = {GRPC_PORT}", "table_size = 4099",
                   f'pools = {toml_value(list(sc["pools"]))}', ""]
+        if sc.get("placement"):
+            lines += ["[placement]"] + [f"{k} = {toml_value(v)}"
+                                        for k, v in sc["placement"].items()]
+            lines.append("")
         if sc.get("policy"):
             lines += ["[policy]"] + [f"{k} = {toml_value(v)}" for k, v in sc["policy"].items()]
             lines.append("")

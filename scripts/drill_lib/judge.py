@@ -211,6 +211,37 @@ def percentile(values, q):
     return v[min(len(v) - 1, int(round(q * (len(v) - 1))))]
 
 
+def byte_balance(per_backend, backends):
+    """max / mean of bytes over `backends` (those with none count as 0)."""
+    values = [per_backend.get(b, 0) for b in backends]
+    mean = sum(values) / len(values) if values else 0
+    return round(max(values) / mean, 3) if mean > 0 else None
+
+
+def judge_byte_balance(d, model, inv, m, check):
+    """The long-lived flows' bytes per backend (the flow checker's own count
+    of what each flow sent, by the backend its hello named), their max/mean
+    over the VIP's backends, and what plain Maglev would have made of the
+    same connections (each flow's bytes on the model's backend)."""
+    backends = sorted(d.e.backends)
+    placed, table = {}, {}
+    for f in d.flow_report["flows"]:
+        if not f.get("backend") or not f.get("local_port"):
+            continue
+        placed[f["backend"]] = placed.get(f["backend"], 0) + f["bytes_sent"]
+        would = model.backend(CLIENT, f["local_port"], VIP_FLOWS, DATA_PORT)
+        table[would] = table.get(would, 0) + f["bytes_sent"]
+    m["byte_balance"] = {"backends": len(backends), "placed": byte_balance(placed, backends),
+                         "plain_maglev": byte_balance(table, backends),
+                         "bytes": placed, "plain_maglev_bytes": table}
+    limit = inv.get("bytes_balance_max")
+    if limit is not None:
+        got = m["byte_balance"]["placed"]
+        check("bytes_balance", got is not None and got <= limit,
+              f"max/mean bytes per backend {got} (at most {limit}; plain Maglev on the same "
+              f"connections: {m['byte_balance']['plain_maglev']})")
+
+
 def judge(d):
     sc, inv, mon = d.sc, d.sc["invariants"], d.monitor
     stall = sc["stall_ms"]
@@ -398,10 +429,16 @@ def judge(d):
              for port, got in placed
              if model.backend(CLIENT, port, VIP_FLOWS, DATA_PORT) != got]
     m["placement"] = {"checked": len(placed), "wrong": len(wrong)}
-    check("placement", placed and not wrong,
-          f"{len(placed) - len(wrong)} of {len(placed)} new flows before the first action on "
-          f"the backend the Maglev model predicts" +
-          (f"; first mismatches (port, got, model): {wrong[:5]}" if wrong else ""))
+    if "bytes_balance_max" in inv or "nccl_placement" in sc["estate"]:
+        judge_byte_balance(d, model, inv, m, check)
+    if sc["estate"].get("nccl_placement") == "bytes":
+        # Placed by load, not by the table alone: judged by their balance.
+        m["placement"]["by_load"] = True
+    else:
+        check("placement", placed and not wrong,
+              f"{len(placed) - len(wrong)} of {len(placed)} new flows before the first action "
+              f"on the backend the Maglev model predicts" +
+              (f"; first mismatches (port, got, model): {wrong[:5]}" if wrong else ""))
 
     # Every new flow: failed or slower than connect_slow_ms to connect + hello.
     news = [{"kind": "probe", "t": p["t"], "backend": p["backend"], "ok": p["ok"],

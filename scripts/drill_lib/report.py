@@ -35,6 +35,7 @@ def build(d, measurements, verdicts):
         "tier": measurements.get("tier"),
         "new_flow_connect": measurements.get("new_flow_connect"),
         "placement": measurements.get("placement"),
+        "byte_balance": measurements.get("byte_balance"),
         "new_flows": new_flow_shares(d),
         "invariants": verdicts,
         "passed": ok,
@@ -66,6 +67,10 @@ def summary(rep, out_dir):
     lines.append(f"  flows: {f['total']} long-lived TCP"
                  + (f", {g['total']} gRPC streams" if g else "")
                  + (f", {len(rep['elephants'])} iperf3 elephants" if rep["elephants"] else ""))
+    bb = rep.get("byte_balance")
+    if bb and bb.get("placed") is not None:
+        lines.append(f"  bytes per backend, max/mean over {bb['backends']}: {bb['placed']} "
+                     f"(plain Maglev on the same connections: {bb['plain_maglev']})")
     lines.append(f"  broken: {rep['broken']['theirs']} theirs (on "
                  f"{', '.join(rep['victims']) or 'no victim'}), {rep['broken']['others']} others'"
                  f" (stall threshold {rep['stall_ms']} ms); longest pause of a surviving flow "

@@ -54,7 +54,7 @@ INVARIANTS = {"others_broken_max", "victims_broken_min", "victims", "detection_m
               "restart_outage_max_s", "new_flows_failed_max", "intent_kept",
               "flows_before_checkpoint_keep_backend", "reload_reply_names_changes",
               "elephants_placed", "router_withdraw_max_s", "joins_after_warmup",
-              "instances_carry_flows"}
+              "instances_carry_flows", "bytes_balance_max"}
 
 # A new flow (probe or long-lived flow) whose connect + hello takes longer
 # than this is slow: a lost SYN costs TCP's 1 s initial retransmission
@@ -149,6 +149,9 @@ def validate(sc, path):
     sc.setdefault("connect_slow_ms", DEFAULT_CONNECT_SLOW_MS)
     if not isinstance(sc["connect_slow_ms"], (int, float)) or sc["connect_slow_ms"] <= 0:
         bad("connect_slow_ms must be a positive number of milliseconds")
+    if est.get("nccl_placement", "table") not in ("table", "bytes"):
+        bad(f"estate.nccl_placement must be \"table\" or \"bytes\", not "
+            f"{est['nccl_placement']!r}")
     tier = est.setdefault("instances", 0)
     if not isinstance(tier, int) or tier not in (0, 2, 3, 4):
         bad(f"estate.instances must be 0 (one gateway) or 2..4 (a tier), not {tier!r}")

@@ -41,6 +41,7 @@ class FlowCheck:
         args = [estate.tools.flowcheck, "client", "--target", f"{VIP_FLOWS}:{DATA_PORT}",
                 "--flows", str(traffic.get("flows", 60)), "--bind", CLIENT,
                 "--interval-ms", str(traffic.get("interval_ms", 50)),
+                "--chunk", str(traffic.get("chunk", 256)),
                 "--stall-ms", str(stall_ms),
                 "--probe-rate", str(traffic.get("probe_rate", 20)),
                 "--timeline", self.timeline, "--timeline-ms", "100",

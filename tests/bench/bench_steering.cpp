@@ -46,7 +46,12 @@ constexpr std::size_t kTableCapacity = std::size_t{1} << 20;
 constexpr std::uint64_t kSeed = 0x9c4f1d2e7b3a5860ULL;
 constexpr Millis kNow = 1'000'000;
 
-std::unique_ptr<ForwardingSnapshot> makeSnapshot() {
+// Placement's published loads for the SYN cases with placement = "bytes":
+// every backend equal (each SYN takes its table entry after the bound check),
+// or half of them loaded past the bound (half the SYNs walk the table).
+enum class Placing { No, Balanced, Skewed };
+
+std::unique_ptr<ForwardingSnapshot> makeSnapshot(Placing placing = Placing::No) {
   auto s = std::make_unique<ForwardingSnapshot>();
   s->generation = 1;
   s->backends.resize(9);
@@ -67,7 +72,27 @@ std::unique_ptr<ForwardingSnapshot> makeSnapshot() {
   vip.key = {test::ipBytes("192.0.2.10"), IpVersion::V4, 6, 80};
   vip.name = "bench";
   MaglevBuilder builder;
-  vip.table = builder.build(mb, FlowHasher(kSeed), 65537).value().table;
+  MaglevBuild built = builder.build(mb, FlowHasher(kSeed), 65537).value();
+  vip.table = built.table;
+  if (placing != Placing::No) {
+    auto loads = std::make_shared<BackendLoads>(kBackendSlots);
+    auto total = std::make_shared<VipLoad>();
+    double sum = 0;
+    for (std::uint32_t i = 1; i <= 8; ++i) {
+      const double flows = placing == Placing::Balanced ? 100'000 : (i % 2 == 0 ? 400'000 : 0);
+      loads->set(i, static_cast<std::uint64_t>(flows * kLoadScale));
+      sum += flows;
+    }
+    total->milliFlows = static_cast<std::uint64_t>(sum * kLoadScale);
+    auto p = std::make_shared<VipPlacement>();
+    p->share.assign(9, 0.0F);
+    for (const MaglevShare& sh : built.shares) {
+      p->share[sh.backendIndex] = static_cast<float>(sh.entries) / 65537.0F;
+    }
+    p->loads = loads;
+    p->load = total;
+    vip.placement = p;
+  }
   s->vips.push_back(std::move(vip));
   s->indexVips();
   return s;
@@ -140,13 +165,14 @@ class BurstSource {
 };
 
 struct SteerCase {
-  std::unique_ptr<ForwardingSnapshot> snapshot = makeSnapshot();
+  std::unique_ptr<ForwardingSnapshot> snapshot;
   Steering steering{FlowTableConfig{.capacity = kTableCapacity}, kSeed};
   BurstSource source;
   std::array<SteerResult, kBurst> results{};
 
-  SteerCase(std::uint8_t flags, std::uint32_t base, std::uint64_t flows)
-      : source(flags, base, flows) {}
+  SteerCase(std::uint8_t flags, std::uint32_t base, std::uint64_t flows,
+            Placing placing = Placing::No)
+      : snapshot(makeSnapshot(placing)), source(flags, base, flows) {}
 
   // Number of frames in the burst that were not forwarded.
   std::size_t burst() noexcept {
@@ -161,14 +187,18 @@ struct SteerCase {
 // One case at a time, kept across the runs and repetitions of that case:
 // filling 1M flows takes a while, and the measured traffic leaves the table
 // as it found it (established) or as full as it was (SYN).
-SteerCase& steerCase(std::int64_t flows, bool syn) {
+SteerCase& steerCase(std::int64_t flows, bool syn, Placing placing = Placing::No) {
   static std::unique_ptr<SteerCase> current;
   static std::int64_t currentFlows = -1;
   static bool currentSyn = false;
-  if (current && currentFlows == flows && currentSyn == syn) return *current;
+  static Placing currentPlacing = Placing::No;
+  if (current && currentFlows == flows && currentSyn == syn && currentPlacing == placing) {
+    return *current;
+  }
   current.reset();
+  currentPlacing = placing;
   if (syn) {
-    current = std::make_unique<SteerCase>(kTcpSyn, kSynBase, 0);
+    current = std::make_unique<SteerCase>(kTcpSyn, kSynBase, 0, placing);
     for (std::size_t i = 0; i < 2 * kTableCapacity / kBurst; ++i) (void)current->burst();
   } else {
     current =
@@ -204,6 +234,20 @@ void steerSyn(benchmark::State& state) {
       static_cast<double>(c.steering.counters().flowInsertFailed.read());
 }
 BENCHMARK(steerSyn)->Name("SteerBurstSyn");
+
+// SYNs of a VIP with placement = "bytes" (spillway/placement.hpp), the table
+// full as in SteerBurstSyn: arg 0 every backend equally loaded, arg 1 half
+// of them past the bound.
+void steerSynPlaced(benchmark::State& state) {
+  SteerCase& c = steerCase(0, true, state.range(0) == 0 ? Placing::Balanced : Placing::Skewed);
+  std::size_t notForwarded = 0;
+  for (auto _ : state) notForwarded += c.burst();
+  if (notForwarded != 0) state.SkipWithError("SYNs were not forwarded");
+  reportPerPacket(state);
+  state.counters["placed_off_table"] =
+      static_cast<double>(c.steering.counters().placedOffTable.read());
+}
+BENCHMARK(steerSynPlaced)->Name("SteerBurstSynPlaced")->Arg(0)->Arg(1);
 
 void frameCopy(benchmark::State& state) {
   BurstSource source(kTcpAck, kEstablishedBase, 1'000'000);

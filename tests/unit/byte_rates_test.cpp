@@ -72,14 +72,13 @@ std::string placingEstate(const std::string& extra = "") {
 
 TEST(PlacementConfig, KeysAreReadAndBadValuesNamed) {
   auto ok = loadConfigFromString(placingEstate("\n[placement]\nbalance_factor = 1.5\n"
-                                               "candidates = 4\nhalf_life = 2.5\n"
+                                               "candidates = 4\n"
                                                "rate_interval = 0.2\nrate_smoothing = 3\n"),
                                  "t.toml");
   ASSERT_TRUE(ok) << formatErrors(ok.errors());
   EXPECT_EQ(ok.value().vips[0].placement, VipPlacementMode::Bytes);
   EXPECT_DOUBLE_EQ(ok.value().placement.balanceFactor, 1.5);
   EXPECT_EQ(ok.value().placement.candidates, 4u);
-  EXPECT_EQ(ok.value().placement.halfLife, 2500u);
   EXPECT_EQ(ok.value().placement.rateInterval, 200u);
   EXPECT_EQ(ok.value().placement.rateSmoothing, 3000u);
   auto plain = loadConfigFromString(test::onePoolEstate(2), "t.toml");
@@ -91,7 +90,7 @@ TEST(PlacementConfig, KeysAreReadAndBadValuesNamed) {
       {"\n[placement]\nbalance_factor = 11\n", "balance_factor"},
       {"\n[placement]\ncandidates = 0\n", "candidates"},
       {"\n[placement]\ncandidates = 17\n", "candidates"},
-      {"\n[placement]\nhalf_life = 0\n", "half_life"},
+      {"\n[placement]\nrate_interval = 0\n", "rate_interval"},
       {"\n[placement]\nrate_interval = -1\n", "rate_interval"},
       {"\n[placement]\nrate_smoothing = \"1s\"\n", "rate_smoothing"},
       {"\n[placement]\nbalance = 2\n", "balance"},
@@ -125,7 +124,7 @@ class PlacementControl : public ::testing::Test {
   test::FakeDataplane dp_;
 };
 
-TEST_F(PlacementControl, SnapshotsCarryTheSharesAndTheMeasuredRates) {
+TEST_F(PlacementControl, SnapshotsCarryTheSharesAndTheLoads) {
   SnapshotBuilder builder;
   ASSERT_FALSE(builder.setConfig(config()));
   ControlPlane c(config(), "test.toml", builder, &dp_, 0);
@@ -141,39 +140,50 @@ TEST_F(PlacementControl, SnapshotsCarryTheSharesAndTheMeasuredRates) {
     EXPECT_NEAR(p.share[builder.indexOf(backendIdFromName("b" + std::to_string(i)))], 0.25, 0.01);
   }
 
-  // The workers forward 3 MB/s to b1 and 1 MB/s to b3 for 5 s.
+  // The workers forward 3 MB/s to b1 (one flow), 1 MB/s to b3 (one flow),
+  // and b4 holds two idle flows: the mean flow carries 1 MB/s, so b1 counts
+  // as 3 flows, b3 as 1, b4 as its 2.
   const std::uint32_t b1 = builder.indexOf(backendIdFromName("b1"));
   const std::uint32_t b3 = builder.indexOf(backendIdFromName("b3"));
+  const std::uint32_t b4 = builder.indexOf(backendIdFromName("b4"));
   dp_.stats.backendBytes.assign(8, 0);
+  dp_.flowCounts = {LcoreFlowCounts{1, std::vector<std::uint64_t>(8, 0)}};
+  dp_.flowCounts[0].byBackend[b1] = 1;
+  dp_.flowCounts[0].byBackend[b3] = 1;
+  dp_.flowCounts[0].byBackend[b4] = 2;
+  dp_.answerFlowCounts = true;
   for (Millis t = 0; t <= 5000; t += 50) {
     dp_.stats.backendBytes[b1] = t * 3000;
     dp_.stats.backendBytes[b3] = t * 1000;
     (void)c.tick(t);
   }
-  EXPECT_NEAR(static_cast<double>(p.rates->get(b1)), 3e6, 3e6 * 0.02);
-  EXPECT_NEAR(static_cast<double>(p.rates->get(b3)), 1e6, 1e6 * 0.02);
-  EXPECT_NEAR(static_cast<double>(p.load->totalRate), 4e6, 4e6 * 0.02);
-  EXPECT_NEAR(static_cast<double>(p.load->backendRate), 1e6, 1e6 * 0.02);
+  EXPECT_NEAR(p.loads->flows(b1), 3.0, 0.06);
+  EXPECT_NEAR(p.loads->flows(b3), 1.0, 0.02);
+  EXPECT_NEAR(p.loads->flows(b4), 2.0, 1e-9);
+  EXPECT_NEAR(static_cast<double>(p.load->milliFlows) / kLoadScale, 6.0, 0.1);
+  EXPECT_GT(p.loads->epoch(), 0u) << "the loads name the flow count they hold";
   // The views show them.
   const Json list = std::get<Json>(c.backendList());
   EXPECT_NEAR(list[0]["byte_rate"].get<double>(), 3e6, 3e6 * 0.02);
+  EXPECT_NEAR(list[0]["placement_load_flows"].get<double>(), 3.0, 0.06);
   const Json vip = std::get<Json>(c.vipShow("nccl"));
   EXPECT_EQ(vip["placement"], "bytes");
-  EXPECT_NEAR(vip["byte_rate"].get<double>(), 4e6, 4e6 * 0.02);
-  EXPECT_NE(c.metricsText().find("spillway_backend_byte_rate{backend=\"b1\"}"), std::string::npos);
+  EXPECT_NEAR(vip["placement_load_flows"].get<double>(), 6.0, 0.1);
+  EXPECT_NE(c.metricsText().find("spillway_backend_placement_load{backend=\"b1\"}"),
+            std::string::npos);
 
-  // A later snapshot (b2 drained) reads the same rates; b2 owns no entry.
+  // A later snapshot (b2 drained) reads the same loads; b2 owns no entry.
   ASSERT_TRUE(std::holds_alternative<Json>(c.backendDrain("b2")));
   ASSERT_TRUE(c.tick(5050));
   dp_.publish(c.takeSnapshot(5050));
   const auto second = dp_.latest;
   ASSERT_NE(second->vips[0].placement, nullptr);
   EXPECT_EQ(second->vips[0].placement->load, p.load);
-  EXPECT_EQ(second->vips[0].placement->rates, p.rates);
+  EXPECT_EQ(second->vips[0].placement->loads, p.loads);
   EXPECT_EQ(second->vips[0].placement->share[builder.indexOf(backendIdFromName("b2"))], 0.0F);
 }
 
-TEST_F(PlacementControl, APlainVipHasNoPlacementAndHalfLifeNeedsARestart) {
+TEST_F(PlacementControl, APlainVipHasNoPlacement) {
   auto plain = loadConfigFromString(test::onePoolEstate(2) + "\n[control]\nstate_dir = \"\"\n",
                                     "test.toml");
   ASSERT_TRUE(plain);
@@ -183,20 +193,6 @@ TEST_F(PlacementControl, APlainVipHasNoPlacementAndHalfLifeNeedsARestart) {
   dp_.publish(c.takeSnapshot(0));
   EXPECT_EQ(dp_.latest->vips[0].placement, nullptr);
   EXPECT_EQ(std::get<Json>(c.vipShow("nccl"))["placement"], "table");
-
-  char tmpl[] = "/tmp/spillway-placement-XXXXXX";
-  ASSERT_NE(mkstemp(tmpl), -1);
-  const std::string path = tmpl;
-  {
-    std::FILE* f = std::fopen(path.c_str(), "w");
-    const std::string text = placingEstate("\n[placement]\nhalf_life = 5\n");
-    std::fwrite(text.data(), 1, text.size(), f);
-    std::fclose(f);
-  }
-  const ApiResult r = c.configReload(path);
-  std::remove(path.c_str());
-  ASSERT_TRUE(std::holds_alternative<ApiError>(r));
-  EXPECT_NE(std::get<ApiError>(r).message.find("half_life"), std::string::npos);
 }
 
 }  // namespace
