@@ -198,7 +198,7 @@ struct PolicyConfig {
   // regionSwitchWindows consecutive windows.
   double regionSwitchMargin = 0.2;
   double regionSwitchMarginMs = 10.0;
-  std::uint32_t regionSwitchWindows = 5;
+  std::uint32_t regionSwitchWindows = 10;
   // Degraded: latency above a bound (absolute ms, or factor x the median of
   // its pool's other Active backends and at least degradedLatencyMinMs) for
   // degradedWindows windows; 0 turns a bound off.
