@@ -192,8 +192,10 @@ class Drill:
             rec["gpu"], rec["queue"] = a.get("gpu", 10), a.get("queue", 0)
         elif do == "wan":
             settings = {k: a[k] for k in ("delay_ms", "jitter_ms", "loss") if k in a}
-            e.wan_set(**settings)
+            e.wan_set(a.get("line"), **settings)
             rec.update(settings)
+            if a.get("line"):
+                rec["line"] = a["line"]
         elif do == "restart-lb":
             sig = a.get("signal", "TERM")
             # What the daemon last said about its checkpoint, just before the
