@@ -158,7 +158,8 @@ PolicyDecision computeWeights(const PolicyConfig& config, const PolicyInput& inp
   for (std::size_t p = 0; p < nPools; ++p) {
     std::vector<double> known;
     for (const PolicyBackend& b : input.backends) {
-      if (b.pool == p && b.state == BackendState::Active && b.latencyMs) known.push_back(*b.latencyMs);
+      if (b.pool == p && b.state == BackendState::Active && b.latencyMs)
+        known.push_back(*b.latencyMs);
     }
     d.pools[p].latencyMs = medianOf(std::move(known));
     d.pools[p].region = isRegionLevel(config, input, input.pools[p].priority);
@@ -214,9 +215,9 @@ PolicyDecision computeWeights(const PolicyConfig& config, const PolicyInput& inp
         const std::size_t k = static_cast<std::size_t>(it - priorities.begin());
         std::vector<double> fill;
         for (const std::uint32_t p : order) {
-          const double cap = level[k].eligible > 0 ? config.overprovisioning * pool[p].activeLf /
-                                                         level[k].eligible
-                                                   : 0.0;
+          const double cap = level[k].eligible > 0
+                                 ? config.overprovisioning * pool[p].activeLf / level[k].eligible
+                                 : 0.0;
           fill.push_back(levelShare[k] > 0 ? cap / levelShare[k] : 0.0);
         }
         const std::vector<double> fraction = spillShares(fill, 1.0);
@@ -231,7 +232,8 @@ PolicyDecision computeWeights(const PolicyConfig& config, const PolicyInput& inp
       if (b.pool >= nPools || b.state != BackendState::Active) continue;
       const double wlfm = b.weight * d.backends[i].loadFactor * d.backends[i].latencyFactor;
       if (poolShare[b.pool] >= 0) {
-        if (pool[b.pool].activeLfm > 0) share[i] = poolShare[b.pool] * wlfm / pool[b.pool].activeLfm;
+        if (pool[b.pool].activeLfm > 0)
+          share[i] = poolShare[b.pool] * wlfm / pool[b.pool].activeLfm;
         continue;
       }
       const std::size_t k = levelOf[b.pool];
@@ -305,12 +307,10 @@ PolicyDecision WeightPolicy::decide(const PolicyInput& input) {
     b.latency = it->second.mark;
     b.latencyBoundMs = it->second.boundMs;
   }
-  for (const BackendDecision& b : d.backends) {
-    for (std::size_t i = 0; i < input.backends.size(); ++i) {
-      if (input.backends[i].id == b.id && b.latency == LatencyMark::Degraded &&
-          input.backends[i].pool < d.pools.size()) {
-        ++d.pools[input.backends[i].pool].degraded;
-      }
+  for (std::size_t i = 0; i < d.backends.size(); ++i) {  // in input order
+    const std::uint32_t pool = input.backends[i].pool;
+    if (d.backends[i].latency == LatencyMark::Degraded && pool < d.pools.size()) {
+      ++d.pools[pool].degraded;
     }
   }
   return d;
@@ -356,7 +356,8 @@ void WeightPolicy::updateDegraded(const PolicyInput& input) {
       double bound = std::numeric_limits<double>::infinity();
       if (c.degradedLatencyMs > 0) bound = c.degradedLatencyMs;
       if (const auto median = medianOf(std::move(peers)); median && c.degradedLatencyFactor > 0) {
-        bound = std::min(bound, std::max(c.degradedLatencyFactor * *median, c.degradedLatencyMinMs));
+        bound =
+            std::min(bound, std::max(c.degradedLatencyFactor * *median, c.degradedLatencyMinMs));
       }
       st.boundMs = std::isfinite(bound) ? std::optional(bound) : std::nullopt;
       if (*b.latencyMs > bound) {
@@ -486,8 +487,8 @@ LatencyPlan WeightPolicy::updateRegions(const PolicyInput& input) {
         rc.held = 0;
       } else {
         const Region* q = best(&rc.preferred);
-        const double margin = std::max(c.regionSwitchMargin * *pref->latency,
-                                       c.regionSwitchMarginMs);
+        const double margin =
+            std::max(c.regionSwitchMargin * *pref->latency, c.regionSwitchMarginMs);
         if (q != nullptr && *q->latency < *pref->latency - margin) {
           if (rc.challenger == nameOf(*q)) {
             ++rc.held;

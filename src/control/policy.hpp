@@ -73,7 +73,8 @@
 //  Active backends with a known L. The level keeps a preferred region (per
 //  VIP and priority): the first is the region with the lowest P, chosen once
 //  every region with an Active backend has a P (or region_switch_windows
-//  windows after the first P was known, among those known); then it switches to the best other region q only when
+//  windows after the first P was known, among those known); then it switches to the best other
+//  region q only when
 //      P_q < P_pref - max(region_switch_margin * P_pref, region_switch_margin_ms)
 //  in region_switch_windows consecutive windows (the same q each time). An
 //  unknown P changes nothing; a preferred region with no Active backend is
@@ -175,7 +176,7 @@ enum class LatencyMark : std::uint8_t {
 // degraded multiplier, and per priority level with a preferred region its
 // pools in the order they fill (preferred first).
 struct LatencyPlan {
-  std::vector<double> weightFactors;                               // empty: all 1
+  std::vector<double> weightFactors;                                // empty: all 1
   std::map<std::uint32_t, std::vector<std::uint32_t>> regionOrder;  // by priority
 };
 
@@ -188,23 +189,23 @@ struct BackendDecision {
   bool saturated = false;
   bool forced = false;  // not Active: its weight is 0 and applies at once (no churn budget)
   LatencyMark latency = LatencyMark::Normal;
-  double latencyFactor = 1;                // the degraded multiplier, (0, 1]
-  std::optional<double> latencyMs;         // L, as the policy saw it
-  std::optional<double> latencyBoundMs;    // B, when one applies
+  double latencyFactor = 1;              // the degraded multiplier, (0, 1]
+  std::optional<double> latencyMs;       // L, as the policy saw it
+  std::optional<double> latencyBoundMs;  // B, when one applies
 };
 
 struct PoolDecision {
   std::string name;
   std::uint32_t priority = 0;
-  double share = 0;             // of the VIP's new flows
-  double healthyFraction = 0;   // h of the pool alone
-  double available = 0;         // a of the pool alone
-  std::uint32_t active = 0;     // Active backends
-  std::uint32_t saturated = 0;  // of those, saturated
-  std::uint32_t degraded = 0;   // backends marked degraded (latency)
+  double share = 0;                 // of the VIP's new flows
+  double healthyFraction = 0;       // h of the pool alone
+  double available = 0;             // a of the pool alone
+  std::uint32_t active = 0;         // Active backends
+  std::uint32_t saturated = 0;      // of those, saturated
+  std::uint32_t degraded = 0;       // backends marked degraded (latency)
   std::optional<double> latencyMs;  // P: median L of its Active backends with a known L
-  bool region = false;     // a region of a level that chooses by latency
-  bool preferred = false;  // ... and that level's preferred region
+  bool region = false;              // a region of a level that chooses by latency
+  bool preferred = false;           // ... and that level's preferred region
 };
 
 struct PolicyDecision {
@@ -290,10 +291,10 @@ class WeightPolicy {
   struct RegionChoice {
     std::uint64_t window = 0;
     bool counted = false;
-    std::string preferred;   // pool name; empty: none yet
-    std::string challenger;  // the region that has been better by the margin
-    std::uint32_t held = 0;  // ... for this many consecutive windows
-    std::uint32_t waited = 0;  // windows with a known latency but no first choice yet
+    std::string preferred;           // pool name; empty: none yet
+    std::string challenger;          // the region that has been better by the margin
+    std::uint32_t held = 0;          // ... for this many consecutive windows
+    std::uint32_t waited = 0;        // windows with a known latency but no first choice yet
     std::vector<std::string> order;  // the fill order, as of the last window
   };
   void updateDegraded(const PolicyInput& input);

@@ -505,8 +505,8 @@ event_log_size = 16
 
 TEST(Config, LatencyPolicyKeys) {
   // Defaults: regions among cloud pools, max(1 s, churn_interval) windows.
-  ConfigResult d = loadConfigFromString(withPool("onprem", "[policy]\nchurn_interval = 2\n"),
-                                        "t.toml");
+  ConfigResult d =
+      loadConfigFromString(withPool("onprem", "[policy]\nchurn_interval = 2\n"), "t.toml");
   ASSERT_TRUE(d.ok()) << formatErrors(d.errors());
   EXPECT_EQ(d.value().policy.latencyRegions, LatencyRegions::Cloud);
   EXPECT_EQ(d.value().policy.latencyWindow, 2000u);
@@ -557,11 +557,10 @@ degraded_restore_step = 0.1
       {"region_switch_margin = -0.1", "policy.region_switch_margin = -0.1: out of range"},
   };
   for (const auto& [text, want] : bad) {
-    ConfigResult e = loadConfigFromString(withPool("onprem", std::string("[policy]\n") + text),
-                                          "t.toml");
+    ConfigResult e =
+        loadConfigFromString(withPool("onprem", std::string("[policy]\n") + text), "t.toml");
     ASSERT_FALSE(e.ok()) << text;
-    EXPECT_NE(formatErrors(e.errors()).find(want), std::string::npos)
-        << formatErrors(e.errors());
+    EXPECT_NE(formatErrors(e.errors()).find(want), std::string::npos) << formatErrors(e.errors());
   }
 }
 

@@ -31,9 +31,8 @@ constexpr double kEps = 1e-9;
 PolicyInput regions(std::size_t onprem = 2, double gpu = 92) {
   PolicyInput in;
   in.vip = "nccl";
-  in.pools = {{"onprem", 0, PoolSite::OnPrem},
-              {"east", 1, PoolSite::Cloud},
-              {"west", 1, PoolSite::Cloud}};
+  in.pools = {
+      {"onprem", 0, PoolSite::OnPrem}, {"east", 1, PoolSite::Cloud}, {"west", 1, PoolSite::Cloud}};
   std::uint64_t id = 1;
   for (std::size_t i = 0; i < onprem; ++i) {
     PolicyBackend b;
