@@ -158,8 +158,9 @@ PolicyDecision computeWeights(const PolicyConfig& config, const PolicyInput& inp
   for (std::size_t p = 0; p < nPools; ++p) {
     std::vector<double> known;
     for (const PolicyBackend& b : input.backends) {
-      if (b.pool == p && b.state == BackendState::Active && b.latencyMs)
+      if (b.pool == p && b.state == BackendState::Active && b.latencyMs) {
         known.push_back(*b.latencyMs);
+      }
     }
     d.pools[p].latencyMs = medianOf(std::move(known));
     d.pools[p].region = isRegionLevel(config, input, input.pools[p].priority);
@@ -232,8 +233,9 @@ PolicyDecision computeWeights(const PolicyConfig& config, const PolicyInput& inp
       if (b.pool >= nPools || b.state != BackendState::Active) continue;
       const double wlfm = b.weight * d.backends[i].loadFactor * d.backends[i].latencyFactor;
       if (poolShare[b.pool] >= 0) {
-        if (pool[b.pool].activeLfm > 0)
+        if (pool[b.pool].activeLfm > 0) {
           share[i] = poolShare[b.pool] * wlfm / pool[b.pool].activeLfm;
+        }
         continue;
       }
       const std::size_t k = levelOf[b.pool];

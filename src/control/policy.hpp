@@ -73,8 +73,8 @@
 //  Active backends with a known L. The level keeps a preferred region (per
 //  VIP and priority): the first is the region with the lowest P, chosen once
 //  every region with an Active backend has a P (or region_switch_windows
-//  windows after the first P was known, among those known); then it switches to the best other
-//  region q only when
+//  windows after the first P was known, among those known); then it
+//  switches to the best other region q only when
 //      P_q < P_pref - max(region_switch_margin * P_pref, region_switch_margin_ms)
 //  in region_switch_windows consecutive windows (the same q each time). An
 //  unknown P changes nothing; a preferred region with no Active backend is
