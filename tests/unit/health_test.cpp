@@ -618,6 +618,10 @@ void expectHealthyProbes(HealthChecker& checker, std::uint64_t id, int probes) {
   EXPECT_EQ(s.failures, 0u) << s.lastError;
   EXPECT_TRUE(s.up);
   EXPECT_TRUE(s.rttMs.has_value());
+  // The encap probe's RTT (through the tunnel) feeds the RFC 6298 estimate.
+  ASSERT_TRUE(s.rtt.has_value());
+  EXPECT_EQ(s.rtt->srttMs, *s.rttMs);
+  EXPECT_GE(s.rtt->scoreMs(), s.rtt->srttMs);
   EXPECT_TRUE(d.transitions.empty());
 }
 
