@@ -150,6 +150,7 @@ class Estate:
         self.servers_started = set()
         self.delayline = None
         self.wan_sock = os.path.join(work, "wan.sock")
+        self.lines = {}  # delay lines of their own (regions, backends): name -> control socket
         self.iperf_ports = []  # the elephants' server ports (traffic.Elephants plans them)
 
     # The primary instance's, for the single-gateway code paths.
@@ -217,16 +218,26 @@ class Estate:
                 str(est["cloud"]), "--bulk-client"]
         if est.get("wan"):
             opts.append("--wan")
+        if est.get("regions"):
+            opts += ["--regions", ",".join(str(r["cloud"]) for r in est["regions"])]
+        for name in est.get("delay_lines", {}):
+            opts += ["--delay-host", name]
         if self.tier:
             opts += ["--tier", str(self.tier)]
         self.up = True
         self.run([TOPOLOGY, "up"] + opts, env=dict(os.environ, SW_DECAP=self.tools.decap))
         text = self.run([TOPOLOGY, "env"] + opts).stdout
+        region_of = region_pools(est)
+        line_ends = {}
         for line in text.splitlines():
             if line.startswith("backend "):
                 _, name, ns, addr = line.split()
                 self.backends[name] = {"ns": ns, "address": addr,
-                                       "pool": name.rstrip("0123456789"), "servers": []}
+                                       "pool": region_of.get(name, name.rstrip("0123456789")),
+                                       "servers": []}
+            elif line.startswith("line "):
+                _, label, _, end_a, end_b = line.split()
+                line_ends[label] = (end_a, end_b)
         self.run(["sysctl", "-qw", "net.ipv4.ip_local_port_range="
                   f"{IPERF_CONTROL_PORT} {IPERF_CONTROL_PORT}"], ns=self.ns("bulk"))
         if est.get("wan"):
@@ -243,9 +254,33 @@ class Estate:
                        self.delayline.poll() is not None, 10)
             if self.delayline.poll() is not None:
                 raise DrillError(f"spillway-delayline exited {self.delayline.returncode}")
+        # Delay lines of their own: one per region, one per backend named in
+        # delay_lines (scripts/topology --regions, --delay-host).
+        lines = {r["name"]: (f"region{k}", r.get("wan", {}))
+                 for k, r in enumerate(est.get("regions", []), 1)}
+        lines.update({n: (n, wan) for n, wan in est.get("delay_lines", {}).items()})
+        for name, (label, wan) in lines.items():
+            end_a, end_b = line_ends[label]
+            sock = os.path.join(self.work, f"wan-{name}.sock")
+            ready = os.path.join(self.work, f"wan-{name}.ready")
+            proc = self.spawn(
+                [self.tools.delayline, "run", "--a", end_a, "--b", end_b,
+                 "--delay-ms", str(wan.get("delay_ms", 0)), "--jitter-ms",
+                 str(wan.get("jitter_ms", 0)), "--loss", str(wan.get("loss", 0)),
+                 "--control", sock, "--ready", ready],
+                ns=self.ns("fabric"), log_name=f"delayline-{name}.log",
+                stdout=os.path.join(self.work, f"delayline-{name}.json"))
+            wait_until(f"the delay line of {name}", lambda: os.path.exists(ready) or
+                       proc.poll() is not None, 10)
+            if proc.poll() is not None:
+                raise DrillError(f"spillway-delayline of {name} exited {proc.returncode}")
+            self.lines[name] = sock
 
-    def wan_set(self, **settings):
-        args = [self.tools.delayline, "set", "--control", self.wan_sock]
+    def wan_set(self, line=None, **settings):
+        """Changes a delay line: the cloud WAN (line None), a region's or a
+        backend's own."""
+        sock = self.wan_sock if line is None else self.lines[line]
+        args = [self.tools.delayline, "set", "--control", sock]
         for key, value in settings.items():
             args += [f"--{key.replace('_', '-')}", str(value)]
         return self.run(args, ns=self.ns("fabric"))
@@ -333,9 +368,10 @@ class Estate:
                  "[[port]]", 'name = "fabric"', 'devargs = "net_af_packet0,iface=eth0"',
                  f'address = "{inst.address}"', "mtu = 1600", 'kernel_interface = "eth0"', ""]
         for pool, conf in sc["pools"].items():
-            lines += ["[[pool]]", f'name = "{pool}"', f'site = "{pool}"',
+            site = pool_site(pool)
+            lines += ["[[pool]]", f'name = "{pool}"', f'site = "{site}"',
                       f"priority = {conf.get('priority', 0)}",
-                      f'encap = "{"ipip" if pool == "onprem" else "gue"}"', ""]
+                      f'encap = "{"ipip" if site == "onprem" else "gue"}"', ""]
             health = conf.get("health")
             if health:
                 lines += ["[pool.health]"] + [f"{k} = {toml_value(v)}" for k, v in health.items()]
@@ -491,6 +527,23 @@ class Estate:
             return r
         sock = self.instances[name].sock if name else self.sock
         return self.run([self.tools.spillwayctl, "--socket", sock] + args, check=False)
+
+
+def region_pools(estate):
+    """cloud<i> -> its region's pool name under [estate] regions (the cloud
+    backends split in order); empty without regions."""
+    out, i = {}, 0
+    for r in estate.get("regions", []):
+        for _ in range(r["cloud"]):
+            i += 1
+            out[f"cloud{i}"] = r["name"]
+    return out
+
+
+def pool_site(pool):
+    """A drill pool's site: "onprem" is on premises; "cloud" and every
+    region are in the cloud."""
+    return "onprem" if pool == "onprem" else "cloud"
 
 
 def toml_value(v):

@@ -165,11 +165,14 @@ def load_factors(sc, pool_of, history, until):
     return out
 
 
-def expected_shares(sc, pool_of, lf, states, vip_pools, weights=None):
+def expected_shares(sc, pool_of, lf, states, vip_pools, weights=None, preferred=None):
     """Pool shares of new flows per the documented policy formula. lf: name
     -> load factor (load_factors); states: name -> intended state (active /
     draining / failed / disabled / removed / None); weights: name -> base
-    weight (default the scenario's)."""
+    weight (default the scenario's); preferred: the preferred region of the
+    level it belongs to (README "Latency"): the level's share fills its
+    regions preferred first, each up to overprovisioning x its active
+    capacity over the level's weight, the others in the scenario's order."""
     pol = dict(POLICY_DEFAULTS, **sc.get("policy", {}))
     weights = sc["weights"] if weights is None else weights
     counted = [n for n, p in pool_of.items() if p in vip_pools and
@@ -192,6 +195,17 @@ def expected_shares(sc, pool_of, lf, states, vip_pools, weights=None):
                 if states.get(n) == "active") / total if total else 0.0
         s = min(1 - used, a * pol["overprovisioning"])
         level_cap = sum(weights.get(n, 100) * lf[n] for n in members if states.get(n) == "active")
+        if preferred in pools:
+            # A region level: preferred first, each region up to its capacity.
+            left = s
+            for p in [preferred] + [q for q in pools if q != preferred]:
+                cap = pol["overprovisioning"] * sum(
+                    weights.get(n, 100) * lf[n] for n in members
+                    if pool_of[n] == p and states.get(n) == "active") / total if total else 0.0
+                shares[p] = min(left, cap)
+                left -= shares[p]
+            used += s
+            continue
         for p in pools:
             # Pools of one level share its s_k by their active capacity.
             cap = sum(weights.get(n, 100) * lf[n] for n in members
@@ -403,7 +417,7 @@ def judge(d):
         lf = load_factors(sc, pool_of, d.actions, lo)
         states = intended.states(lo)
         expect = expected_shares(sc, pool_of, lf, states, list(sc["pools"]),
-                                 intended.weights_at(lo))
+                                 intended.weights_at(lo), w.get("preferred"))
         mid = [s for s in mon.samples if lo <= s["t"] <= hi and not s.get("down")]
         for vip in w.get("vips", mon.vips):
             reported = mid[-1]["shares"].get(vip, {}) if mid else {}
@@ -581,6 +595,7 @@ def judge(d):
                   f"{n} {round(t - t0, 2)} s {a}->{b}" for n, t, a, b in changes)))
     if inv.get("intent_kept"):
         judge_intent(d, intended, check, rel)
+    judge_latency(d, inv, check, rel, probes)
     tol = inv.get("share_tolerance", 0.12)
     for s in m["shares"]:
         for pool, want in s["expected"].items():
@@ -715,3 +730,60 @@ def judge_intent(d, intended, check, rel, grace_s=1.0):
             restarts = [r for r in d.restarts if r.get("t_ready", 0) <= t]
             after = (f" (after the restart at {restarts[-1]['at']} s)" if restarts else "")
             check(f"intent_kept[{name}]", False, f"at {rel(t)} s{after}: {what}")
+
+
+def judge_latency(d, inv, check, rel, probes):
+    """The latency invariants (issue #12), from the control samples and the
+    probes:
+      region: [[invariants.region]] from, to, preferred, optional vips: in
+        every sample of the window each VIP's preferred region is `preferred`;
+      region_switches_max: a number (every VIP) or a table per VIP: changes
+        of the preferred region over the whole drill (the first choice is
+        not one);
+      latency_mark: [[invariants.latency_mark]] from, to, backend, mark: the
+        backend's latency mark (normal, degraded, recovering) in every sample
+        of the window;
+      backend_share: [[invariants.backend_share]] from, to, backend, min,
+        max: the measured share of new flows (nccl probes) the backend got
+        in the window."""
+    mon, t0 = d.monitor, d.t0
+    for w in inv.get("region", []):
+        lo, hi = t0 + w["from"], t0 + w["to"]
+        for vip in w.get("vips", mon.vips):
+            seen = [s for s in mon.samples if lo <= s["t"] <= hi and not s.get("down")]
+            wrong = [s for s in seen
+                     if w["preferred"] not in s.get("preferred", {}).get(vip, {}).values()]
+            check(f"region[{vip} {w['from']}-{w['to']} s]", seen and not wrong,
+                  f"preferred region {w['preferred']} in {len(seen) - len(wrong)} of "
+                  f"{len(seen)} control samples" +
+                  ("" if not wrong else f"; first other at {rel(wrong[0]['t'])} s: "
+                   f"{wrong[0].get('preferred', {}).get(vip)}"))
+    limit = inv.get("region_switches_max")
+    if limit is not None:
+        for vip in mon.vips:
+            most = limit.get(vip, float("inf")) if isinstance(limit, dict) else limit
+            changes = mon.region_changes(vip)
+            check(f"region_switches[{vip}]", len(changes) <= most,
+                  f"{len(changes)} changes of the preferred region (at most {most})" +
+                  ("" if not changes else ": " + ", ".join(
+                      f"{rel(t)} s {a}->{b}" for t, _, a, b in changes)))
+    for w in inv.get("latency_mark", []):
+        lo, hi = t0 + w["from"], t0 + w["to"]
+        name = w["backend"]
+        seen = [s for s in mon.samples if lo <= s["t"] <= hi and not s.get("down")]
+        wrong = [s for s in seen if s["backends"].get(name, {}).get("latency") != w["mark"]]
+        check(f"latency_mark[{name} {w['from']}-{w['to']} s]", seen and not wrong,
+              f"{name} {w['mark']} in {len(seen) - len(wrong)} of {len(seen)} control samples" +
+              ("" if not wrong else
+               f"; first other at {rel(wrong[0]['t'])} s: "
+               f"{wrong[0]['backends'].get(name, {}).get('latency')} "
+               f"(latency {wrong[0]['backends'].get(name, {}).get('latency_ms')} ms)"))
+    for w in inv.get("backend_share", []):
+        lo, hi = t0 + w["from"], t0 + w["to"]
+        name = w["backend"]
+        inside = [p for p in probes if lo <= p["t"] <= hi and p["ok"]]
+        got = sum(1 for p in inside if p["backend"] == name) / len(inside) if inside else 0.0
+        low, high = w.get("min", 0.0), w.get("max", 1.0)
+        check(f"backend_share[{name} {w['from']}-{w['to']} s]",
+              len(inside) >= 20 and low <= got <= high,
+              f"{name} got {got:.3f} of {len(inside)} new flows (want {low}..{high})")

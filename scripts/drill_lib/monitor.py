@@ -51,10 +51,13 @@ class Monitor(Sampler):
             backends = self.ctl.call("backend.list")
             tables = self.ctl.call("table.show")
             status = self.ctl.call("status")
-            shares = {}
+            shares, preferred = {}, {}
             for vip in self.vips:
                 shown = self.ctl.call("vip.show", name=vip)
                 shares[vip] = {p["pool"]: p["share"] for p in shown.get("pools", [])}
+                # The preferred region per priority level that has one.
+                preferred[vip] = {str(p["priority"]): p["pool"] for p in shown.get("pools", [])
+                                  if p.get("preferred")}
         except (OSError, ValueError, DrillError):
             return {"t": t, "down": True}
         entries = {}
@@ -70,10 +73,15 @@ class Monitor(Sampler):
                                      "base_weight": b.get("base_weight"),
                                      "gpu": b.get("gpu_utilization"),
                                      "queue": b.get("queue_depth"),
-                                     "saturated": b.get("saturated")} for b in backends},
+                                     "saturated": b.get("saturated"),
+                                     "latency_ms": b.get("latency_ms"),
+                                     "latency": b.get("latency"),
+                                     "latency_factor": b.get("latency_factor")}
+                         for b in backends},
             "entries": entries,
             "table_size": {t_["vip"]: t_["table_size"] for t_ in tables["tables"]},
             "shares": shares,
+            "preferred": preferred,
             "uptime_ms": status.get("uptime_ms"),
             "checkpoint": status.get("checkpoint"),
             "warmup": status.get("warmup"),
@@ -126,6 +134,19 @@ class Monitor(Sampler):
             if last is not None and state != last:
                 out.append((s["t"], last, state))
             last = state
+        return out
+
+    def region_changes(self, vip):
+        """[(t, level, from, to)] of a VIP's preferred region per priority
+        level over the samples (the first choice, from none, is not one)."""
+        out, last = [], {}
+        for s in self.samples:
+            if s.get("down"):
+                continue
+            for level, pool in s.get("preferred", {}).get(vip, {}).items():
+                if last.get(level) not in (None, pool):
+                    out.append((s["t"], level, last[level], pool))
+                last[level] = pool
         return out
 
     def churn(self, vip, interval, since=0.0, until=None):

@@ -3,6 +3,7 @@ scenario's actions at their times, traffic finished, then the invariants
 judged and the report written (report.py). Times in the report are seconds
 from the start of traffic ("drill time").
 """
+import json
 import os
 import shutil
 import subprocess
@@ -192,8 +193,10 @@ class Drill:
             rec["gpu"], rec["queue"] = a.get("gpu", 10), a.get("queue", 0)
         elif do == "wan":
             settings = {k: a[k] for k in ("delay_ms", "jitter_ms", "loss") if k in a}
-            e.wan_set(**settings)
+            e.wan_set(a.get("line"), **settings)
             rec.update(settings)
+            if a.get("line"):
+                rec["line"] = a["line"]
         elif do == "restart-lb":
             sig = a.get("signal", "TERM")
             # What the daemon last said about its checkpoint, just before the
@@ -285,6 +288,14 @@ class Drill:
             self.health_end = {h["backend"]: h for h in self.e.ctl.call("health")}
         except (OSError, ValueError, DrillError):
             self.health_end = {}
+        try:
+            # The daemon's own account (states, weights, spillover, latency),
+            # the last thousand events, beside the report.
+            page = self.e.ctl.call("events", after=0, limit=1000)
+            with open(os.path.join(self.work, "events.json"), "w") as f:
+                json.dump(page.get("events", []), f, indent=1)
+        except (OSError, ValueError, DrillError):
+            pass
         self.flow_report = self.flows.finish()
         self.grpc_report = self.grpc.finish()
         self.elephant_results = self.elephants.finish(self.sc["stall_ms"])

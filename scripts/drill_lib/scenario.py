@@ -29,7 +29,8 @@ ACTIONS = {
                                      # streams (half-close) and elephants (planned end)
     "open-flows": (False, False),    # n more long-lived flows
     "set-load": (False, False),      # exporters of `targets` (or `pool`) report gpu / queue
-    "wan": (False, False),           # delay line: delay_ms, jitter_ms, loss
+    "wan": (False, False),           # delay line: delay_ms, jitter_ms, loss; `line`: a region's
+                                     # or a backend's own line (default the cloud WAN)
     "restart-lb": (False, False),    # stop spillwayd (`signal` TERM, or KILL: a crash), start
                                      # it again with the same configuration file
     "reload": (False, False),        # edit the configuration file (`add`, `remove`: backend
@@ -54,7 +55,12 @@ INVARIANTS = {"others_broken_max", "victims_broken_min", "victims", "detection_m
               "restart_outage_max_s", "new_flows_failed_max", "intent_kept",
               "flows_before_checkpoint_keep_backend", "reload_reply_names_changes",
               "elephants_placed", "router_withdraw_max_s", "joins_after_warmup",
-              "instances_carry_flows", "bytes_balance_max"}
+              "instances_carry_flows",
+              # Latency (issue #12): the preferred region and degraded marks in
+              # the control samples, the measured share of one backend.
+              "region", "region_switches_max", "latency_mark", "backend_share",
+              # Placement by load: max/mean bytes per backend.
+              "bytes_balance_max"}
 
 # A new flow (probe or long-lived flow) whose connect + hello takes longer
 # than this is slow: a lost SYN costs TCP's 1 s initial retransmission
@@ -118,10 +124,11 @@ def load(path, short=False):
         if "invariants" not in short_table or "stable_until" not in short_table["invariants"]:
             if "stable_until" in inv:
                 inv["stable_until"] = round(inv["stable_until"] * scale, 3)
-        if "invariants" not in short_table or "share" not in short_table["invariants"]:
-            for w in inv.get("share", []):
-                w["from"] = round(w["from"] * scale, 3)
-                w["to"] = round(w["to"] * scale, 3)
+        for key in ("share", "region", "latency_mark", "backend_share"):
+            if "invariants" not in short_table or key not in short_table["invariants"]:
+                for w in inv.get(key, []):
+                    w["from"] = round(w["from"] * scale, 3)
+                    w["to"] = round(w["to"] * scale, 3)
     sc.setdefault("name", os.path.splitext(os.path.basename(path))[0])
     validate(sc, path)
     return sc
@@ -136,10 +143,25 @@ def validate(sc, path):
     for k in ("onprem", "cloud"):
         if not isinstance(est[k], int) or not 0 <= est[k] <= 8:
             bad(f"estate.{k} must be an integer 0..8, not {est[k]!r}")
+    regions = est.get("regions", [])
+    if regions:
+        if est.get("wan"):
+            bad("estate.regions gives each region its own WAN: leave out estate.wan")
+        if not isinstance(regions, list) or not all(
+                isinstance(r, dict) and isinstance(r.get("name"), str) and
+                isinstance(r.get("cloud"), int) and r["cloud"] >= 1 for r in regions):
+            bad("estate.regions must be a list of { name = \"...\", cloud = N, wan = {...} }")
+        names_ = [r["name"] for r in regions]
+        if len(set(names_)) != len(names_) or {"onprem", "cloud"} & set(names_):
+            bad(f"estate.regions: names must be distinct and not onprem or cloud: {names_}")
+        if sum(r["cloud"] for r in regions) != est["cloud"]:
+            bad(f"estate.regions: {sum(r['cloud'] for r in regions)} cloud backends in the "
+                f"regions, estate.cloud is {est['cloud']}")
+    pool_names = {"onprem"} | ({r["name"] for r in regions} if regions else {"cloud"})
     pools = sc.setdefault("pools", {"onprem": {"priority": 0}, "cloud": {"priority": 1}})
     for p in pools:
-        if p not in ("onprem", "cloud"):
-            bad(f"pools.{p}: the estate has pools 'onprem' and 'cloud' only")
+        if p not in pool_names:
+            bad(f"pools.{p}: the estate has pools {', '.join(sorted(pool_names))} only")
     sc.setdefault("weights", {})
     sc.setdefault("traffic", {})
     if not isinstance(sc.get("duration", 30), (int, float)) or sc.get("duration", 30) <= 0:
@@ -158,6 +180,12 @@ def validate(sc, path):
     instances = {f"lb{i}" for i in range(1, tier + 1)}
     names = {f"onprem{i}" for i in range(1, est["onprem"] + 1)} | \
         {f"cloud{i}" for i in range(1, est["cloud"] + 1)}
+    for n in est.get("delay_lines", {}):
+        if n not in names:
+            bad(f"estate.delay_lines.{n}: not a backend of the estate")
+        if regions and n.startswith("cloud"):
+            bad(f"estate.delay_lines.{n}: a cloud backend of a region is behind its region's line")
+    lines = {r["name"] for r in regions} | set(est.get("delay_lines", {}))
     for i, a in enumerate(sc.setdefault("action", [])):
         where = f"action {i + 1}"
         if a.get("do") not in ACTIONS:
@@ -181,6 +209,12 @@ def validate(sc, path):
         if a["do"] == "weight" and not (isinstance(a.get("weight"), int) and
                                         1 <= a["weight"] <= 1000000):
             bad(f"{where}: weight = {a.get('weight')!r} must be an integer 1..1000000")
+        if a["do"] == "wan":
+            if a.get("line") is not None and a["line"] not in lines:
+                bad(f"{where}: line = {a['line']!r} is not a delay line of the estate "
+                    f"({', '.join(sorted(lines)) or 'none: set estate.regions or delay_lines'})")
+            if a.get("line") is None and not est.get("wan"):
+                bad(f"{where}: the estate has no cloud WAN (estate.wan); name a line")
         if a["do"] == "restart-lb" and a.get("signal", "TERM") not in SIGNALS:
             bad(f"{where}: signal = {a.get('signal')!r} is not one of {', '.join(SIGNALS)}")
         if a["do"] == "reload":

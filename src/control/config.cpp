@@ -111,6 +111,18 @@ std::string_view toString(PoolSite site) noexcept {
   return site == PoolSite::Cloud ? "cloud" : "onprem";
 }
 
+std::string_view toString(LatencyRegions regions) noexcept {
+  switch (regions) {
+    case LatencyRegions::Cloud:
+      return "cloud";
+    case LatencyRegions::All:
+      return "all";
+    case LatencyRegions::Off:
+      return "off";
+  }
+  return "?";
+}
+
 std::string_view toString(PoolEncap encap) noexcept {
   return encap == PoolEncap::Gue ? "gue" : "ipip";
 }
@@ -1375,6 +1387,50 @@ void Loader::loadPolicy(const toml::table& root, std::set<std::string>& used) {
   if (auto v = s.number("churn_budget", 0.0, 1.0, true, false)) c.churnBudget = *v;
   if (auto v = s.seconds("churn_interval", 10, 3'600'000)) c.churnInterval = *v;
   if (auto v = s.seconds("drain_timeout")) c.drainTimeout = *v;
+
+  // Latency.
+  if (auto v = s.choice<LatencyRegions>("latency_regions", {{"cloud", LatencyRegions::Cloud},
+                                                            {"all", LatencyRegions::All},
+                                                            {"off", LatencyRegions::Off}})) {
+    c.latencyRegions = *v;
+  }
+  c.latencyWindow = std::max<Millis>(1000, c.churnInterval);
+  if (t->get("latency_window") != nullptr) {
+    if (auto v = s.seconds("latency_window", 10, 3'600'000)) {
+      if (*v < c.churnInterval) {
+        s.fail("latency_window",
+               "must be at least churn_interval (" + secondsText(c.churnInterval) +
+                   " s): the policy looks at latency once per step, so a shorter window "
+                   "would count steps, not windows");
+      } else {
+        c.latencyWindow = *v;
+      }
+    }
+  }
+  if (auto v = s.number("region_switch_margin", 0.0, 10.0)) c.regionSwitchMargin = *v;
+  if (auto v = s.number("region_switch_margin_ms", 0.0, 60'000.0)) c.regionSwitchMarginMs = *v;
+  if (auto v = s.integer("region_switch_windows", 1, 10'000)) {
+    c.regionSwitchWindows = static_cast<std::uint32_t>(*v);
+  }
+  if (auto v = s.number("degraded_latency_ms", 0.0, 60'000.0)) c.degradedLatencyMs = *v;
+  if (auto v = s.number("degraded_latency_factor", 0.0, 1000.0)) {
+    if (*v > 0.0 && *v <= 1.0) {
+      s.fail("degraded_latency_factor",
+             "must be above 1 (a multiple of the pool's median; 0 turns it off): at " +
+                 numberText(*v) + " half a pool would be above its own median");
+    } else {
+      c.degradedLatencyFactor = *v;
+    }
+  }
+  if (auto v = s.number("degraded_latency_min_ms", 0.0, 60'000.0)) c.degradedLatencyMinMs = *v;
+  if (auto v = s.integer("degraded_windows", 1, 10'000)) {
+    c.degradedWindows = static_cast<std::uint32_t>(*v);
+  }
+  if (auto v = s.number("degraded_weight", 0.0, 1.0, true, false)) c.degradedWeight = *v;
+  if (auto v = s.number("degraded_max_fraction", 0.0, 1.0)) c.degradedMaxFraction = *v;
+  if (auto v = s.number("degraded_restore_step", 0.0, 1.0, true, false)) {
+    c.degradedRestoreStep = *v;
+  }
   s.finish();
 }
 

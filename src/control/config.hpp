@@ -112,6 +112,10 @@ struct PortConfig {
 };
 
 enum class PoolSite : std::uint8_t { OnPrem, Cloud };
+// Which priority levels choose a preferred region by latency ([policy]
+// latency_regions): levels of two or more pools that are all cloud pools,
+// every level of two or more pools, or none.
+enum class LatencyRegions : std::uint8_t { Cloud, All, Off };
 enum class PoolEncap : std::uint8_t { IpIp, Gue };
 
 // How the control thread checks a backend of the pool ([pool.health]).
@@ -183,6 +187,28 @@ struct PolicyConfig {
   double churnBudget = 0.05;      // at most this share of a table's entries moves per interval
   Millis churnInterval = 1000;
   Millis drainTimeout = 300'000;  // a draining backend's flows are cut (FAILED) after this
+
+  // Latency (policy.hpp, "Latency"): the health probes' SRTT + 4 * RTTVAR
+  // per backend, judged once per window (Unix time / latencyWindow, so the
+  // instances of a tier count the same windows).
+  LatencyRegions latencyRegions = LatencyRegions::Cloud;
+  Millis latencyWindow = 1000;  // unset: max(1 s, churn_interval)
+  // A region level switches its preferred region only to one better by
+  // max(regionSwitchMargin x preferred's latency, regionSwitchMarginMs) in
+  // regionSwitchWindows consecutive windows.
+  double regionSwitchMargin = 0.2;
+  double regionSwitchMarginMs = 10.0;
+  std::uint32_t regionSwitchWindows = 10;
+  // Degraded: latency above a bound (absolute ms, or factor x the median of
+  // its pool's other Active backends and at least degradedLatencyMinMs) for
+  // degradedWindows windows; 0 turns a bound off.
+  double degradedLatencyMs = 0.0;
+  double degradedLatencyFactor = 3.0;
+  double degradedLatencyMinMs = 20.0;
+  std::uint32_t degradedWindows = 5;
+  double degradedWeight = 0.25;       // weight multiplier of a degraded backend, (0, 1]
+  double degradedMaxFraction = 0.5;   // at most floor(this x backends) of a pool degraded
+  double degradedRestoreStep = 0.25;  // the multiplier climbs back by this per window
 };
 
 // The operator interfaces ([control]).
@@ -341,6 +367,7 @@ inline constexpr std::size_t kMaxConfigBytes = std::size_t{4} << 20;
 [[nodiscard]] std::string_view toString(PortRole role) noexcept;
 [[nodiscard]] std::string_view toString(ExceptionMode mode) noexcept;
 [[nodiscard]] std::string_view toString(PoolSite site) noexcept;
+[[nodiscard]] std::string_view toString(LatencyRegions regions) noexcept;
 [[nodiscard]] std::string_view toString(PoolEncap encap) noexcept;
 
 }  // namespace spillway

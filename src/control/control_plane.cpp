@@ -282,8 +282,12 @@ PolicyInput ControlPlane::policyInput(
     pb.state = states_.state(b.id).value_or(BackendState::Removed);
     const ScrapedLoad load = scraper_.load(b.id, now);
     pb.load = BackendLoad{load.gpuUtilization, load.queueDepth};
+    if (auto h = health_.status(b.id); h && h->rtt) pb.latencyMs = h->rtt->scoreMs();
     in.backends.push_back(pb);
   }
+  in.vip = vip.name;
+  // Windows on Unix time, so the instances of a tier count the same ones.
+  in.latencyWindow = unixNow() / static_cast<std::uint64_t>(config_.policy.latencyWindow);
   return in;
 }
 
@@ -671,15 +675,24 @@ ApiResult ControlPlane::vipShow(const std::string& name) {
                          {"healthy_fraction", p.healthyFraction},
                          {"available", p.available},
                          {"active", p.active},
-                         {"saturated", p.saturated}});
+                         {"saturated", p.saturated},
+                         {"degraded", p.degraded},
+                         {"latency_ms", p.latencyMs ? Json(*p.latencyMs) : Json(nullptr)},
+                         {"region", p.region},
+                         {"preferred", p.preferred}});
       }
       Json backends = Json::array();
       for (const BackendDecision& b : d->second.backends) {
-        backends.push_back({{"backend", b.name},
-                            {"weight", b.weight},
-                            {"share", b.share},
-                            {"load_factor", b.loadFactor},
-                            {"saturated", b.saturated}});
+        backends.push_back(
+            {{"backend", b.name},
+             {"weight", b.weight},
+             {"share", b.share},
+             {"load_factor", b.loadFactor},
+             {"saturated", b.saturated},
+             {"latency_ms", b.latencyMs ? Json(*b.latencyMs) : Json(nullptr)},
+             {"latency", std::string(toString(b.latency))},
+             {"latency_factor", b.latencyFactor},
+             {"latency_bound_ms", b.latencyBoundMs ? Json(*b.latencyBoundMs) : Json(nullptr)}});
       }
       out["pools"] = pools;
       out["backends"] = backends;
@@ -763,6 +776,7 @@ Json ControlPlane::backendJson(const BackendConfig& b) const {
     j["rtt_ms"] = h->rttMs ? Json(*h->rttMs) : Json(nullptr);
     j["last_error"] = h->lastError;
   }
+  latencyJson(j, b.id);
   const ScrapedLoad load = scraper_.load(b.id, now_);
   j["gpu_utilization"] = load.gpuUtilization ? Json(*load.gpuUtilization) : Json(nullptr);
   j["queue_depth"] = load.queueDepth ? Json(*load.queueDepth) : Json(nullptr);
@@ -774,6 +788,16 @@ Json ControlPlane::backendJson(const BackendConfig& b) const {
   j["byte_rate"] = byteRates_.rate(builder_.indexOf(b.id));
   j["placement_load_flows"] = placementLoad(builder_.indexOf(b.id));
   return j;
+}
+
+void ControlPlane::latencyJson(Json& j, std::uint64_t id) const {
+  const std::optional<HealthStatus> h = health_.status(id);
+  const bool known = h && h->rtt;
+  j["srtt_ms"] = known ? Json(h->rtt->srttMs) : Json(nullptr);
+  j["rttvar_ms"] = known ? Json(h->rtt->rttVarMs) : Json(nullptr);
+  j["latency_ms"] = known ? Json(h->rtt->scoreMs()) : Json(nullptr);
+  j["latency"] = std::string(toString(policy_.latencyMark(id)));
+  j["latency_factor"] = policy_.latencyFactor(id);
 }
 
 ApiResult ControlPlane::backendList() {
@@ -870,6 +894,8 @@ ApiResult ControlPlane::health() {
       j["consecutive_fail"] = h->consecutiveFail;
       j["last_error"] = h->lastError;
       j["rtt_ms"] = h->rttMs ? Json(*h->rttMs) : Json(nullptr);
+      j["rttvar_ms"] = h->rtt ? Json(h->rtt->rttVarMs) : Json(nullptr);
+      j["latency_ms"] = h->rtt ? Json(h->rtt->scoreMs()) : Json(nullptr);
       j["probes"] = h->probes;
       j["failures"] = h->failures;
     }
@@ -1029,7 +1055,20 @@ ApiResult ControlPlane::configDump(bool effective) {
                           {"overprovisioning", config_.policy.overprovisioning},
                           {"panic_threshold", config_.policy.panicThreshold},
                           {"churn_budget", config_.policy.churnBudget},
-                          {"drain_timeout_ms", config_.policy.drainTimeout}}}};
+                          {"drain_timeout_ms", config_.policy.drainTimeout},
+                          {"latency_regions",
+                           std::string(toString(config_.policy.latencyRegions))},
+                          {"latency_window_ms", config_.policy.latencyWindow},
+                          {"region_switch_margin", config_.policy.regionSwitchMargin},
+                          {"region_switch_margin_ms", config_.policy.regionSwitchMarginMs},
+                          {"region_switch_windows", config_.policy.regionSwitchWindows},
+                          {"degraded_latency_ms", config_.policy.degradedLatencyMs},
+                          {"degraded_latency_factor", config_.policy.degradedLatencyFactor},
+                          {"degraded_latency_min_ms", config_.policy.degradedLatencyMinMs},
+                          {"degraded_windows", config_.policy.degradedWindows},
+                          {"degraded_weight", config_.policy.degradedWeight},
+                          {"degraded_max_fraction", config_.policy.degradedMaxFraction},
+                          {"degraded_restore_step", config_.policy.degradedRestoreStep}}}};
   out["announce"] = announceConfigJson(config_.announce);
   if (effective) {
     const auto& drained = journal_.overlay().lbDrained();
@@ -1611,6 +1650,16 @@ std::string ControlPlane::metricsText() {
               {{"vip", v.name}, {"pool", p.name}}, p.share);
       m.gauge("spillway_pool_healthy_fraction", "Healthy share of the pool's capacity.",
               {{"vip", v.name}, {"pool", p.name}}, p.healthyFraction);
+      if (p.latencyMs) {
+        m.gauge("spillway_pool_latency_seconds",
+                "Median latency score (SRTT + 4 RTTVAR) of the pool's active backends.",
+                {{"vip", v.name}, {"pool", p.name}}, *p.latencyMs / 1000.0);
+      }
+      if (p.region) {
+        m.gauge("spillway_pool_preferred_region",
+                "1 for the preferred region of its priority level (latency), else 0.",
+                {{"vip", v.name}, {"pool", p.name}}, p.preferred ? 1 : 0);
+      }
     }
     const MaglevTable* t = builder_.currentTable(v.name);
     std::map<std::uint32_t, std::uint32_t> entries;
@@ -1632,10 +1681,20 @@ std::string ControlPlane::metricsText() {
       m.gauge("spillway_backend_state", "1 for the backend's current state.",
               {{"backend", b.name}, {"pool", b.pool}, {"state", s}}, state == s ? 1 : 0);
     }
-    if (auto h = health_.status(b.id); h && h->rttMs) {
-      m.gauge("spillway_backend_rtt_seconds", "Smoothed health-check round trip.",
-              {{"backend", b.name}}, *h->rttMs / 1000.0);
+    if (auto h = health_.status(b.id); h && h->rtt) {
+      m.gauge("spillway_backend_rtt_seconds", "Smoothed health-check round trip (SRTT).",
+              {{"backend", b.name}}, h->rtt->srttMs / 1000.0);
+      m.gauge("spillway_backend_rttvar_seconds", "Health-check round-trip variation (RTTVAR).",
+              {{"backend", b.name}}, h->rtt->rttVarMs / 1000.0);
+      m.gauge("spillway_backend_latency_seconds", "Latency score SRTT + 4 RTTVAR.",
+              {{"backend", b.name}}, h->rtt->scoreMs() / 1000.0);
     }
+    m.gauge("spillway_backend_latency_degraded",
+            "1 while the backend is marked degraded for latency (weight lowered, not ejected).",
+            {{"backend", b.name}}, policy_.latencyMark(b.id) == LatencyMark::Degraded ? 1 : 0);
+    m.gauge("spillway_backend_latency_weight_factor",
+            "The latency multiplier of the backend's weight (1: normal).", {{"backend", b.name}},
+            policy_.latencyFactor(b.id));
     const ScrapedLoad load = scraper_.load(b.id, now_);
     if (load.gpuUtilization) {
       m.gauge("spillway_backend_gpu_utilization_ratio", "Smoothed GPU utilisation (0-1).",

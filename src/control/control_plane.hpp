@@ -136,6 +136,8 @@ class ControlPlane final : public ControlApi {
  private:
   const BackendConfig* backendNamed(const std::string& name) const;
   Json backendJson(const BackendConfig& b) const;
+  // SRTT, RTTVAR, the latency score and the policy's latency mark.
+  void latencyJson(Json& j, std::uint64_t id) const;
   void applyTargets();  // health and scrape targets from config_
   // Turns states + load into per-VIP weights; returns whether any changed.
   bool applyPolicy(Millis now, bool forceChurn);

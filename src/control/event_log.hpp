@@ -33,6 +33,7 @@ inline constexpr const char* kEventWeight = "weight";        // load factor / sa
 inline constexpr const char* kEventConfig = "config";        // configuration loaded or rejected
 inline constexpr const char* kEventSpillover = "spillover";  // a pool's share of new flows moved
 inline constexpr const char* kEventPanic = "panic";          // panic mode entered or left
+inline constexpr const char* kEventLatency = "latency";      // preferred region; degraded backend
 inline constexpr const char* kEventCheckpoint = "checkpoint";  // flow affinity saved or restored
 inline constexpr const char* kEventWarmup = "warmup";          // start-up tables held / released
 inline constexpr const char* kEventAnnounce = "announce";    // a VIP announced or withdrawn (BGP)

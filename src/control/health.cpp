@@ -11,6 +11,7 @@
 #include <array>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <system_error>
 
@@ -87,10 +88,17 @@ void closeFd(int& fd) noexcept {
 // ---------------------------------------------------------------------------
 // HealthState
 
-HealthState::HealthState(std::uint32_t rise, std::uint32_t fall, double rttSmoothing) noexcept
-    : rise_(std::max<std::uint32_t>(rise, 1)),
-      fall_(std::max<std::uint32_t>(fall, 1)),
-      rttSmoothing_(rttSmoothing > 0.0 && rttSmoothing <= 1.0 ? rttSmoothing : 0.25) {}
+RttEstimate nextRttEstimate(const std::optional<RttEstimate>& before, double sampleMs) noexcept {
+  if (!before) return RttEstimate{sampleMs, sampleMs / 2.0};
+  RttEstimate next;
+  next.rttVarMs =
+      (1.0 - kRttBeta) * before->rttVarMs + kRttBeta * std::abs(before->srttMs - sampleMs);
+  next.srttMs = (1.0 - kRttAlpha) * before->srttMs + kRttAlpha * sampleMs;
+  return next;
+}
+
+HealthState::HealthState(std::uint32_t rise, std::uint32_t fall) noexcept
+    : rise_(std::max<std::uint32_t>(rise, 1)), fall_(std::max<std::uint32_t>(fall, 1)) {}
 
 void HealthState::setDamping(std::uint32_t rise, std::uint32_t fall) noexcept {
   rise_ = std::max<std::uint32_t>(rise, 1);
@@ -103,8 +111,8 @@ std::optional<std::string> HealthState::onSuccess(Millis now, double rttMs) {
   ++status_.consecutiveOk;
   status_.consecutiveFail = 0;
   status_.lastRttMs = rttMs;
-  status_.rttMs =
-      status_.rttMs ? rttSmoothing_ * rttMs + (1.0 - rttSmoothing_) * *status_.rttMs : rttMs;
+  status_.rtt = nextRttEstimate(status_.rtt, rttMs);
+  status_.rttMs = status_.rtt->srttMs;
   if (status_.up || status_.consecutiveOk < rise_) return std::nullopt;
   status_.up = true;
   status_.lastChange = now;
@@ -140,8 +148,8 @@ std::optional<std::string> HealthState::forceUp(Millis now, std::string_view why
 // HealthChecker
 
 struct HealthChecker::Entry {
-  Entry(HealthTarget t, double rttSmoothing)
-      : target(std::move(t)), state(target.config.rise, target.config.fall, rttSmoothing) {}
+  explicit Entry(HealthTarget t)
+      : target(std::move(t)), state(target.config.rise, target.config.fall) {}
 
   HealthTarget target;
   HealthState state;
@@ -226,13 +234,13 @@ void HealthChecker::setTargets(std::vector<HealthTarget> targets) {
         entry->target.name = t.name;
       } else if (prev.target.address == t.address) {
         abortProbe(prev);
-        entry = std::make_unique<Entry>(std::move(t), options_.rttSmoothing);
+        entry = std::make_unique<Entry>(std::move(t));
         entry->state = prev.state;
         entry->state.setDamping(entry->target.config.rise, entry->target.config.fall);
       }
       old.erase(it);
     }
-    if (!entry) entry = std::make_unique<Entry>(std::move(t), options_.rttSmoothing);
+    if (!entry) entry = std::make_unique<Entry>(std::move(t));
     byId_.emplace(entry->target.id, entry.get());
     entries_.push_back(std::move(entry));
   }

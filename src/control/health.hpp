@@ -11,8 +11,14 @@
 // start. With the on-prem defaults (interval 200 ms, timeout 150 ms, fall 3)
 // a backend that dies just after a successful probe is down 200 + 2 * 200 +
 // 150 = 750 ms later at worst, 600 ms when its port refuses. RTT is the TCP
-// handshake time (the SYN-ACK's through the tunnel for Encap), smoothed by an
-// EWMA; it is measured with a real monotonic clock, not with `now`.
+// handshake time (the SYN-ACK's through the tunnel for Encap), measured with a
+// real monotonic clock, not with `now`, and smoothed as TCP smooths its own
+// (RFC 6298, section 2): SRTT and RTTVAR with alpha 1/8 and beta 1/4, the
+// first sample R giving SRTT = R and RTTVAR = R/2. The latency score
+// SRTT + 4 * RTTVAR (TCP's RTO without its clock granularity) is what the
+// policy compares (policy.hpp, "Latency"). Only successful probes are
+// samples: a timed-out probe has no RTT (Karn's rule), and failures are the
+// rise/fall machine's business.
 //
 // The encapsulation probe proves that a backend decapsulates and answers for
 // a VIP: an inner TCP SYN from our tunnel source (a random high port, a random
@@ -71,12 +77,27 @@ struct HealthTarget {
   std::optional<EncapProbeTarget> encap;  // required when config.kind is Encap
 };
 
+// RFC 6298's smoothed round-trip time and its variation, in milliseconds.
+struct RttEstimate {
+  double srttMs = 0;
+  double rttVarMs = 0;
+  // SRTT + 4 * RTTVAR: a round trip that is long or unsteady scores high.
+  [[nodiscard]] double scoreMs() const noexcept { return srttMs + 4.0 * rttVarMs; }
+};
+inline constexpr double kRttAlpha = 1.0 / 8.0;
+inline constexpr double kRttBeta = 1.0 / 4.0;
+// The estimate after one more sample R (RFC 6298 2.2 and 2.3): RTTVAR first,
+// from the SRTT before this sample, then SRTT.
+[[nodiscard]] RttEstimate nextRttEstimate(const std::optional<RttEstimate>& before,
+                                          double sampleMs) noexcept;
+
 struct HealthStatus {
   bool up = true;
   std::uint32_t consecutiveOk = 0;
   std::uint32_t consecutiveFail = 0;
   std::string lastError;             // of the latest failure; kept after recovery
-  std::optional<double> rttMs;       // EWMA of the successful probes' RTT
+  std::optional<RttEstimate> rtt;    // of the successful probes (RFC 6298)
+  std::optional<double> rttMs;       // rtt->srttMs, for the views that show one RTT
   std::optional<double> lastRttMs;   // of the latest successful probe
   std::optional<Millis> lastProbe;   // when the latest probe ended
   std::optional<Millis> lastChange;  // when up last flipped
@@ -95,7 +116,7 @@ struct HealthTransition {
 // The rise/fall state machine and RTT smoothing of one backend; no I/O.
 class HealthState {
  public:
-  HealthState(std::uint32_t rise, std::uint32_t fall, double rttSmoothing) noexcept;
+  HealthState(std::uint32_t rise, std::uint32_t fall) noexcept;
 
   // Each returns the transition's cause when the result flips up/down.
   std::optional<std::string> onSuccess(Millis now, double rttMs);
@@ -109,12 +130,10 @@ class HealthState {
  private:
   std::uint32_t rise_;
   std::uint32_t fall_;
-  double rttSmoothing_;
   HealthStatus status_{};
 };
 
 struct HealthCheckerOptions {
-  double rttSmoothing = 0.25;  // EWMA weight of the newest RTT, (0, 1]
   // Spread the first probes of new targets over one interval (by id), so a
   // thousand backends are not probed in the same millisecond.
   bool staggerStart = true;

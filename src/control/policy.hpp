@@ -58,6 +58,50 @@
 //  Output weights: round(share_b * kWeightScale), at least 1 when share_b > 0,
 //  0 for a backend that is not Active.
 //
+// Latency (issue #12; anchors: Finagle/Linkerd and Envoy peak-EWMA,
+// Cloudflare's dynamic steering, NGINX least_time, RFC 6298). Each backend's
+// latency L = SRTT + 4 * RTTVAR of its health probes (health.hpp; unknown
+// without a check or before the first successful probe). The policy looks at
+// it once per latency window: WeightPolicy keeps its state per window index
+// (PolicyInput::latencyWindow, Unix time / latency_window), so the many
+// decide() calls of one window (several VIPs, state changes, dry runs) count
+// as one.
+//
+//  Regions: in a level of two or more pools that are all cloud pools
+//  (latency_regions = "cloud"; "all": any level of two or more pools; "off":
+//  none) each pool is a region. A pool's latency P is the median L of its
+//  Active backends with a known L. The level keeps a preferred region (per
+//  VIP and priority): the first is the region with the lowest P, chosen once
+//  every region with an Active backend has a P (or region_switch_windows
+//  windows after the first P was known, among those known); then it
+//  switches to the best other region q only when
+//      P_q < P_pref - max(region_switch_margin * P_pref, region_switch_margin_ms)
+//  in region_switch_windows consecutive windows (the same q each time). An
+//  unknown P changes nothing; a preferred region with no Active backend is
+//  left at once for the best known one. The level's share s_k then fills
+//  the regions in order, preferred first, the rest by P (unknown last), each
+//  up to its capacity c_p = overprovisioning * sum(w * lf, Active in p) /
+//  sum(w, level), and what none can take is spread as spillShares() does.
+//  Until a level has a preferred region its pools share by capacity, as at
+//  every other level.
+//
+//  Degraded: a backend whose L stays above its bound
+//      B = min(degraded_latency_ms,                                 (0: off)
+//              max(degraded_latency_factor * M, degraded_latency_min_ms))
+//  (M: the median L of the other Active backends of its pool with a known
+//  L; factor 0: off) for degraded_windows consecutive windows is degraded:
+//  its share within its pool (region levels) or level is that of weight
+//  w * lf * degraded_weight. It keeps every tracked flow and is never
+//  ejected or failed for latency. At most floor(degraded_max_fraction * n) of
+//  a pool's n backends (not disabled or removed) are degraded at once, the
+//  worst (highest L / B) first. A degraded backend below its bound for
+//  degraded_windows windows (or displaced by a worse one) recovers: its
+//  multiplier climbs by degraded_restore_step per window back to 1.
+//  Degraded backends do not reduce the level's capacity a_k: latency moves
+//  new flows between healthy peers, never down the priorities.
+//
+//  Every weight these change goes through the churn budget like load does.
+//
 // Churn budget (limitChurn): moves a table from its current weights toward the
 // target by the largest step whose predicted change stays within the budget
 // (binary search over the step, interpolated weights). Safety first: the
@@ -76,6 +120,8 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "control/config.hpp"
@@ -105,12 +151,33 @@ struct PolicyBackend {
   std::uint32_t weight = 0;  // base weight (configured, or set by the operator)
   BackendState state = BackendState::Active;
   BackendLoad load;
+  std::optional<double> latencyMs;  // SRTT + 4 * RTTVAR; std::nullopt = unknown
 };
 
 // One VIP's backends.
 struct PolicyInput {
   std::vector<PolicyPool> pools;
   std::vector<PolicyBackend> backends;
+  std::string vip;  // keys the VIP's preferred regions in WeightPolicy
+  // The latency window (Unix time / latency_window): latency state moves at
+  // most once per window. 0: before any window (latency state never moves).
+  std::uint64_t latencyWindow = 0;
+};
+
+// A backend's latency mark.
+enum class LatencyMark : std::uint8_t {
+  Normal,
+  Degraded,    // weight x degraded_weight
+  Recovering,  // the multiplier climbing back to 1
+};
+[[nodiscard]] std::string_view toString(LatencyMark mark) noexcept;
+
+// What computeWeights takes from the latency state: per input backend the
+// degraded multiplier, and per priority level with a preferred region its
+// pools in the order they fill (preferred first).
+struct LatencyPlan {
+  std::vector<double> weightFactors;                                // empty: all 1
+  std::map<std::uint32_t, std::vector<std::uint32_t>> regionOrder;  // by priority
 };
 
 struct BackendDecision {
@@ -121,16 +188,24 @@ struct BackendDecision {
   double loadFactor = 1;
   bool saturated = false;
   bool forced = false;  // not Active: its weight is 0 and applies at once (no churn budget)
+  LatencyMark latency = LatencyMark::Normal;
+  double latencyFactor = 1;              // the degraded multiplier, (0, 1]
+  std::optional<double> latencyMs;       // L, as the policy saw it
+  std::optional<double> latencyBoundMs;  // B, when one applies
 };
 
 struct PoolDecision {
   std::string name;
   std::uint32_t priority = 0;
-  double share = 0;             // of the VIP's new flows
-  double healthyFraction = 0;   // h of the pool alone
-  double available = 0;         // a of the pool alone
-  std::uint32_t active = 0;     // Active backends
-  std::uint32_t saturated = 0;  // of those, saturated
+  double share = 0;                 // of the VIP's new flows
+  double healthyFraction = 0;       // h of the pool alone
+  double available = 0;             // a of the pool alone
+  std::uint32_t active = 0;         // Active backends
+  std::uint32_t saturated = 0;      // of those, saturated
+  std::uint32_t degraded = 0;       // backends marked degraded (latency)
+  std::optional<double> latencyMs;  // P: median L of its Active backends with a known L
+  bool region = false;              // a region of a level that chooses by latency
+  bool preferred = false;           // ... and that level's preferred region
 };
 
 struct PolicyDecision {
@@ -160,9 +235,18 @@ struct PolicyDecision {
 // no state: WeightPolicy::decide() without the hysteresis bookkeeping. The
 // load factors, when given (one per input backend), are used as they are;
 // otherwise each is loadFactor() quantised with nothing held.
+// `latency`, when given, applies the degraded multipliers and the region
+// orders (WeightPolicy::decide() builds it from its latency state).
 [[nodiscard]] PolicyDecision computeWeights(const PolicyConfig& config, const PolicyInput& input,
                                             const std::vector<bool>& saturated,
-                                            std::span<const double> loadFactors = {});
+                                            std::span<const double> loadFactors = {},
+                                            const LatencyPlan* latency = nullptr);
+// The median of the values (the mean of the middle two for an even count);
+// std::nullopt for none.
+[[nodiscard]] std::optional<double> medianOf(std::vector<double> values);
+// Whether the pools of level `priority` choose a preferred region.
+[[nodiscard]] bool isRegionLevel(const PolicyConfig& config, const PolicyInput& input,
+                                 std::uint32_t priority);
 
 class WeightPolicy {
  public:
@@ -181,21 +265,53 @@ class WeightPolicy {
   // Marks a backend saturated, as a restarted daemon's checkpoint says it was
   // (hysteresis carries over a restart).
   void restoreSaturated(std::uint64_t id) { saturated_[id] = true; }
-  // Drops a backend's saturation state (a removed backend).
+  // Drops a backend's saturation and latency state (a removed backend).
   void forget(std::uint64_t id) {
     saturated_.erase(id);
     heldLoadFactor_.erase(id);
+    latency_.erase(id);
   }
+  // A backend's latency mark and multiplier (Normal, 1 when none).
+  [[nodiscard]] LatencyMark latencyMark(std::uint64_t id) const;
+  [[nodiscard]] double latencyFactor(std::uint64_t id) const;
+  // The preferred region (pool name) of a VIP's level; empty when none yet.
+  [[nodiscard]] std::string preferredRegion(const std::string& vip, std::uint32_t priority) const;
 
  private:
+  struct BackendLatency {
+    std::uint64_t window = 0;  // the last window counted
+    bool counted = false;
+    std::uint32_t above = 0;  // consecutive windows above the bound
+    std::uint32_t below = 0;  // ... at or below it
+    LatencyMark mark = LatencyMark::Normal;
+    double factor = 1.0;
+    std::optional<double> boundMs;
+    std::optional<double> latencyMs;
+  };
+  struct RegionChoice {
+    std::uint64_t window = 0;
+    bool counted = false;
+    std::string preferred;           // pool name; empty: none yet
+    std::string challenger;          // the region that has been better by the margin
+    std::uint32_t held = 0;          // ... for this many consecutive windows
+    std::uint32_t waited = 0;        // windows with a known latency but no first choice yet
+    std::vector<std::string> order;  // the fill order, as of the last window
+  };
+  void updateDegraded(const PolicyInput& input);
+  LatencyPlan updateRegions(const PolicyInput& input);
+
   PolicyConfig config_;
   std::map<std::uint64_t, bool> saturated_;
   std::map<std::uint64_t, double> heldLoadFactor_;  // quantised lf of saturated backends
+  std::map<std::uint64_t, BackendLatency> latency_;
+  std::map<std::pair<std::string, std::uint32_t>, RegionChoice> regions_;  // by (VIP, priority)
 };
 
 // What changed between two decisions of the same VIP, worth an event:
 // kind "panic" (entered / left), "spillover" (a pool's share moved by at least
-// shareStep), "weight" (a backend became or stopped being saturated). subject
+// shareStep), "weight" (a backend became or stopped being saturated),
+// "latency" (a level's preferred region changed; a backend became degraded,
+// started recovering or was restored). subject
 // is the pool or backend name (empty for panic). `before` may be null (the
 // first decision): then only panic and saturated backends are noted.
 struct PolicyNote {

@@ -393,6 +393,98 @@ class JudgeTest(unittest.TestCase):
         self.assertTrue(d.verdicts()["reload_reply[5 s]"]["ok"])
 
 
+class LatencyJudgeTest(unittest.TestCase):
+    """The latency invariants (issue #12) on synthetic samples."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="judge-test-")
+
+    def test_region_windows_and_switches(self):
+        inv = {"region": [{"from": 1, "to": 8, "preferred": "cloud"}],
+               "region_switches_max": 0}
+        d = Drill(self.tmp, invariants=inv)
+
+        def prefer(pool):
+            def f(t):
+                s = sample(t)
+                s["preferred"] = {"nccl": {"1": pool}, "grpc": {"1": pool}}
+                return s
+            return f
+        d.set_samples(prefer("cloud"))
+        v = d.verdicts()
+        self.assertTrue(v["region[nccl 1-8 s]"]["ok"], v["region[nccl 1-8 s]"])
+        self.assertTrue(v["region_switches[nccl]"]["ok"])
+        # A flap at 4-4.5 s: the window fails and two switches are counted.
+        d.set_samples(prefer("other"), lo=4, hi=4.5)
+        v = d.verdicts()
+        self.assertFalse(v["region[nccl 1-8 s]"]["ok"])
+        self.assertIn("first other at 4.0 s", v["region[nccl 1-8 s]"]["detail"])
+        self.assertFalse(v["region_switches[nccl]"]["ok"])
+        self.assertIn("2 changes", v["region_switches[nccl]"]["detail"])
+
+    def test_latency_mark_and_backend_share(self):
+        inv = {"latency_mark": [{"from": 2, "to": 6, "backend": "onprem2", "mark": "degraded"}],
+               "backend_share": [{"from": 2, "to": 6, "backend": "onprem2", "max": 0.2}]}
+        d = Drill(self.tmp, invariants=inv)
+        v = d.verdicts()
+        # Never marked, and a third of the new flows (round robin).
+        self.assertFalse(v["latency_mark[onprem2 2-6 s]"]["ok"])
+        self.assertFalse(v["backend_share[onprem2 2-6 s]"]["ok"])
+        self.assertIn("0.333", v["backend_share[onprem2 2-6 s]"]["detail"])
+
+        def degraded(t):
+            s = sample(t)
+            s["backends"]["onprem2"]["latency"] = "degraded"
+            return s
+        d.set_samples(degraded, lo=1)
+        d.flow_report["probes"] = [p for p in d.flow_report["probes"]
+                                   if p["backend"] != "onprem2" or p["t"] % 1 < 0.2]
+        v = d.verdicts()
+        self.assertTrue(v["latency_mark[onprem2 2-6 s]"]["ok"], v["latency_mark[onprem2 2-6 s]"])
+        self.assertTrue(v["backend_share[onprem2 2-6 s]"]["ok"],
+                        v["backend_share[onprem2 2-6 s]"])
+
+    def test_expected_shares_fill_the_preferred_region_first(self):
+        sc = {"pools": {"onprem": {"priority": 0}, "east": {"priority": 1},
+                        "west": {"priority": 1}}, "weights": {}}
+        pool_of = {"op1": "onprem", "op2": "onprem", "e1": "east", "e2": "east",
+                   "w1": "west", "w2": "west"}
+        lf = dict.fromkeys(pool_of, 1.0)
+        lf.update(op1=0.32, op2=0.32)
+        states = dict.fromkeys(pool_of, "active")
+        got = judge.expected_shares(sc, pool_of, lf, states, list(sc["pools"]),
+                                    preferred="west")
+        self.assertAlmostEqual(got["onprem"], 0.448)
+        self.assertAlmostEqual(got["west"], 0.552)
+        self.assertAlmostEqual(got["east"], 0.0)
+        lf.update(op1=0.1, op2=0.1)
+        got = judge.expected_shares(sc, pool_of, lf, states, list(sc["pools"]),
+                                    preferred="east")
+        self.assertAlmostEqual(got["east"], 0.7)
+        self.assertAlmostEqual(got["west"], 0.16)
+        # Without a preferred region the level shares by capacity, as before.
+        got = judge.expected_shares(sc, pool_of, lf, states, list(sc["pools"]))
+        self.assertAlmostEqual(got["east"], 0.43)
+
+    def test_regions_and_lines_are_validated(self):
+        base = {"duration": 10, "estate": {"onprem": 1, "cloud": 2}}
+        bad = [({"regions": [{"name": "a", "cloud": 1}]}, {}, "estate.cloud is 2"),
+               ({"regions": [{"name": "cloud", "cloud": 2}]}, {}, "not onprem or cloud"),
+               ({"regions": [{"name": "a", "cloud": 2}]}, {"cloud": {}}, "pools.cloud"),
+               ({"delay_lines": {"onprem7": {}}}, {}, "onprem7"),
+               ({}, {"do": "wan", "line": "east"}, "not a delay line")]
+        for estate, extra, msg in bad:
+            sc = copy.deepcopy(base)
+            sc["estate"].update(estate)
+            if "do" in extra:
+                sc["action"] = [dict(extra, at=1)]
+            elif extra:
+                sc["pools"] = extra
+            with self.assertRaises(scenario.ScenarioError) as e:
+                scenario.validate(sc, "x")
+            self.assertIn(msg, str(e.exception))
+
+
 class IntentTest(unittest.TestCase):
     def test_remove_then_readd(self):
         acts = [{"t": 1, "do": "remove", "target": "a"}, {"t": 2, "do": "add", "target": "a",

@@ -503,6 +503,67 @@ event_log_size = 16
   EXPECT_EQ(c.control.eventLogSize, 16u);
 }
 
+TEST(Config, LatencyPolicyKeys) {
+  // Defaults: regions among cloud pools, max(1 s, churn_interval) windows.
+  ConfigResult d =
+      loadConfigFromString(withPool("onprem", "[policy]\nchurn_interval = 2\n"), "t.toml");
+  ASSERT_TRUE(d.ok()) << formatErrors(d.errors());
+  EXPECT_EQ(d.value().policy.latencyRegions, LatencyRegions::Cloud);
+  EXPECT_EQ(d.value().policy.latencyWindow, 2000u);
+  EXPECT_EQ(d.value().policy.regionSwitchWindows, 10u);
+  EXPECT_EQ(d.value().policy.degradedLatencyFactor, 3.0);
+
+  ConfigResult r = loadConfigFromString(withPool("onprem", R"([policy]
+churn_interval = 0.25
+latency_regions = "all"
+latency_window = 0.5
+region_switch_margin = 0.3
+region_switch_margin_ms = 15
+region_switch_windows = 4
+degraded_latency_ms = 250
+degraded_latency_factor = 2.5
+degraded_latency_min_ms = 5
+degraded_windows = 3
+degraded_weight = 0.5
+degraded_max_fraction = 0.34
+degraded_restore_step = 0.1
+)"),
+                                        "t.toml");
+  ASSERT_TRUE(r.ok()) << formatErrors(r.errors());
+  const PolicyConfig& p = r.value().policy;
+  EXPECT_EQ(p.latencyRegions, LatencyRegions::All);
+  EXPECT_EQ(p.latencyWindow, 500u);
+  EXPECT_EQ(p.regionSwitchMargin, 0.3);
+  EXPECT_EQ(p.regionSwitchMarginMs, 15.0);
+  EXPECT_EQ(p.regionSwitchWindows, 4u);
+  EXPECT_EQ(p.degradedLatencyMs, 250.0);
+  EXPECT_EQ(p.degradedLatencyFactor, 2.5);
+  EXPECT_EQ(p.degradedLatencyMinMs, 5.0);
+  EXPECT_EQ(p.degradedWindows, 3u);
+  EXPECT_EQ(p.degradedWeight, 0.5);
+  EXPECT_EQ(p.degradedMaxFraction, 0.34);
+  EXPECT_EQ(p.degradedRestoreStep, 0.1);
+
+  const std::pair<const char*, const char*> bad[] = {
+      {"latency_regions = \"east\"",
+       "policy.latency_regions = \"east\": must be one of \"cloud\", \"all\", \"off\""},
+      {"churn_interval = 2\nlatency_window = 1",
+       "policy.latency_window = 1: must be at least churn_interval (2 s)"},
+      {"region_switch_windows = 0", "policy.region_switch_windows = 0: out of range"},
+      {"degraded_latency_factor = 0.8", "policy.degraded_latency_factor = 0.8: must be above 1"},
+      {"degraded_weight = 0", "policy.degraded_weight = 0: out of range; must be in (0, 1]"},
+      {"degraded_max_fraction = 1.5", "policy.degraded_max_fraction = 1.5: out of range"},
+      {"degraded_restore_step = 0", "policy.degraded_restore_step = 0: out of range"},
+      {"region_switch_margin = -0.1", "policy.region_switch_margin = -0.1: out of range"},
+  };
+  for (const auto& [text, want] : bad) {
+    ConfigResult e =
+        loadConfigFromString(withPool("onprem", std::string("[policy]\n") + text), "t.toml");
+    ASSERT_FALSE(e.ok()) << text;
+    EXPECT_NE(formatErrors(e.errors()).find(want), std::string::npos) << formatErrors(e.errors());
+  }
+}
+
 TEST(Config, HttpCheckAndHealthNone) {
   ConfigResult r = loadConfigFromString(
       withPool("onprem",

@@ -91,7 +91,7 @@ class Driver {
 // The state machine
 
 TEST(HealthState, StartsUpAndFallsAfterConsecutiveFailures) {
-  HealthState s(2, 3, 0.25);
+  HealthState s(2, 3);
   EXPECT_TRUE(s.status().up);
   EXPECT_FALSE(s.onFailure(10, "connect: Connection refused"));
   EXPECT_FALSE(s.onFailure(20, "connect: Connection refused"));
@@ -112,7 +112,7 @@ TEST(HealthState, StartsUpAndFallsAfterConsecutiveFailures) {
 }
 
 TEST(HealthState, RisesAfterConsecutiveSuccesses) {
-  HealthState s(2, 1, 0.25);
+  HealthState s(2, 1);
   ASSERT_TRUE(s.onFailure(0, "timeout"));
   EXPECT_FALSE(s.onSuccess(10, 1.0));
   EXPECT_FALSE(s.onFailure(20, "timeout"));  // breaks the run
@@ -127,30 +127,58 @@ TEST(HealthState, RisesAfterConsecutiveSuccesses) {
 }
 
 TEST(HealthState, RiseAndFallOfOne) {
-  HealthState s(1, 1, 0.5);
+  HealthState s(1, 1);
   EXPECT_EQ(s.onFailure(0, "e").value(), "1 failure: e");
   EXPECT_EQ(s.onSuccess(1, 3.0).value(), "1 success (rtt 3 ms)");
   // Zero is treated as one.
-  HealthState z(0, 0, 0.5);
+  HealthState z(0, 0);
   EXPECT_TRUE(z.onFailure(0, "e"));
 }
 
-TEST(HealthState, RttIsAnEwmaOfSuccessesOnly) {
-  HealthState s(2, 3, 0.25);
+TEST(HealthState, RttIsRfc6298OfSuccessesOnly) {
+  HealthState s(2, 3);
   EXPECT_FALSE(s.status().rttMs);
+  EXPECT_FALSE(s.status().rtt);
+  // First sample R: SRTT = R, RTTVAR = R/2 (RFC 6298 2.2).
   s.onSuccess(0, 10.0);
+  EXPECT_DOUBLE_EQ(s.status().rtt->srttMs, 10.0);
+  EXPECT_DOUBLE_EQ(s.status().rtt->rttVarMs, 5.0);
+  EXPECT_DOUBLE_EQ(s.status().rtt->scoreMs(), 30.0);
   EXPECT_DOUBLE_EQ(s.status().rttMs.value(), 10.0);
+  // Then RTTVAR = 3/4 RTTVAR + 1/4 |SRTT - R| with the old SRTT, and
+  // SRTT = 7/8 SRTT + 1/8 R (2.3).
   s.onSuccess(1, 20.0);
-  EXPECT_DOUBLE_EQ(s.status().rttMs.value(), 12.5);
+  EXPECT_DOUBLE_EQ(s.status().rtt->rttVarMs, 0.75 * 5.0 + 0.25 * 10.0);
+  EXPECT_DOUBLE_EQ(s.status().rtt->srttMs, 0.875 * 10.0 + 0.125 * 20.0);
+  EXPECT_DOUBLE_EQ(s.status().rttMs.value(), 11.25);
+  // A failure is no sample (a timed-out probe has no RTT).
   s.onFailure(2, "timeout");
-  EXPECT_DOUBLE_EQ(s.status().rttMs.value(), 12.5);
+  EXPECT_DOUBLE_EQ(s.status().rtt->srttMs, 11.25);
+  EXPECT_DOUBLE_EQ(s.status().rtt->rttVarMs, 6.25);
   s.onSuccess(3, 4.5);
-  EXPECT_DOUBLE_EQ(s.status().rttMs.value(), 0.25 * 4.5 + 0.75 * 12.5);
+  EXPECT_DOUBLE_EQ(s.status().rtt->rttVarMs, 0.75 * 6.25 + 0.25 * (11.25 - 4.5));
+  EXPECT_DOUBLE_EQ(s.status().rtt->srttMs, 0.875 * 11.25 + 0.125 * 4.5);
   EXPECT_DOUBLE_EQ(s.status().lastRttMs.value(), 4.5);
 }
 
+TEST(RttEstimate, SteadyRttConvergesAndAStepRaisesTheScoreAtOnce) {
+  std::optional<RttEstimate> e;
+  for (int i = 0; i < 200; ++i) e = nextRttEstimate(e, 30.0);
+  EXPECT_NEAR(e->srttMs, 30.0, 1e-9);
+  EXPECT_NEAR(e->rttVarMs, 0.0, 1e-9);
+  EXPECT_NEAR(e->scoreMs(), 30.0, 1e-9);
+  // 30 -> 150 ms: RTTVAR takes a quarter of the 120 ms jump at once, so the
+  // score passes 150 with the first sample, long before SRTT gets there.
+  e = nextRttEstimate(e, 150.0);
+  EXPECT_NEAR(e->rttVarMs, 30.0, 1e-9);
+  EXPECT_NEAR(e->srttMs, 45.0, 1e-9);
+  EXPECT_NEAR(e->scoreMs(), 165.0, 1e-9);
+  for (int i = 0; i < 200; ++i) e = nextRttEstimate(e, 150.0);
+  EXPECT_NEAR(e->scoreMs(), 150.0, 1e-6);
+}
+
 TEST(HealthState, ForceUp) {
-  HealthState s(2, 1, 0.25);
+  HealthState s(2, 1);
   EXPECT_FALSE(s.forceUp(0, "off"));
   ASSERT_TRUE(s.onFailure(1, "e"));
   EXPECT_EQ(s.forceUp(2, "off").value(), "off");
@@ -590,6 +618,10 @@ void expectHealthyProbes(HealthChecker& checker, std::uint64_t id, int probes) {
   EXPECT_EQ(s.failures, 0u) << s.lastError;
   EXPECT_TRUE(s.up);
   EXPECT_TRUE(s.rttMs.has_value());
+  // The encap probe's RTT (through the tunnel) feeds the RFC 6298 estimate.
+  ASSERT_TRUE(s.rtt.has_value());
+  EXPECT_EQ(s.rtt->srttMs, *s.rttMs);
+  EXPECT_GE(s.rtt->scoreMs(), s.rtt->srttMs);
   EXPECT_TRUE(d.transitions.empty());
 }
 

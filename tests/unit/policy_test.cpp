@@ -266,10 +266,10 @@ TEST(Spill, PoolsOfEqualPriorityShareOneLevelByWeight) {
   in.pools = {{"rack1", 0, PoolSite::OnPrem},
               {"rack2", 0, PoolSite::OnPrem},
               {"cloud", 1, PoolSite::Cloud}};
-  in.backends = {{1, "a", 0, 300, S::Active, {}},
-                 {2, "b", 1, 100, S::Active, {}},
-                 {3, "c", 1, 100, S::Failed, {}},
-                 {4, "d", 2, 100, S::Active, {}}};
+  in.backends = {{1, "a", 0, 300, S::Active, {}, std::nullopt},
+                 {2, "b", 1, 100, S::Active, {}, std::nullopt},
+                 {3, "c", 1, 100, S::Failed, {}, std::nullopt},
+                 {4, "d", 2, 100, S::Active, {}, std::nullopt}};
   const PolicyDecision d = computeWeights(defaults(), in, {});
   // Level 0: h = 400/500 = 0.8 -> 1.12 -> takes all, split 3:1.
   EXPECT_NEAR(d.pools[0].share, 0.75, kEps);
