@@ -982,7 +982,8 @@ ApiResult ControlPlane::configDump(bool effective) {
     vips.push_back({{"name", v.name}, {"address", ipJson(v.address)},
                     {"protocol", protocolName(v.protocol)}, {"port", v.port},
                     {"table_size", v.tableSize}, {"pools", v.pools},
-                    {"answer_ping", v.answerPing}});
+                    {"answer_ping", v.answerPing},
+                    {"placement", v.placement == VipPlacementMode::Bytes ? "bytes" : "table"}});
   }
   Json backends = Json::array();
   const Json fromFile{{"source", "file"}};
@@ -1070,6 +1071,10 @@ ApiResult ControlPlane::configDump(bool effective) {
                           {"degraded_max_fraction", config_.policy.degradedMaxFraction},
                           {"degraded_restore_step", config_.policy.degradedRestoreStep}}}};
   out["announce"] = announceConfigJson(config_.announce);
+  out["placement"] = {{"balance_factor", config_.placement.balanceFactor},
+                      {"candidates", config_.placement.candidates},
+                      {"rate_interval_ms", config_.placement.rateInterval},
+                      {"rate_smoothing_ms", config_.placement.rateSmoothing}};
   if (effective) {
     const auto& drained = journal_.overlay().lbDrained();
     out["lb"] = {{"drained", drained.has_value()},

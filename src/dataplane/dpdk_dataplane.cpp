@@ -329,9 +329,9 @@ DataplaneCounters DpdkDataplane::counters() const {
     // TX ring full frames are drops of their own reason too.
     c.drops[static_cast<std::size_t>(DropReason::TxQueueFull)] += wc.txDropped.read();
     for (std::uint32_t i = 0; i < kBackendSlots; ++i) {
-      c.backendPackets[i] += wc.backendPackets[i].read();
+      c.backendPackets[i] += wc.backendTraffic[i].packets.read();
       c.backendNewFlows[i] += wc.backendNewFlows[i].read();
-      c.backendBytes[i] += wc.backendBytes[i].read();
+      c.backendBytes[i] += wc.backendTraffic[i].bytes.read();
     }
     c.lcores.push_back(DataplaneCounters::Lcore{
         w->config().lcore, s.rxPackets.read(), s.forwarded.read(), s.newFlows.read(),
@@ -351,7 +351,7 @@ void DpdkDataplane::backendBytes(std::span<std::uint64_t> out) const {
   const std::size_t n = std::min<std::size_t>(out.size(), kBackendSlots);
   for (const auto& w : workers_) {
     const auto& wc = w->counters();
-    for (std::size_t i = 0; i < n; ++i) out[i] += wc.backendBytes[i].read();
+    for (std::size_t i = 0; i < n; ++i) out[i] += wc.backendTraffic[i].bytes.read();
   }
 }
 

@@ -122,8 +122,9 @@ std::uint16_t Worker::pollPort(PortIo& io, const ForwardingSnapshot& snapshot,
           }
           out = ports_[r.egressPort].get();
           if (r.backend < kBackendSlots) {
-            counters_.backendPackets[r.backend].add();
-            counters_.backendBytes[r.backend].add(r.length);
+            BackendTraffic& t = counters_.backendTraffic[r.backend];
+            t.packets.add();
+            t.bytes.add(r.length);
             if (r.newFlow) counters_.backendNewFlows[r.backend].add();
           }
         }
@@ -274,9 +275,9 @@ void Worker::purgeSlice() noexcept {
   }
   if (!table.purgeSlice(kBucketsPerSlice)) return;
   for (std::uint32_t i : purgeIndices_) {
-    counters_.backendPackets[i].set(0);
+    counters_.backendTraffic[i].packets.set(0);
+    counters_.backendTraffic[i].bytes.set(0);
     counters_.backendNewFlows[i].set(0);
-    counters_.backendBytes[i].set(0);
   }
   purgeDone_.store(purgingFor_, std::memory_order_release);
   purgingFor_ = 0;

@@ -643,10 +643,16 @@ TEST(WorkerRing, SteersEveryFrameToTheMaglevBackend) {
   // table per drain period.
   rig.worker().requestFlowCount(1);
   const bool counted = pollUntil([&] { return rig.worker().flowCountDone() == 1; });
-  std::array<std::uint64_t, kBackends + 1> liveBefore{}, packetsBefore{};
+  std::array<std::uint64_t, kBackends + 1> liveBefore{}, packetsBefore{}, bytesBefore{};
   for (std::uint32_t b = 0; b <= kBackends; ++b) {
     liveBefore[b] = rig.worker().liveFlows()[b].read();
-    packetsBefore[b] = rig.worker().counters().backendPackets[b].read();
+    packetsBefore[b] = rig.worker().counters().backendTraffic[b].packets.read();
+    bytesBefore[b] = rig.worker().counters().backendTraffic[b].bytes.read();
+    // Bytes as encapsulated: each frame at least Ethernet, outer IPv4, inner
+    // IPv4 and TCP headers.
+    if (b != 0) {
+      EXPECT_GE(bytesBefore[b], packetsBefore[b] * (14 + 20 + 20 + 20)) << "backend " << b;
+    }
   }
   // A purge of backend index 2 (as before its index is recycled): the worker
   // erases its entries and zeroes its counters; a new count finds none.
@@ -667,7 +673,10 @@ TEST(WorkerRing, SteersEveryFrameToTheMaglevBackend) {
     } else {
       EXPECT_LE(rig.worker().liveFlows()[b].read(), liveBefore[b]) << "backend " << b;
     }
-    EXPECT_EQ(rig.worker().counters().backendPackets[b].read(), gone ? 0 : packetsBefore[b])
+    EXPECT_EQ(rig.worker().counters().backendTraffic[b].packets.read(),
+              gone ? 0 : packetsBefore[b])
+        << "backend " << b;
+    EXPECT_EQ(rig.worker().counters().backendTraffic[b].bytes.read(), gone ? 0 : bytesBefore[b])
         << "backend " << b;
   }
   // Every slot naming it, live or expired.

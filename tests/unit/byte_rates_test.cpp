@@ -168,6 +168,9 @@ TEST_F(PlacementControl, SnapshotsCarryTheSharesAndTheLoads) {
   EXPECT_NEAR(list[0]["placement_load_flows"].get<double>(), 3.0, 0.06);
   const Json vip = std::get<Json>(c.vipShow("nccl"));
   EXPECT_EQ(vip["placement"], "bytes");
+  const Json dump = std::get<Json>(c.configDump(false));
+  EXPECT_EQ(dump["vips"][0]["placement"], "bytes");
+  EXPECT_DOUBLE_EQ(dump["placement"]["balance_factor"].get<double>(), 1.25);
   EXPECT_NEAR(vip["placement_load_flows"].get<double>(), 6.0, 0.1);
   EXPECT_NE(c.metricsText().find("spillway_backend_placement_load{backend=\"b1\"}"),
             std::string::npos);
