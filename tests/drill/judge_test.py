@@ -393,6 +393,38 @@ class JudgeTest(unittest.TestCase):
         self.assertTrue(d.verdicts()["reload_reply[5 s]"]["ok"])
 
 
+class ByteBalanceTest(unittest.TestCase):
+    """bytes_balance_max: the flow checker's bytes per backend (by each flow's
+    hello), max/mean over the estate's backends, with plain Maglev's figure for
+    the same connections beside it."""
+
+    def drill(self, per_backend):
+        d = Drill(tempfile.mkdtemp(prefix="judge-test-"),
+                  invariants={"bytes_balance_max": 1.25},
+                  extra={"estate": {"onprem": 3, "cloud": 0, "nccl_placement": "bytes"}})
+        d.e.backends = {n: {"pool": "onprem"} for n in ONPREM}
+        port = 30000
+        for backend, flows in zip(ONPREM, per_backend):
+            for _ in range(flows):
+                d.flow_report["flows"].append({
+                    "id": port, "local_port": port, "backend": backend, "opened": T0 - 1,
+                    "connect_ms": 2.0, "ended": None, "state": "open_at_end",
+                    "bytes_sent": 4_000_000, "bytes_echoed": 4_000_000, "max_stall_ms": 5,
+                    "stalls": [], "error": None})
+                port += 1
+        return d
+
+    def test_balanced_bytes_pass_and_a_stacked_backend_fails(self):
+        v = self.drill([2, 2, 2]).verdicts()
+        self.assertTrue(v["bytes_balance"]["ok"], v["bytes_balance"]["detail"])
+        self.assertNotIn("placement", v)  # placed by load: not judged by the model
+        v = self.drill([4, 1, 1]).verdicts()["bytes_balance"]
+        self.assertFalse(v["ok"])
+        self.assertIn("max/mean bytes per backend 2.0", v["detail"])
+        # An idle backend counts: 3, 3, 0 is 1.5 x the mean.
+        self.assertFalse(self.drill([3, 3, 0]).verdicts()["bytes_balance"]["ok"])
+
+
 class LatencyJudgeTest(unittest.TestCase):
     """The latency invariants (issue #12) on synthetic samples."""
 
