@@ -54,14 +54,6 @@ inline constexpr std::size_t kMaxArgStringBytes = 4096;
 inline constexpr std::uint32_t kDefaultEventsLimit = 100;
 inline constexpr std::uint32_t kMaxEventsLimit = 1000;
 
-// Who sent a request, as the kernel reports it (SO_PEERCRED, SO_PEERGROUPS).
-struct PeerCredentials {
-  std::int32_t pid = 0;
-  std::uint32_t uid = 65534;  // nobody until read
-  std::uint32_t gid = 65534;
-  std::vector<std::uint32_t> groups;  // supplementary groups, may be empty
-};
-
 // Who may run commands that change state. Root always may.
 struct AccessPolicy {
   std::vector<std::uint32_t> uids;
@@ -99,9 +91,14 @@ struct RequestOutcome {
   std::string errorCode;
 };
 
+// Which requests a connection may have served: any, or (a connection in one
+// of the CLI server's change slots) only a change the peer may make; any
+// other is answered "busy" without a ControlApi call.
+enum class Admission : std::uint8_t { Any, ChangesOnly };
+
 [[nodiscard]] RequestOutcome processRequest(std::string_view message, ControlApi& api,
-                                            const PeerCredentials& peer,
-                                            const AccessPolicy& policy) noexcept;
+                                            const PeerCredentials& peer, const AccessPolicy& policy,
+                                            Admission admission = Admission::Any) noexcept;
 // processRequest(...).reply.
 [[nodiscard]] std::string handleRequest(std::string_view message, ControlApi& api,
                                         const PeerCredentials& peer,
