@@ -15,7 +15,8 @@
 // booleans true or false). Anything else is an error reply and no ControlApi
 // call is made. Errors found here have the codes
 //   too_large, bad_json, bad_request, unsupported_version, unknown_command,
-//   forbidden, reply_too_large, internal;
+//   forbidden, busy (a read in one of the CLI server's change slots),
+//   reply_too_large, internal;
 // the control plane's own ApiError codes (not_found, invalid, conflict, ...)
 // pass through unchanged.
 //
@@ -25,6 +26,9 @@
 // Two commands depend on their arguments: backend.weight with dry_run:true
 // changes nothing and is read-only; config.check with a path makes the
 // daemon read a file of the peer's choosing and needs write access.
+// config.check and config.reload hand the peer's credentials to the
+// ControlApi, which bounds which files a peer other than root may name and
+// what it is told of them (config_access.hpp).
 //
 // handleRequest() never throws and never crashes on any input (fuzzed by
 // tests/fuzz/fuzz_protocol.cpp); nlohmann's exceptions stay inside.
