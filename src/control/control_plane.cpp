@@ -926,6 +926,7 @@ namespace {
 // root, or a caller that can read the file), or only where each error is.
 struct ConfigRead {
   std::string file;                 // as named in replies and errors
+  std::string open;                 // what is read: for a caller, with links resolved
   std::optional<ApiError> refused;  // the path is not the caller's to name
   bool mayQuote = true;
 };
@@ -934,21 +935,34 @@ ConfigRead admitConfigPath(const std::string& path, const std::string& running,
                            const PeerCredentials* caller) {
   ConfigRead r;
   r.file = path.empty() ? running : path;
+  r.open = r.file;
   if (caller == nullptr) return r;
+  // The running file itself is always the caller's to name (even when the
+  // daemon was started with a relative --config); only what it names is.
+  std::error_code ec;
+  const std::string dir =
+      std::filesystem::absolute(std::filesystem::path(running), ec).parent_path().string();
   std::string resolved;
-  const std::string dir = std::filesystem::path(running).parent_path().string();
-  if (std::string why = configPathProblem(r.file, dir, *caller, resolved); !why.empty()) {
+  if (std::string why = path.empty() ? "" : configPathProblem(r.file, dir, *caller, resolved);
+      !why.empty()) {
     r.refused = ApiError{"forbidden", why};
     return r;
   }
-  r.mayQuote = callerMayRead(r.file, *caller);
+  // The file checked is the file read, even if a link changes meanwhile.
+  if (!resolved.empty()) r.open = resolved;
+  r.mayQuote = callerMayRead(r.open, *caller);
   return r;
 }
 
 // Loads the file; errors name it as the caller named it, and hold only
 // places when the caller could not read it.
 ConfigResult loadFor(const ConfigRead& read, std::string& errors) {
-  ConfigResult result = loadConfig(read.file);
+  ConfigResult result = loadConfig(read.open);
+  if (!result && read.open != read.file) {
+    std::vector<ConfigError> named = result.errors();
+    for (ConfigError& e : named) e.file = read.file;
+    result = ConfigResult(std::move(named));
+  }
   if (!result) {
     errors = read.mayQuote ? formatErrors(result.errors()) : formatErrorsWithheld(result.errors());
     if (!read.mayQuote) {
