@@ -237,18 +237,26 @@ void CliServer::poll() noexcept {
         }
         serveOne(id, client);
       });
-  // Idle clients go, so a stuck one cannot hold a slot for ever.
+  // Idle clients go, so a stuck one cannot hold a slot for ever; one that
+  // has asked nothing (or sits in a change slot) goes sooner.
   try {
     const auto t = now();
     closeExpired(
         clients_,
-        [&](const Client& client) { return t - client.lastActive >= options_.idleTimeout; },
+        [&](const Client& client) {
+          const bool brief = !client.served || client.changeSlot;
+          return t - client.lastActive >=
+                 (brief ? options_.firstRequestTimeout : options_.idleTimeout);
+        },
         [this](std::uint64_t id) { closeClient(id); });
   } catch (...) {
   }
 }
 
 void CliServer::acceptClients() noexcept {
+  const std::size_t cap = options_.maxClients;
+  const std::size_t rootSlots = std::min(options_.rootSlots, cap);
+  const std::size_t changeSlots = std::min(options_.changeSlots, cap - rootSlots);
   for (int i = 0; i < kMaxAcceptsPerPoll; ++i) {
     const int fd = accept4(listenFd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) return;  // EAGAIN, or a connection that died in the backlog
@@ -256,12 +264,15 @@ void CliServer::acceptClients() noexcept {
     try {
       bool ok = false;
       PeerCredentials peer = readPeer(fd, ok);
-      if (ok && clients_.size() >= options_.maxClients) {
-        const std::string busy =
-            makeErrorReply("busy", "too many CLI clients (" + std::to_string(options_.maxClients) +
-                                       " connected); try again");
-        (void)::send(fd, busy.data(), busy.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
-        log("cli: rejected " + describePeer(peer) + ": too many clients");
+      const std::size_t n = clients_.size();
+      const bool root = ok && peer.uid == 0;
+      const bool general = n + rootSlots + changeSlots < cap;
+      const bool changeSlot = !root && !general && n + rootSlots < cap;
+      if (ok && (root ? n >= cap : !general && !changeSlot)) {
+        refuse(fd, peer,
+               std::to_string(n) + " CLI connections (" + std::to_string(cap) + " at most, " +
+                   std::to_string(rootSlots) + " kept for root, " + std::to_string(changeSlots) +
+                   " for changes); try again");
       } else if (ok) {
         const int size = kReplySendBuffer;
         if (setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &size, sizeof size) != 0) {
@@ -272,6 +283,7 @@ void CliServer::acceptClients() noexcept {
         client.fd = fd;
         client.peer = std::move(peer);
         client.lastActive = now();
+        client.changeSlot = changeSlot;
         adopted = adoptClient(epollFd_, clients_, id, std::move(client));
       }
     } catch (...) {
@@ -279,6 +291,23 @@ void CliServer::acceptClients() noexcept {
     }
     if (!adopted) ::close(fd);
   }
+}
+
+// The refused client reads its reply before the close: whatever it has sent
+// is read first, since closing a Unix socket with unread messages resets the
+// peer's connection (and a reset hides the reply behind "Connection reset").
+void CliServer::refuse(int fd, const PeerCredentials& peer, std::string_view why) noexcept {
+  try {
+    const std::string busy = makeErrorReply("busy", why);
+    (void)::send(fd, busy.data(), busy.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    log("cli: rejected " + describePeer(peer) + ": busy: " + std::string(why));
+  } catch (...) {
+  }
+  for (int i = 0; i < 16; ++i) {
+    char sink[256];
+    if (recv(fd, sink, sizeof sink, MSG_DONTWAIT | MSG_TRUNC) <= 0) break;
+  }
+  (void)::shutdown(fd, SHUT_RDWR);
 }
 
 void CliServer::serveOne(std::uint64_t id, Client& client) noexcept {
@@ -304,8 +333,12 @@ void CliServer::serveOne(std::uint64_t id, Client& client) noexcept {
                                            std::to_string(kMaxRequestBytes)));
       return;
     }
+    client.served = true;
     RequestOutcome outcome =
-        processRequest(std::string_view(buffer_.data(), size), api_, client.peer, policy_);
+        processRequest(std::string_view(buffer_.data(), size), api_, client.peer, policy_,
+                       client.changeSlot ? Admission::ChangesOnly : Admission::Any);
+    // A read in a change slot is told busy and the slot freed.
+    if (client.changeSlot && outcome.errorCode == "busy") client.closeAfterReply = true;
     if (outcome.write) {
       log("cli: " + describePeer(client.peer) + " " + outcome.command + " " + outcome.args + ": " +
           (outcome.ok ? std::string("ok") : outcome.errorCode));
@@ -318,7 +351,10 @@ void CliServer::serveOne(std::uint64_t id, Client& client) noexcept {
 
 void CliServer::send(std::uint64_t id, Client& client, std::string reply) noexcept {
   const ssize_t n = ::send(client.fd, reply.data(), reply.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
-  if (n >= 0) return;
+  if (n >= 0) {
+    if (client.closeAfterReply) closeClient(id);
+    return;
+  }
   if (errno == EAGAIN || errno == EWOULDBLOCK) {
     client.pendingReply = std::move(reply);
     watch(id, client, true);
@@ -341,6 +377,10 @@ void CliServer::flush(std::uint64_t id, Client& client) noexcept {
                            MSG_DONTWAIT | MSG_NOSIGNAL);
   if (n < 0) {
     if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+    closeClient(id);
+    return;
+  }
+  if (client.closeAfterReply) {
     closeClient(id);
     return;
   }
@@ -413,8 +453,9 @@ bool CliClient::call(std::string_view request, std::string& reply,
   }
   if (::send(fd_, request.data(), request.size(), MSG_NOSIGNAL) < 0) {
     const int err = errno;
-    // The server may have refused the connection with a reply ("busy").
-    if (err == EPIPE && receive(reply, std::chrono::milliseconds(0), error)) return true;
+    // The server may have refused the connection with a reply ("busy"); it
+    // is queued before the close, whether the send saw EPIPE or a reset.
+    if (receive(reply, std::chrono::milliseconds(0), error)) return true;
     error = "sending the request: " + errnoText(err);
     return false;
   }

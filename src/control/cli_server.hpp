@@ -16,10 +16,20 @@
 //
 // Robustness: every socket is non-blocking and poll() never waits. A client
 // gets at most one request served per poll() (fairness), its next request is
-// not read while its last reply is still unsent, at most maxClients are
-// connected (the next is told "busy" and closed), clients silent for
-// idleTimeout are closed, and a client that sends garbage, an oversized
-// message or disconnects mid-way only ends its own connection.
+// not read while its last reply is still unsent, and a client that sends
+// garbage, an oversized message or disconnects mid-way only ends its own
+// connection.
+//
+// Slots: at most maxClients connections. The last rootSlots of them only
+// root (uid 0) may take; the changeSlots below those only a connection whose
+// first request changes state and is allowed to (a read there is answered
+// "busy" and the connection closed). A client that has sent nothing is closed
+// after firstRequestTimeout, one that has been served after idleTimeout (and
+// after firstRequestTimeout in a change slot), so idle connections cannot
+// hold the socket against root or an operator's change. A refused
+// connection gets one readable error reply ("busy": how many are connected,
+// try again) before the close; what it had sent is read and discarded first,
+// so the kernel does not turn the close into a reset that hides the reply.
 //
 // Thread contract: the control thread only. Register pollFd() (an epoll fd,
 // readable when any socket of the server is) with the control loop, call
@@ -50,7 +60,10 @@ struct CliServerOptions {
   std::string socketPath = ControlConfig{}.socketPath;
   std::string socketGroup;  // a group name or a numeric gid; empty: the daemon's group
   std::size_t maxClients = 64;
+  std::size_t rootSlots = 4;    // of maxClients: root only
+  std::size_t changeSlots = 4;  // of maxClients: a permitted change as the first request
   std::chrono::milliseconds idleTimeout{std::chrono::seconds(30)};
+  std::chrono::milliseconds firstRequestTimeout{std::chrono::seconds(2)};
   // Writers besides root, the daemon's effective uid and the socket's group,
   // which open() adds.
   AccessPolicy policy;
@@ -88,9 +101,13 @@ class CliServer {
     PeerCredentials peer;
     std::string pendingReply;  // a reply the socket could not take yet
     std::chrono::steady_clock::time_point lastActive;
+    bool served = false;      // it has sent a request
+    bool changeSlot = false;  // admitted into a change slot
+    bool closeAfterReply = false;
   };
 
   void acceptClients() noexcept;
+  void refuse(int fd, const PeerCredentials& peer, std::string_view why) noexcept;
   void serveOne(std::uint64_t id, Client& client) noexcept;
   void flush(std::uint64_t id, Client& client) noexcept;
   void send(std::uint64_t id, Client& client, std::string reply) noexcept;
@@ -121,10 +138,11 @@ class CliClient {
 
   // On failure `error` says which socket and why ("cannot connect to PATH: ...").
   // With a timeout, connect() gives up when the server's backlog stays full
-  // for that long.
+  // for that long (spillwayctl passes its --timeout).
   [[nodiscard]] bool connect(const std::string& socketPath, std::string& error,
                              std::optional<std::chrono::milliseconds> timeout = std::nullopt);
-  // Sends one request message and waits for its reply message.
+  // Sends one request message and waits for its reply message. When the
+  // server refused the connection (busy), its error reply is the reply.
   [[nodiscard]] bool call(std::string_view request, std::string& reply,
                           std::chrono::milliseconds timeout, std::string& error);
   void close() noexcept;

@@ -10,16 +10,24 @@
 // the metrics endpoint are polled from the control loop).
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <variant>
+#include <vector>
 
 namespace spillway {
 
 using Json = nlohmann::json;
+
+// Who sent a request, as the kernel reports it (SO_PEERCRED, SO_PEERGROUPS).
+struct PeerCredentials {
+  std::int32_t pid = 0;
+  std::uint32_t uid = 65534;  // nobody until read
+  std::uint32_t gid = 65534;
+  std::vector<std::uint32_t> groups;  // supplementary groups, may be empty
+};
 
 struct ApiError {
   std::string code;     // stable, machine readable: "not_found", "invalid", "conflict", ...
@@ -84,10 +92,14 @@ class ControlApi {
   // next sequence number to ask for.
   virtual ApiResult events(std::uint64_t after, std::uint32_t limit) = 0;
   // Validate a configuration file (default: the running one's path).
-  virtual ApiResult configCheck(const std::string& path) = 0;
+  // `caller` is the CLI peer that asked (nullptr: the daemon itself): one
+  // other than root may name only files under the running configuration's
+  // directory, and is told nothing the file holds unless it could read the
+  // file itself (config_access.hpp).
+  virtual ApiResult configCheck(const std::string& path, const PeerCredentials* caller) = 0;
   // Load and apply a configuration (default: the running one's path); a
-  // rejected file changes nothing.
-  virtual ApiResult configReload(const std::string& path) = 0;
+  // rejected file changes nothing. `caller` as for configCheck.
+  virtual ApiResult configReload(const std::string& path, const PeerCredentials* caller) = 0;
   // The running configuration; effective: the file merged with the
   // operator's runtime overrides, each overridden value with its source
   // (file, or runtime with journal sequence and time).

@@ -4,8 +4,11 @@
 #include <chrono>
 #include <cstdio>
 #include <ctime>
+#include <filesystem>
+#include <optional>
 #include <set>
 
+#include "control/config_access.hpp"
 #include "control/intent_merge.hpp"
 #include "control/metrics_http.hpp"
 #include "control/stats_view.hpp"
@@ -917,25 +920,94 @@ ApiResult ControlPlane::events(std::uint64_t after, std::uint32_t limit) {
   return Json{{"events", list}, {"next", page.next}, {"missed", page.missed}};
 }
 
-ApiResult ControlPlane::configCheck(const std::string& path) {
-  const std::string file = path.empty() ? configPath_ : path;
-  auto result = loadConfig(file);
-  if (!result) return ApiError{"invalid", formatErrors(result.errors())};
-  const Config& c = result.value();
-  return Json{{"path", file}, {"ok", true}, {"vips", c.vips.size()},
-              {"backends", c.backends.size()}};
+namespace {
+
+// What a caller may be told about a file: everything (the daemon itself,
+// root, or a caller that can read the file), or only where each error is.
+struct ConfigRead {
+  std::string file;                 // as named in replies and errors
+  std::string open;                 // what is read: for a caller, with links resolved
+  std::optional<ApiError> refused;  // the path is not the caller's to name
+  bool mayQuote = true;
+};
+
+ConfigRead admitConfigPath(const std::string& path, const std::string& running,
+                           const PeerCredentials* caller) {
+  ConfigRead r;
+  r.file = path.empty() ? running : path;
+  r.open = r.file;
+  if (caller == nullptr) return r;
+  // The running file itself is always the caller's to name (even when the
+  // daemon was started with a relative --config); only what it names is.
+  std::error_code ec;
+  const std::string dir =
+      std::filesystem::absolute(std::filesystem::path(running), ec).parent_path().string();
+  std::string resolved;
+  if (std::string why = path.empty() ? "" : configPathProblem(r.file, dir, *caller, resolved);
+      !why.empty()) {
+    r.refused = ApiError{"forbidden", why};
+    return r;
+  }
+  // The file checked is the file read, even if a link changes meanwhile.
+  if (!resolved.empty()) r.open = resolved;
+  r.mayQuote = callerMayRead(r.open, *caller);
+  return r;
 }
 
-ApiResult ControlPlane::configReload(const std::string& path) {
-  const std::string file = path.empty() ? configPath_ : path;
+// Loads the file; errors name it as the caller named it, and hold only
+// places when the caller could not read it.
+ConfigResult loadFor(const ConfigRead& read, std::string& errors) {
+  ConfigResult result = loadConfig(read.open);
+  if (!result && read.open != read.file) {
+    std::vector<ConfigError> named = result.errors();
+    for (ConfigError& e : named) e.file = read.file;
+    result = ConfigResult(std::move(named));
+  }
+  if (!result) {
+    errors = read.mayQuote ? formatErrors(result.errors()) : formatErrorsWithheld(result.errors());
+    if (!read.mayQuote) {
+      errors += "(values and reasons withheld: the caller may not read " + read.file + ")\n";
+    }
+  }
+  return result;
+}
+
+// A rejection after the file parsed (conflict, exhausted) may name what the
+// file holds: withheld likewise.
+ApiError withheld(const ConfigRead& read, ApiError e) {
+  // "invalid" is already reduced to places; "forbidden" names only the path.
+  if (read.mayQuote || e.code == "invalid" || e.code == "forbidden") return e;
+  return ApiError{e.code, read.file + ": rejected (" + e.code +
+                              "); details withheld: the caller may not read the file"};
+}
+
+}  // namespace
+
+ApiResult ControlPlane::configCheck(const std::string& path, const PeerCredentials* caller) {
+  const ConfigRead read = admitConfigPath(path, configPath_, caller);
+  if (read.refused) return *read.refused;
+  std::string errors;
+  auto result = loadFor(read, errors);
+  if (!result) return ApiError{"invalid", errors};
+  const Config& c = result.value();
+  return Json{
+      {"path", read.file}, {"ok", true}, {"vips", c.vips.size()}, {"backends", c.backends.size()}};
+}
+
+ApiResult ControlPlane::configReload(const std::string& path, const PeerCredentials* caller) {
+  const ConfigRead read = admitConfigPath(path, configPath_, caller);
+  const std::string& file = read.file;
   auto reject = [&](ApiError e) {
+    e = withheld(read, std::move(e));
     events_.append(now_, "", kEventConfig,
                    "rejected " + file + " (running configuration unchanged): " +
                        e.message.substr(0, e.message.find('\n')));
     return e;
   };
-  auto result = loadConfig(file);
-  if (!result) return reject(ApiError{"invalid", formatErrors(result.errors())});
+  if (read.refused) return reject(*read.refused);
+  std::string errors;
+  auto result = loadFor(read, errors);
+  if (!result) return reject(ApiError{"invalid", errors});
   Config next = std::move(result).value();
   // What the data path was started with cannot change under it.
   const auto& a = config_.dataplane;

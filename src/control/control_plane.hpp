@@ -124,8 +124,11 @@ class ControlPlane final : public ControlApi {
   ApiResult stats() override;
   ApiResult health() override;
   ApiResult events(std::uint64_t after, std::uint32_t limit) override;
-  ApiResult configCheck(const std::string& path) override;
-  ApiResult configReload(const std::string& path) override;
+  ApiResult configCheck(const std::string& path, const PeerCredentials* caller) override;
+  ApiResult configReload(const std::string& path, const PeerCredentials* caller) override;
+  // The daemon's own calls (start-up replay, signals, tests): no caller.
+  ApiResult configCheck(const std::string& path) { return configCheck(path, nullptr); }
+  ApiResult configReload(const std::string& path) { return configReload(path, nullptr); }
   ApiResult configDump(bool effective) override;
   ApiResult configClearOverrides(const std::string& backend) override;
   ApiResult lbDrain() override;

@@ -100,6 +100,8 @@ std::string_view reasonPhrase(int status) {
       return "Request Header Fields Too Large";
     case 500:
       return "Internal Server Error";
+    case 503:
+      return "Service Unavailable";
     case 505:
       return "HTTP Version Not Supported";
     default:
@@ -255,7 +257,11 @@ void MetricsHttpServer::poll() noexcept {
   try {
     const auto t = now();
     closeExpired(
-        clients_, [&](const Client& client) { return t >= client.deadline; },
+        clients_,
+        [&](const Client& client) {
+          return t >= client.deadline ||
+                 (client.phase == Phase::Reading && t >= client.requestDeadline);
+        },
         [this](std::uint64_t id) { closeClient(id); });
   } catch (...) {
   }
@@ -266,15 +272,39 @@ void MetricsHttpServer::acceptClients() noexcept {
     const int fd = accept4(listenFd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) return;
     bool adopted = false;
-    if (clients_.size() < options_.maxClients) {
-      try {
+    try {
+      // Full: the oldest connection that is not mid-response makes room (an
+      // idle one, or one waiting for its peer to close); a scraper sends its
+      // request at once, so idle connections cannot keep it out.
+      if (clients_.size() >= options_.maxClients && options_.maxClients > 0) {
+        const auto victim = std::find_if(clients_.begin(), clients_.end(), [](const auto& entry) {
+          return entry.second.phase != Phase::Writing;
+        });
+        if (victim != clients_.end()) closeClient(victim->first);
+      }
+      if (clients_.size() < options_.maxClients) {
         const std::uint64_t id = nextId_++;
         Client client;
         client.fd = fd;
-        client.deadline = now() + options_.timeout;
+        const auto t = now();
+        client.deadline = t + options_.timeout;
+        client.requestDeadline = t + options_.requestTimeout;
         adopted = adoptClient(epollFd_, clients_, id, std::move(client));
-      } catch (...) {
+      } else {
+        // Every connection is mid-response: a readable refusal, not a reset.
+        const std::string busy =
+            textResponse(503,
+                         "busy: " + std::to_string(clients_.size()) +
+                             " metrics connections are sending responses; try again",
+                         false);
+        (void)::send(fd, busy.data(), busy.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+        (void)::shutdown(fd, SHUT_WR);
+        // Unread input would turn the close into a reset that may cut the reply.
+        char sink[4096];
+        for (int j = 0; j < 4 && recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0; ++j) {
+        }
       }
+    } catch (...) {
     }
     if (!adopted) ::close(fd);
   }

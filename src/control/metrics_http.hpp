@@ -9,8 +9,13 @@
 // the response is written with Content-Length and `Connection: close`, the
 // write side is shut and the connection closed once the peer has closed or
 // the per-connection timeout passed. Other paths are 404, other methods 405,
-// malformed heads 400. At most maxClients connections are open; the next is
-// closed at once. Request bodies are not read.
+// malformed heads 400. Request bodies are not read.
+//
+// At most maxClients connections are open. When all are taken, a new one
+// closes the oldest that is not sending a response (idle, or waiting for its
+// peer's close); when every one is sending, the new one is answered 503
+// (busy) and closed. A connection whose request head is not complete within
+// requestTimeout is closed, so idle connections cannot lock a scraper out.
 //
 // MetricsWriter collects samples in any order and renders each family once,
 // contiguously: `# HELP` and `# TYPE` once per family, label values and help
@@ -57,8 +62,9 @@ struct MetricsHttpOptions {
   std::string listen = ControlConfig{}.metricsListen;  // empty: disabled
   std::size_t maxClients = 16;
   std::size_t maxRequestBytes = 8192;
-  std::chrono::milliseconds timeout{std::chrono::seconds(10)};   // per connection
-  std::function<std::chrono::steady_clock::time_point()> clock;  // default: steady_clock::now
+  std::chrono::milliseconds timeout{std::chrono::seconds(10)};        // per connection
+  std::chrono::milliseconds requestTimeout{std::chrono::seconds(2)};  // for the request head
+  std::function<std::chrono::steady_clock::time_point()> clock;       // default: steady_clock::now
 
   [[nodiscard]] static MetricsHttpOptions fromConfig(const ControlConfig& config);
 };
@@ -92,6 +98,7 @@ class MetricsHttpServer {
     std::string out;
     std::size_t sent = 0;
     std::chrono::steady_clock::time_point deadline;
+    std::chrono::steady_clock::time_point requestDeadline;
   };
 
   void acceptClients() noexcept;

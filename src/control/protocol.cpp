@@ -313,7 +313,7 @@ T numberArg(const Json& args, const char* name, T fallback) {
   return it == args.end() ? fallback : static_cast<T>(it->get<std::uint64_t>());
 }
 
-ApiResult dispatch(const Validated& request, ControlApi& api) {
+ApiResult dispatch(const Validated& request, ControlApi& api, const PeerCredentials& peer) {
   const std::string_view name = request.command->name;
   const Json& a = request.args;
   if (name == "status") return api.status();
@@ -356,8 +356,8 @@ ApiResult dispatch(const Validated& request, ControlApi& api) {
     return api.events(numberArg<std::uint64_t>(a, "after", 0),
                       numberArg<std::uint32_t>(a, "limit", kDefaultEventsLimit));
   }
-  if (name == "config.check") return api.configCheck(stringArg(a, "path"));
-  if (name == "config.reload") return api.configReload(stringArg(a, "path"));
+  if (name == "config.check") return api.configCheck(stringArg(a, "path"), &peer);
+  if (name == "config.reload") return api.configReload(stringArg(a, "path"), &peer);
   if (name == "config.dump") {
     const auto effective = a.find("effective");
     return api.configDump(effective != a.end() && effective->get<bool>());
@@ -416,7 +416,8 @@ std::string makeErrorReply(std::string_view code, std::string_view message) {
 }
 
 RequestOutcome processRequest(std::string_view message, ControlApi& api,
-                              const PeerCredentials& peer, const AccessPolicy& policy) noexcept {
+                              const PeerCredentials& peer, const AccessPolicy& policy,
+                              Admission admission) noexcept {
   RequestOutcome out;
   try {
     auto validated = validate(message);
@@ -428,13 +429,19 @@ RequestOutcome processRequest(std::string_view message, ControlApi& api,
     out.command = request.command->name;
     out.args = dumpCompact(request.args);
     out.write = needsWrite(request);
+    if (admission == Admission::ChangesOnly && !(out.write && policy.mayWrite(peer))) {
+      reject(out, "busy",
+             "every CLI slot for reads is taken; the remaining ones are kept for changes and "
+             "root; try again");
+      return out;
+    }
     if (out.write && !policy.mayWrite(peer)) {
       reject(out, "forbidden",
              out.command + " changes state and needs root or a member of the socket's group (uid " +
                  std::to_string(peer.uid) + " is neither)");
       return out;
     }
-    ApiResult result = dispatch(request, api);
+    ApiResult result = dispatch(request, api, peer);
     if (auto* error = std::get_if<ApiError>(&result)) {
       reject(out, error->code.empty() ? std::string("error") : error->code, error->message);
       return out;

@@ -15,7 +15,8 @@
 // booleans true or false). Anything else is an error reply and no ControlApi
 // call is made. Errors found here have the codes
 //   too_large, bad_json, bad_request, unsupported_version, unknown_command,
-//   forbidden, reply_too_large, internal;
+//   forbidden, busy (a read in one of the CLI server's change slots),
+//   reply_too_large, internal;
 // the control plane's own ApiError codes (not_found, invalid, conflict, ...)
 // pass through unchanged.
 //
@@ -25,6 +26,9 @@
 // Two commands depend on their arguments: backend.weight with dry_run:true
 // changes nothing and is read-only; config.check with a path makes the
 // daemon read a file of the peer's choosing and needs write access.
+// config.check and config.reload hand the peer's credentials to the
+// ControlApi, which bounds which files a peer other than root may name and
+// what it is told of them (config_access.hpp).
 //
 // handleRequest() never throws and never crashes on any input (fuzzed by
 // tests/fuzz/fuzz_protocol.cpp); nlohmann's exceptions stay inside.
@@ -53,14 +57,6 @@ inline constexpr std::size_t kMaxRequestDepth = 8;
 inline constexpr std::size_t kMaxArgStringBytes = 4096;
 inline constexpr std::uint32_t kDefaultEventsLimit = 100;
 inline constexpr std::uint32_t kMaxEventsLimit = 1000;
-
-// Who sent a request, as the kernel reports it (SO_PEERCRED, SO_PEERGROUPS).
-struct PeerCredentials {
-  std::int32_t pid = 0;
-  std::uint32_t uid = 65534;  // nobody until read
-  std::uint32_t gid = 65534;
-  std::vector<std::uint32_t> groups;  // supplementary groups, may be empty
-};
 
 // Who may run commands that change state. Root always may.
 struct AccessPolicy {
@@ -99,9 +95,14 @@ struct RequestOutcome {
   std::string errorCode;
 };
 
+// Which requests a connection may have served: any, or (a connection in one
+// of the CLI server's change slots) only a change the peer may make; any
+// other is answered "busy" without a ControlApi call.
+enum class Admission : std::uint8_t { Any, ChangesOnly };
+
 [[nodiscard]] RequestOutcome processRequest(std::string_view message, ControlApi& api,
-                                            const PeerCredentials& peer,
-                                            const AccessPolicy& policy) noexcept;
+                                            const PeerCredentials& peer, const AccessPolicy& policy,
+                                            Admission admission = Admission::Any) noexcept;
 // processRequest(...).reply.
 [[nodiscard]] std::string handleRequest(std::string_view message, ControlApi& api,
                                         const PeerCredentials& peer,

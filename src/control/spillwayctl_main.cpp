@@ -324,20 +324,30 @@ void printEvents(const Json& events, std::ostream& out) {
 
 // --- requests ------------------------------------------------------------------
 
+std::chrono::milliseconds timeoutOf(const GlobalOptions& options) {
+  return std::chrono::milliseconds(
+      static_cast<std::int64_t>(std::max(options.timeoutSeconds, 0.001) * 1000.0));
+}
+
 // Sends one request on a fresh connection. Returns an exit code; on 0,
 // `result` holds the reply's result.
 int request(const GlobalOptions& options, std::string_view command, const Json& args,
             Json& result) {
   CliClient client;
   std::string error;
-  if (!client.connect(options.socketPath, error)) {
+  // --timeout bounds the whole request: the connect (a server whose backlog
+  // stays full) and the reply.
+  const auto timeout = timeoutOf(options);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  if (!client.connect(options.socketPath, error, timeout)) {
     std::cerr << "spillwayctl: " << error << '\n';
     return kExitConnect;
   }
   std::string reply;
-  const auto timeout = std::chrono::milliseconds(
-      static_cast<std::int64_t>(std::max(options.timeoutSeconds, 0.001) * 1000.0));
-  if (!client.call(makeRequest(command, args), reply, timeout, error)) {
+  const auto left = std::max(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                 deadline - std::chrono::steady_clock::now()),
+                             std::chrono::milliseconds(1));
+  if (!client.call(makeRequest(command, args), reply, left, error)) {
     std::cerr << "spillwayctl: " << command << " on " << options.socketPath << ": " << error
               << '\n';
     return kExitError;
@@ -453,11 +463,6 @@ int events(const GlobalOptions& options, std::uint64_t after, std::uint32_t limi
 }
 
 // --- a tier ------------------------------------------------------------------
-
-std::chrono::milliseconds timeoutOf(const GlobalOptions& options) {
-  return std::chrono::milliseconds(
-      static_cast<std::int64_t>(std::max(options.timeoutSeconds, 0.001) * 1000.0));
-}
 
 std::optional<TierFile> readTier(const GlobalOptions& options) {
   auto tier = loadTierFile(options.tierPath);
@@ -581,7 +586,7 @@ int run(int argc, char** argv) {
                  "a tier file (NAME SOCKET_PATH per line): send the command to every instance")
       ->envname("SPILLWAY_TIER");
   app.add_option("--timeout", options.timeoutSeconds,
-                 "seconds to wait for a reply (and, with --tier, to connect)")
+                 "seconds a request may take: the connect and the reply")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
 

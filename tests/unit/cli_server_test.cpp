@@ -20,11 +20,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -379,6 +382,118 @@ TEST_F(CliServerTest, TooManyClientsAreToldBusy) {
   EXPECT_TRUE(mustParse(awaitReply(server, a)).ok);
 }
 
+// Idle connections of a socket-group member fill every slot for reads: a
+// read is told busy (readably, not reset), a change still gets a change
+// slot, root still gets a root slot, and the connections that never asked
+// anything go after firstRequestTimeout.
+TEST_F(CliServerTest, IdleConnectionsLeaveSlotsForChangesAndRoot) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run clients as another user";
+  Clock::time_point now = Clock::now();
+  CliServerOptions o = options();
+  o.maxClients = 6;
+  o.rootSlots = 1;
+  o.changeSlots = 1;
+  o.policy.uids.push_back(65534);  // the group member stands in as uid 65534
+  o.clock = [&] { return now; };
+  CliServer server(api_, o);
+  open(server);
+  ASSERT_EQ(chmod(server.socketPath().c_str(), 0666), 0);
+  ASSERT_EQ(chmod(fs::path(server.socketPath()).parent_path().c_str(), 0755), 0);
+  ASSERT_EQ(chmod(dir_.path().c_str(), 0755), 0);
+
+  int toChild[2];
+  int fromChild[2];
+  ASSERT_EQ(pipe2(toChild, O_CLOEXEC), 0);
+  ASSERT_EQ(pipe2(fromChild, O_CLOEXEC), 0);
+  ASSERT_EQ(fcntl(fromChild[0], F_SETFL, O_NONBLOCK), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(toChild[1]);
+    ::close(fromChild[0]);
+    if (setgroups(0, nullptr) != 0 || setgid(65534) != 0 || setuid(65534) != 0) _exit(10);
+    std::vector<std::unique_ptr<RawClient>> idle;
+    for (int i = 0; i < 4; ++i) idle.push_back(std::make_unique<RawClient>(server.socketPath()));
+    char go = 0;
+    if (::write(fromChild[1], "r", 1) != 1 || ::read(toChild[0], &go, 1) != 1) _exit(11);
+    std::string out;
+    const auto ask = [&](CliClient& client, const std::string& request) {
+      std::string error;
+      std::string reply;
+      if (!client.connect(server.socketPath(), error, std::chrono::seconds(20))) _exit(12);
+      if (!client.call(request, reply, std::chrono::seconds(20), error)) reply = "ERROR " + error;
+      out += reply + "\n";
+    };
+    CliClient reader;
+    ask(reader, makeRequest("status"));  // a read in the change slot
+    reader.close();
+    CliClient changer;
+    ask(changer, makeRequest("backend.drain", Json{{"name", "gpu-a1"}}));  // kept open
+    CliClient late;
+    ask(late, makeRequest("status"));  // no slot left but root's
+    const bool ok =
+        ::write(fromChild[1], out.data(), out.size()) == static_cast<ssize_t>(out.size());
+    if (::read(toChild[0], &go, 1) != 1) _exit(14);  // hold the connections until told
+    _exit(ok ? 0 : 13);
+  }
+  ::close(toChild[0]);
+  ::close(fromChild[1]);
+  std::string output;
+  const auto readChild = [&] {
+    char buffer[4096];
+    ssize_t n = 0;
+    while ((n = ::read(fromChild[0], buffer, sizeof buffer)) > 0) output.append(buffer, n);
+  };
+  ASSERT_TRUE(pumpUntil(server,
+                        [&] {
+                          readChild();
+                          return output == "r" && server.clientCount() == 4;
+                        },
+                        {fromChild[0]}));
+  output.clear();
+  ASSERT_EQ(::write(toChild[1], "g", 1), 1);
+  ASSERT_TRUE(pumpUntil(server,
+                        [&] {
+                          readChild();
+                          return std::count(output.begin(), output.end(), '\n') == 3;
+                        },
+                        {fromChild[0]}));
+
+  std::vector<std::string> lines;
+  for (std::size_t start = 0, nl; (nl = output.find('\n', start)) != std::string::npos;
+       start = nl + 1) {
+    lines.push_back(output.substr(start, nl - start));
+  }
+  ASSERT_EQ(lines.size(), 3u) << output;
+  const Reply reader = mustParse(lines[0]);
+  EXPECT_EQ(reader.errorCode, "busy") << lines[0];
+  EXPECT_NE(reader.errorMessage.find("try again"), std::string::npos) << lines[0];
+  EXPECT_TRUE(mustParse(lines[1]).ok) << lines[1];
+  const Reply late = mustParse(lines[2]);
+  EXPECT_EQ(late.errorCode, "busy") << lines[2];
+  EXPECT_NE(late.errorMessage.find("5 CLI connections"), std::string::npos) << lines[2];
+  EXPECT_EQ(api_.calls, (std::vector<std::string>{"backendDrain(gpu-a1)"}));
+
+  // Root takes the slot kept for it.
+  RawClient root(server.socketPath());
+  ASSERT_TRUE(root.send(makeRequest("status")));
+  EXPECT_TRUE(mustParse(awaitReply(server, root)).ok);
+  EXPECT_EQ(server.clientCount(), 6u);
+
+  // The connections that never asked anything, and the change slot, go
+  // after firstRequestTimeout; root's served connection stays.
+  now += o.firstRequestTimeout;
+  server.poll();
+  EXPECT_EQ(server.clientCount(), 1u);
+
+  ASSERT_EQ(::write(toChild[1], "q", 1), 1);
+  int status = 0;
+  ASSERT_TRUE(pumpUntil(server, [&] { return waitpid(child, &status, WNOHANG) == child; }));
+  ::close(toChild[1]);
+  ::close(fromChild[0]);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+}
+
 TEST_F(CliServerTest, IdleClientsAreClosed) {
   Clock::time_point now = Clock::now();
   CliServerOptions o = options();
@@ -386,12 +501,23 @@ TEST_F(CliServerTest, IdleClientsAreClosed) {
   o.clock = [&] { return now; };
   CliServer server(api_, o);
   open(server);
+  // Served once, then idle: closed after idleTimeout.
   RawClient client(server.socketPath());
-  ASSERT_TRUE(pumpUntil(server, [&] { return server.clientCount() == 1; }));
+  ASSERT_TRUE(client.send(makeRequest("status")));
+  EXPECT_TRUE(mustParse(awaitReply(server, client)).ok);
   now += std::chrono::seconds(29);
   server.poll();
   EXPECT_EQ(server.clientCount(), 1u);
   now += std::chrono::seconds(1);
+  server.poll();
+  EXPECT_EQ(server.clientCount(), 0u);
+  // Never asked anything: closed after firstRequestTimeout.
+  RawClient silent(server.socketPath());
+  ASSERT_TRUE(pumpUntil(server, [&] { return server.clientCount() == 1; }));
+  now += o.firstRequestTimeout - std::chrono::milliseconds(1);
+  server.poll();
+  EXPECT_EQ(server.clientCount(), 1u);
+  now += std::chrono::milliseconds(1);
   server.poll();
   EXPECT_EQ(server.clientCount(), 0u);
 }
@@ -706,6 +832,53 @@ TEST_F(SpillwayctlTest, UnreachableSocketExitsThreeNamingIt) {
   EXPECT_EQ(run.exitCode, 3);
   EXPECT_NE(run.err.find(path), std::string::npos) << run.err;
   EXPECT_NE(run.err.find("No such file or directory"), std::string::npos) << run.err;
+}
+
+// A full server's refusal reaches the operator as its message, not as
+// "Connection reset by peer".
+TEST_F(SpillwayctlTest, BusyServerIsReportedReadably) {
+  CliServerOptions o = options();
+  o.maxClients = 2;
+  o.rootSlots = 0;
+  o.changeSlots = 0;
+  server_ = std::make_unique<CliServer>(api_, o);
+  open(*server_);
+  RawClient a(server_->socketPath());
+  RawClient b(server_->socketPath());
+  ASSERT_TRUE(pumpUntil(*server_, [&] { return server_->clientCount() == 2; }));
+  const CtlRun run = ctl({"status"});
+  EXPECT_EQ(run.exitCode, 1) << run.err;
+  EXPECT_NE(run.err.find("busy: 2 CLI connections"), std::string::npos) << run.err;
+  EXPECT_NE(run.err.find("try again"), std::string::npos) << run.err;
+  EXPECT_TRUE(api_.calls.empty());
+}
+
+// --timeout bounds connect(): a socket that listens but never accepts, its
+// backlog full, is given up on with exit code 3 and the reason.
+TEST_F(SpillwayctlTest, TimeoutCoversConnect) {
+  const std::string path = dir_.path() + "/stuck.sock";
+  const int listener = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", path.c_str());
+  ASSERT_EQ(::bind(listener, reinterpret_cast<const sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(listener, 0), 0);
+  std::vector<int> fillers;
+  bool full = false;
+  for (int i = 0; i < 64 && !full; ++i) {
+    const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    full = ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0 &&
+           errno == EAGAIN;
+    fillers.push_back(fd);
+  }
+  ASSERT_TRUE(full) << "the backlog never filled";
+  const CtlRun run = ctl({"--socket", path, "--timeout", "1", "status"}, /*withSocket=*/false);
+  EXPECT_EQ(run.exitCode, 3) << run.err;
+  EXPECT_NE(run.err.find("cannot connect to " + path), std::string::npos) << run.err;
+  EXPECT_NE(run.err.find("backlog stayed full for 1000 ms"), std::string::npos) << run.err;
+  for (const int fd : fillers) ::close(fd);
+  ::close(listener);
 }
 
 TEST_F(SpillwayctlTest, DefaultSocketIsTheConfigDefault) {

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,7 @@ class FakeControlApi : public ControlApi {
   std::vector<std::string> calls;
   std::map<std::string, ApiResult> replies;  // by method name; overrides the canned result
   BackendSpec lastSpec;
+  std::optional<PeerCredentials> lastCaller;  // of config.check / config.reload
   std::string metrics =
       "# HELP spillway_up Whether spillwayd runs.\n# TYPE spillway_up gauge\nspillway_up 1\n";
 
@@ -145,12 +147,14 @@ class FakeControlApi : public ControlApi {
     return answer("events", "events(" + std::to_string(after) + "," + std::to_string(limit) + ")",
                   Json{{"events", list}, {"next", next}});
   }
-  ApiResult configCheck(const std::string& path) override {
+  ApiResult configCheck(const std::string& path, const PeerCredentials* caller) override {
+    lastCaller = caller ? std::optional<PeerCredentials>(*caller) : std::nullopt;
     return answer(
         "configCheck", "configCheck(" + path + ")",
         Json{{"path", path.empty() ? "/etc/spillway/spillway.toml" : path}, {"valid", true}});
   }
-  ApiResult configReload(const std::string& path) override {
+  ApiResult configReload(const std::string& path, const PeerCredentials* caller) override {
+    lastCaller = caller ? std::optional<PeerCredentials>(*caller) : std::nullopt;
     return answer("configReload", "configReload(" + path + ")",
                   Json{{"generation", 8}, {"changed", true}});
   }

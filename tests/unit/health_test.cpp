@@ -6,11 +6,13 @@
 // real clock.
 #include "control/health.hpp"
 
+#include <grp.h>
 #include <gtest/gtest.h>
 #include <linux/ip.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
@@ -709,14 +711,46 @@ TEST(HealthCheckerEncap, Ipv6InnerVip) {
   close(fd);
 }
 
+// The probe's error without CAP_NET_RAW. As root (CI) the check runs in a
+// child that has given up root and with it every capability, so the case
+// runs everywhere instead of skipping where raw sockets work.
 TEST(HealthCheckerEncap, WithoutRawSocketsTheProbeSaysWhy) {
-  if (haveRawSockets()) GTEST_SKIP() << "runs only without CAP_NET_RAW";
-  HealthChecker checker(unstaggered());
-  checker.setTargets(
-      {encapTarget(1, EncapKind::IpInIp4, "127.0.0.3", "127.0.0.2", 80, "127.0.0.1")});
-  checker.poll(0);
-  EXPECT_EQ(checker.status(1)->lastError,
-            "raw socket: Operation not permitted (encap probes need CAP_NET_RAW)");
+  const auto probeError = [] {
+    HealthChecker checker(unstaggered());
+    checker.setTargets(
+        {encapTarget(1, EncapKind::IpInIp4, "127.0.0.3", "127.0.0.2", 80, "127.0.0.1")});
+    checker.poll(0);
+    return checker.status(1)->lastError;
+  };
+  const std::string expected =
+      "raw socket: Operation not permitted (encap probes need CAP_NET_RAW)";
+  if (!haveRawSockets()) {
+    EXPECT_EQ(probeError(), expected);
+    return;
+  }
+  if (geteuid() != 0) GTEST_SKIP() << "CAP_NET_RAW without root: cannot drop it here";
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    close(fds[0]);
+    if (setgroups(0, nullptr) != 0 || setgid(65534) != 0 || setuid(65534) != 0) _exit(10);
+    if (haveRawSockets()) _exit(11);
+    const std::string error = probeError();
+    const bool written =
+        write(fds[1], error.data(), error.size()) == static_cast<ssize_t>(error.size());
+    _exit(written ? 0 : 12);
+  }
+  close(fds[1]);
+  std::string error;
+  char buffer[512];
+  for (ssize_t n; (n = read(fds[0], buffer, sizeof buffer)) > 0;) error.append(buffer, n);
+  close(fds[0]);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_EQ(error, expected);
 }
 
 TEST(HealthCheckerEncap, MisconfiguredProbeSaysWhy) {

@@ -763,6 +763,106 @@ pool = "a"
   unchanged("/dev/zero");
 }
 
+// --- config check|reload PATH from the CLI socket (issue #13) -------------------
+
+// A socket-group member that is not root, and root.
+PeerCredentials member() {
+  PeerCredentials p;
+  p.uid = 65534;
+  p.gid = 65534;
+  return p;
+}
+PeerCredentials rootCaller() {
+  PeerCredentials p;
+  p.uid = 0;
+  p.gid = 0;
+  return p;
+}
+
+std::string errorOf(const ApiResult& r) {
+  const auto* e = std::get_if<ApiError>(&r);
+  return e ? e->code + ": " + e->message : std::string("ok");
+}
+
+TEST(ControlConfigAccess, NonRootNamesOnlyFilesUnderTheConfigDirectory) {
+  TempDir dir;
+  TempDir other;
+  std::int64_t wall = 1'700'000'000'000;
+  Daemon d(dir, configText(dir / "state"), &wall);
+  writeAll(other / "x.toml", configText(dir / "state"));
+  writeAll(dir / "next.toml", configText(dir / "state"));
+  ASSERT_EQ(::chmod(dir.path().c_str(), 0755), 0);
+  ASSERT_EQ(::chmod(other.path().c_str(), 0755), 0);
+  ASSERT_EQ(::chmod((other / "x.toml").c_str(), 0644), 0);
+  ASSERT_EQ(::symlink((other / "x.toml").c_str(), (dir / "link.toml").c_str()), 0);
+  const PeerCredentials m = member();
+  const PeerCredentials r = rootCaller();
+
+  for (const std::string& path :
+       {other / "x.toml", std::string("next.toml"),
+        dir / ("../" + fs::path(other.path()).filename().string() + "/x.toml"), dir / "link.toml",
+        std::string("/etc/passwd")}) {
+    const ApiResult check = d.cp().configCheck(path, &m);
+    ASSERT_TRUE(std::holds_alternative<ApiError>(check)) << path;
+    EXPECT_EQ(std::get<ApiError>(check).code, "forbidden") << path;
+    EXPECT_NE(std::get<ApiError>(check).message.find("only root"), std::string::npos)
+        << errorOf(check);
+    const ApiResult reload = d.cp().configReload(path, &m);
+    EXPECT_EQ(errorOf(reload).rfind("forbidden: ", 0), 0u) << errorOf(reload);
+  }
+  // The passwd file's contents are never part of the answer.
+  EXPECT_EQ(errorOf(d.cp().configCheck("/etc/passwd", &m)).find("root:"), std::string::npos);
+  // Under the directory, and the running file itself, are fine; root may name any file.
+  EXPECT_EQ(errorOf(d.cp().configCheck(dir / "next.toml", &m)), "ok");
+  EXPECT_EQ(errorOf(d.cp().configCheck("", &m)), "ok");
+  EXPECT_EQ(errorOf(d.cp().configCheck(other / "x.toml", &r)), "ok");
+  EXPECT_EQ(errorOf(d.cp().configReload(dir / "next.toml", &m)), "ok");
+}
+
+TEST(ControlConfigAccess, ErrorsOfAFileTheCallerCannotReadQuoteNothingOfIt) {
+  TempDir dir;
+  std::int64_t wall = 1'700'000'000'000;
+  Daemon d(dir, configText(dir / "state"), &wall);
+  ASSERT_EQ(::chmod(dir.path().c_str(), 0755), 0);
+  const std::string bad = dir / "bad.toml";
+  writeAll(bad, configText(dir / "state", R"(
+[[backend]]
+name = "b9"
+address = "secret-token-42"
+pool = "a"
+)"));
+  const std::string broken = dir / "broken.toml";
+  writeAll(broken, "[dataplane]\nsecret-syntax-99 = = \"hunter2\"\n");
+  const PeerCredentials m = member();
+  const PeerCredentials r = rootCaller();
+
+  ASSERT_EQ(::chmod(bad.c_str(), 0600), 0);
+  ASSERT_EQ(::chmod(broken.c_str(), 0600), 0);
+  const std::string withheld = errorOf(d.cp().configCheck(bad, &m));
+  EXPECT_EQ(withheld.rfind("invalid: ", 0), 0u) << withheld;
+  EXPECT_EQ(withheld.find("secret-token-42"), std::string::npos) << withheld;
+  EXPECT_NE(withheld.find(bad + ":"), std::string::npos) << withheld;  // where: file:line:column
+  EXPECT_NE(withheld.find("address"), std::string::npos) << withheld;  // and the field
+  EXPECT_NE(withheld.find("withheld"), std::string::npos) << withheld;
+  const std::string syntax = errorOf(d.cp().configCheck(broken, &m));
+  EXPECT_EQ(syntax.find("secret-syntax-99"), std::string::npos) << syntax;
+  EXPECT_EQ(syntax.find("hunter2"), std::string::npos) << syntax;
+  // A rejected reload tells the caller (and the event log) no more.
+  const std::string reload = errorOf(d.cp().configReload(bad, &m));
+  EXPECT_EQ(reload.find("secret-token-42"), std::string::npos) << reload;
+  const std::string events = std::get<Json>(d.cp().events(0, 1000)).dump();
+  EXPECT_EQ(events.find("secret-token-42"), std::string::npos) << events;
+  EXPECT_NE(events.find("rejected " + bad), std::string::npos) << events;
+
+  // Root, or a caller that may read the file, is told everything.
+  EXPECT_NE(errorOf(d.cp().configCheck(bad, &r)).find("secret-token-42"), std::string::npos);
+  ASSERT_EQ(::chmod(bad.c_str(), 0644), 0);
+  EXPECT_NE(errorOf(d.cp().configCheck(bad, &m)).find("secret-token-42"), std::string::npos);
+  // Unless a directory above it is closed to the caller.
+  ASSERT_EQ(::chmod(dir.path().c_str(), 0700), 0);
+  EXPECT_EQ(errorOf(d.cp().configCheck(bad, &m)).find("secret-token-42"), std::string::npos);
+}
+
 TEST(ControlIntent, FileDefiningARuntimeBackendWins) {
   TempDir dir;
   std::int64_t wall = 1'700'000'000'000;

@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -232,24 +233,71 @@ TEST_F(MetricsHttpTest, RequestInPiecesAndHangUps) {
   EXPECT_EQ(exchange("GET /metrics HTTP/1.1\r\n\r\n").status, 200);
 }
 
-TEST_F(MetricsHttpTest, ConnectionLimitAndTimeout) {
+TEST_F(MetricsHttpTest, ConnectionLimitAndTimeouts) {
   Clock::time_point now = Clock::now();
   MetricsHttpOptions options;
   options.listen = "127.0.0.1:0";
   options.maxClients = 1;
   options.timeout = std::chrono::seconds(5);
+  options.requestTimeout = std::chrono::seconds(2);
   options.clock = [&] { return now; };
   open(options);
+  // At the limit, a new connection closes the idle one and is served.
   TcpClient idle(false, server_->port());
   ASSERT_TRUE(pumpUntil(*server_, [&] { return server_->clientCount() == 1; }));
-  TcpClient extra(false, server_->port());
-  ASSERT_TRUE(pumpUntil(*server_, [&] { return extra.readSome(); }, {extra.fd()}));
-  EXPECT_TRUE(extra.received.empty()) << "over the limit: closed without an answer";
+  TcpClient scraper(false, server_->port());
+  ASSERT_TRUE(pumpUntil(*server_, [&] { return idle.readSome(); }, {idle.fd()}));
+  EXPECT_TRUE(idle.received.empty()) << "the idle connection is closed without an answer";
+  ASSERT_TRUE(scraper.send("GET /metrics HTTP/1.1\r\n\r\n"));
+  ASSERT_TRUE(pumpUntil(*server_, [&] { return scraper.readSome(); }, {scraper.fd()}));
+  EXPECT_EQ(parseResponse(scraper.received).status, 200);
+  scraper.close();
+  ASSERT_TRUE(pumpUntil(*server_, [&] { return server_->clientCount() == 0; }));
+
+  // A request head not complete within requestTimeout: closed.
+  TcpClient silent(false, server_->port());
+  ASSERT_TRUE(pumpUntil(*server_, [&] { return server_->clientCount() == 1; }));
+  now += std::chrono::milliseconds(1999);
+  server_->poll();
   EXPECT_EQ(server_->clientCount(), 1u);
-  now += std::chrono::seconds(5);
+  now += std::chrono::milliseconds(1);
   server_->poll();
   EXPECT_EQ(server_->clientCount(), 0u);
-  EXPECT_TRUE(pumpUntil(*server_, [&] { return idle.readSome(); }, {idle.fd()}));
+  EXPECT_TRUE(pumpUntil(*server_, [&] { return silent.readSome(); }, {silent.fd()}));
+}
+
+// Issue #13: 16 idle TCP clients (the default limit) must not lock out a scraper.
+TEST_F(MetricsHttpTest, IdleClientsDoNotLockOutAScraper) {
+  open();
+  std::vector<std::unique_ptr<TcpClient>> idle;
+  for (int i = 0; i < 16; ++i) {
+    idle.push_back(std::make_unique<TcpClient>(false, server_->port()));
+  }
+  ASSERT_TRUE(pumpUntil(*server_, [&] { return server_->clientCount() == 16; }));
+  const HttpResponse r = exchange("GET /metrics HTTP/1.1\r\n\r\n");
+  EXPECT_EQ(r.status, 200) << r.head;
+  EXPECT_EQ(r.body, api_.metrics);
+  EXPECT_LE(server_->clientCount(), 16u);
+}
+
+// When every connection is mid-response, a new one reads a 503, not a reset.
+TEST_F(MetricsHttpTest, BusyWhenEveryConnectionIsSending) {
+  api_.metrics.assign(32 << 20, 'x');  // far more than the socket buffers hold
+  MetricsHttpOptions options;
+  options.listen = "127.0.0.1:0";
+  options.maxClients = 1;
+  open(options);
+  TcpClient hog(false, server_->port());
+  const int small = 4096;
+  ASSERT_EQ(setsockopt(hog.fd(), SOL_SOCKET, SO_RCVBUF, &small, sizeof small), 0);
+  ASSERT_TRUE(hog.send("GET /metrics HTTP/1.1\r\n\r\n"));  // and never reads
+  ASSERT_TRUE(pumpUntil(*server_, [&] { return server_->clientCount() == 1; }));
+  for (int i = 0; i < 20; ++i) server_->poll();
+  TcpClient extra(false, server_->port());
+  ASSERT_TRUE(pumpUntil(*server_, [&] { return extra.readSome(); }, {extra.fd()}));
+  const HttpResponse busy = parseResponse(extra.received);
+  EXPECT_EQ(busy.status, 503) << extra.received;
+  EXPECT_NE(busy.body.find("busy"), std::string::npos) << busy.body;
 }
 
 TEST_F(MetricsHttpTest, Ipv6Loopback) {

@@ -164,6 +164,33 @@ TEST(Protocol, BackendAddPassesEveryField) {
   EXPECT_FALSE(defaults.lastSpec.port.has_value());
 }
 
+// config.check and config.reload hand the peer's credentials on, so the
+// control plane can bound what it reads for whom (config_access.hpp).
+TEST(Protocol, ConfigCommandsPassTheCaller) {
+  for (const char* request : {R"({"v":1,"cmd":"config.check","args":{"path":"/etc/x.toml"}})",
+                              R"({"v":1,"cmd":"config.reload"})"}) {
+    FakeControlApi api;
+    ASSERT_TRUE(mustParse(handleRequest(request, api, kOperator, operatorsPolicy())).ok);
+    ASSERT_TRUE(api.lastCaller.has_value()) << request;
+    EXPECT_EQ(api.lastCaller->uid, kOperator.uid);
+    EXPECT_EQ(api.lastCaller->groups, kOperator.groups);
+  }
+}
+
+// A connection in one of the CLI server's change slots: reads are busy.
+TEST(Protocol, ChangesOnlyAdmitsPermittedChanges) {
+  FakeControlApi api;
+  const auto run = [&](const char* request, const PeerCredentials& peer) {
+    return mustParse(
+        processRequest(request, api, peer, operatorsPolicy(), Admission::ChangesOnly).reply);
+  };
+  EXPECT_EQ(run(R"({"v":1,"cmd":"status"})", kOperator).errorCode, "busy");
+  EXPECT_EQ(run(R"({"v":1,"cmd":"backend.drain","args":{"name":"g"}})", kStranger).errorCode,
+            "busy");
+  EXPECT_TRUE(run(R"({"v":1,"cmd":"backend.drain","args":{"name":"g"}})", kOperator).ok);
+  EXPECT_EQ(api.calls, (std::vector<std::string>{"backendDrain(g)"}));
+}
+
 TEST(Protocol, ApiErrorBecomesErrorReply) {
   FakeControlApi api;
   api.replies["backendDrain"] = ApiError{"not_found", "no backend named gpu-zz"};
