@@ -155,6 +155,38 @@ TEST_F(SteeringTest, TrackedFlowsKeepTheirBackendWhenTheTableChanges) {
   expectAllCounted();
 }
 
+// Issue #13: a spoofed RST or FIN on a live flow, then an idle pause and a
+// table change: the flow must keep its backend (it was re-steered, and
+// reset, when the RST cut its entry's timeout to 10 s).
+TEST_F(SteeringTest, SpoofedRstOrFinThenIdleKeepsTheFlowOnItsBackend) {
+  std::map<std::uint16_t, std::uint32_t> first;
+  for (std::uint16_t p = 3000; p < 3200; ++p) {
+    Frame s(syn(p));
+    first[p] = steer(s).backend;
+    Frame data(PacketBuilder().ipv4("10.9.0.1", "192.0.2.10").tcp(p, 5000, kTcpAck | kTcpPsh)
+                   .payload(100).build());
+    ASSERT_EQ(steer(data).backend, first[p]);
+    // The attacker's segment: right 4-tuple, any sequence number.
+    Frame spoof(syn(p, p % 2 == 0 ? kTcpRst : std::uint8_t{kTcpFin | kTcpAck}));
+    ASSERT_EQ(steer(spoof).verdict, Verdict::Forward);
+  }
+  now_ += 600'000;  // ten idle minutes
+  publish({100, 100, 100, 100, 100});  // a backend joins: the table changes
+  int moved = 0;
+  for (auto [p, b] : first) {
+    Frame data(PacketBuilder().ipv4("10.9.0.1", "192.0.2.10").tcp(p, 5000, kTcpAck | kTcpPsh)
+                   .payload(100).build());
+    const auto r = steer(data);
+    ASSERT_EQ(r.verdict, Verdict::Forward);
+    EXPECT_EQ(r.backend, b) << "port " << p;
+    const auto bytes = PacketBuilder().ipv4("10.9.0.1", "192.0.2.10").tcp(p, 5000).build();
+    const FlowKey key = parsePacket(std::span<const std::byte>(bytes)).key;
+    moved += snapshot_->vips[0].table.lookup(FlowHasher(kSeed).hash(key)) != b;
+  }
+  EXPECT_GT(moved, 0);  // the table change would have moved some of them
+  expectAllCounted();
+}
+
 TEST_F(SteeringTest, FailedBackendMovesOnlyItsOwnFlows) {
   std::map<std::uint16_t, std::uint32_t> first;
   for (std::uint16_t p = 1000; p < 1400; ++p) {
@@ -578,21 +610,23 @@ TEST(FlowTableWalk, VipTagSurvivesStateChangesAndResteering) {
   EXPECT_EQ(t.insert(78, 3, FlowState::Embryonic, 1000, 32), InsertResult::Invalid);
   EXPECT_EQ(t.lookupAndTouch(77, 1001, FlowEvent{kTcpAck}), 3u);        // -> Established
   EXPECT_TRUE(t.updateBackend(77, 9, 1002));
-  EXPECT_EQ(t.lookupAndTouch(77, 1003, FlowEvent{kTcpAck | kTcpFin}), 9u);  // -> Closing
+  EXPECT_EQ(t.lookupAndTouch(77, 1003, FlowEvent{kTcpAck | kTcpFin}), 9u);  // -> Ending
   std::size_t seen = 0;
   t.forEachLive(1004, 0, t.bucketCount(),
                 [&](std::uint64_t h, std::uint32_t b, FlowState s, std::uint32_t idle,
                     std::uint8_t tag) {
                   EXPECT_EQ(h, 77u);
                   EXPECT_EQ(b, 9u);
-                  EXPECT_EQ(s, FlowState::Closing);
+                  EXPECT_EQ(s, FlowState::Ending);
                   EXPECT_EQ(idle, 1u);
                   EXPECT_EQ(tag, 31);
                   ++seen;
                 });
   EXPECT_EQ(seen, 1u);
-  // The closing timeout (10 s) applies, whatever the tag bits.
-  EXPECT_EQ(t.lookup(77, 1003 + 10'001), 0u);
+  // The established timeout applies to Ending, whatever the tag bits.
+  const Millis established = t.timeouts().established;
+  EXPECT_EQ(t.lookup(77, 1003 + established), 9u);
+  EXPECT_EQ(t.lookup(77, 1003 + 2 * established + 1), 0u);
 }
 
 TEST(VipTag, StableKeyFunctionInRange) {

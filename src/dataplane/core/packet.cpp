@@ -226,6 +226,7 @@ void parsePacket(std::span<const std::byte> frame, PacketView& v) noexcept {
       v.key.srcPort = tcp.srcPort;
       v.key.dstPort = tcp.dstPort;
       v.tcpFlags = tcp.flags;
+      v.tcpData = end > l4 + doff;
       break;
     }
     case kProtoUdp: {

@@ -341,7 +341,7 @@ void Steering::steerBurst(std::span<const FrameRef> frames, std::span<SteerResul
     p.vip = vip;
     p.hash = hasher_.hash(v.key);
     batchHashes_[batch] = p.hash;
-    batchEvents_[batch] = FlowEvent{v.tcpFlags};
+    batchEvents_[batch] = FlowEvent{v.tcpFlags, v.tcpData};
     batchFrames_[batch] = static_cast<std::uint8_t>(i);
     ++batch;
   }
