@@ -316,6 +316,62 @@ TEST_F(SteeringTest, ImpossibleSourcesAreDropped) {
   expectAllCounted();
 }
 
+// Issue #13: sources no client can have on the far side of the gateway.
+TEST_F(SteeringTest, OwnAndLandSourcesAreDroppedAndCounted) {
+  // A VIP's address as the source (any VIP: here the IPv6 one too).
+  Frame fromVip(PacketBuilder().ipv4("192.0.2.10", "192.0.2.10").tcp(4000, 5000, kTcpSyn).build());
+  EXPECT_EQ(steer(fromVip).drop, DropReason::Land);  // "land": source = destination
+  Frame landPorts(PacketBuilder().ipv4("192.0.2.10", "192.0.2.10").tcp(5000, 5000, kTcpSyn)
+                      .build());
+  EXPECT_EQ(steer(landPorts).drop, DropReason::Land);
+  Frame fromVip6(PacketBuilder().ipv6("2001:db8::10", "2001:db8::10").tcp(1, 443, kTcpSyn).build());
+  EXPECT_EQ(steer(fromVip6).drop, DropReason::Land);
+  // Another VIP's address, and the gateway's own port addresses.
+  auto s = std::make_unique<ForwardingSnapshot>(*snapshot_);
+  SnapshotVip other = s->vips[0];
+  other.key.address = test::ipBytes("192.0.2.11");
+  s->vips.push_back(other);
+  s->gatewayAddresses = {{test::ipBytes("10.0.0.2"), IpVersion::V4},
+                         {test::ipBytes("2001:db8:ff::2"), IpVersion::V6}};
+  s->indexVips();
+  snapshot_ = std::move(s);
+  for (const char* src : {"192.0.2.11", "10.0.0.2"}) {
+    Frame f(PacketBuilder().ipv4(src, "192.0.2.10").tcp(4000, 5000, kTcpSyn).build());
+    const auto r = steer(f);
+    EXPECT_EQ(r.verdict, Verdict::Drop) << src;
+    EXPECT_EQ(r.drop, DropReason::OwnSource) << src;
+  }
+  Frame from6(PacketBuilder().ipv6("2001:db8:ff::2", "2001:db8::10").tcp(1, 443, kTcpSyn).build());
+  EXPECT_EQ(steer(from6).drop, DropReason::OwnSource);
+  // The gateway's address as a destination is host traffic, as before.
+  Frame toHost(PacketBuilder().ipv4("10.9.0.1", "10.0.0.2").tcp(4000, 22, kTcpSyn).build());
+  EXPECT_EQ(steer(toHost).verdict, Verdict::ToKernel);
+  EXPECT_FALSE(snapshot_->vipIndex.isVipAddress(test::ipBytes("10.0.0.2"), IpVersion::V4));
+  EXPECT_EQ(steering_.counters().drops.read(DropReason::Land), 3u);
+  EXPECT_EQ(steering_.counters().drops.read(DropReason::OwnSource), 3u);
+  EXPECT_EQ(steering_.counters().newFlows.read(), 0u);
+  EXPECT_EQ(steering_.flowTable().counters().occupancy, 0u);
+  expectAllCounted();
+}
+
+// Issue #13: a bad IPv4 header checksum to a VIP is dropped with its reason
+// (to the host it stays the kernel's business).
+TEST_F(SteeringTest, BadIpv4HeaderChecksumIsDroppedAndCounted) {
+  auto bytes = PacketBuilder().ipv4("10.9.0.1", "192.0.2.10").tcp(4000, 5000, kTcpSyn).build();
+  bytes[14 + 10] ^= std::byte{0x5a};
+  Frame bad(bytes);
+  const auto r = steer(bad);
+  EXPECT_EQ(r.verdict, Verdict::Drop);
+  EXPECT_EQ(r.drop, DropReason::BadIpChecksum);
+  EXPECT_EQ(steering_.counters().drops.read(DropReason::BadIpChecksum), 1u);
+  EXPECT_EQ(steering_.flowTable().counters().occupancy, 0u);
+  auto host = PacketBuilder().ipv4("10.9.0.1", "10.0.0.2").tcp(4000, 22, kTcpSyn).build();
+  host[14 + 10] ^= std::byte{0x5a};
+  Frame toHost(host);
+  EXPECT_EQ(steer(toHost).verdict, Verdict::ToKernel);
+  expectAllCounted();
+}
+
 TEST_F(SteeringTest, NoActiveBackendIsCounted) {
   publish({0, 0, 0, 0});
   Frame f(syn(1));

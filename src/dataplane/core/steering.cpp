@@ -284,6 +284,16 @@ void Steering::steerBurst(std::span<const FrameRef> frames, std::span<SteerResul
       drop(r, DropReason::InvalidSource);
       continue;
     }
+    // Forged sources (issue #13): no client has the VIP's own address
+    // ("land", the reply would loop to us) or another VIP's or the gateway's.
+    if (v.key.src == v.key.dst) [[unlikely]] {
+      drop(r, DropReason::Land);
+      continue;
+    }
+    if (snapshot.vipIndex.isOwnAddress(v.key.src, v.key.version)) [[unlikely]] {
+      drop(r, DropReason::OwnSource);
+      continue;
+    }
     if (v.isIcmp()) {
       if (isIcmpError(v)) {
         // The frame view is relative to the frame, not the buffer.
