@@ -32,6 +32,7 @@ enum class DropReason : std::uint8_t {
   // Encapsulation.
   MtuExceeded,           // too big after encapsulation; an ICMP error was sent back
   MtuExceededNoDf,       // too big after encapsulation, DF clear: dropped, not fragmented
+  IcmpRateLimited,       // an echo request or too-big packet whose ICMP reply the rate limits refused
   NoHeadroom,            // the buffer cannot take the outer headers
   // Steering.
   VipPortNotServed,      // to a VIP address, but no VIP serves that protocol and port
@@ -68,6 +69,7 @@ inline constexpr std::array<std::string_view, static_cast<std::size_t>(DropReaso
         "icmp_unsupported",
         "mtu_exceeded",
         "mtu_exceeded_no_df",
+        "icmp_rate_limited",
         "no_headroom",
         "vip_port_not_served",
         "no_backend",

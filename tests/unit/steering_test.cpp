@@ -414,6 +414,51 @@ TEST_F(SteeringTest, EchoToVipIsAnsweredWhereConfigured) {
   expectAllCounted();
 }
 
+// Issue #13: the replies the LB builds itself are rate-limited per source
+// and per lcore in total (defaults: 10/s burst 20 per source, 1000/s burst
+// 100 in total), and a refused one is dropped and counted.
+TEST_F(SteeringTest, IcmpRepliesAreRateLimitedPerSourceAndInTotal) {
+  const IcmpRateLimits limits{};
+  auto ping = [&](const std::string& src) {
+    Frame f(PacketBuilder().ipv4(src, "192.0.2.10").icmp(kIcmpEchoRequest, 0, 0x10001)
+                .payload(16).build());
+    return steer(f);
+  };
+  // One source: its burst, then refusals; a second later, its rate's worth.
+  int replied = 0;
+  for (int i = 0; i < 50; ++i) replied += ping("10.9.0.1").verdict == Verdict::Reply;
+  EXPECT_EQ(replied, static_cast<int>(limits.perSourceBurst));
+  EXPECT_EQ(steering_.counters().drops.read(DropReason::IcmpRateLimited),
+            50u - limits.perSourceBurst);
+  now_ += 1'000;
+  replied = 0;
+  for (int i = 0; i < 50; ++i) replied += ping("10.9.0.1").verdict == Verdict::Reply;
+  EXPECT_EQ(replied, static_cast<int>(limits.perSourcePerSecond));
+  // Other sources are not held back by that one, but all share the total.
+  now_ += 1'000;
+  replied = 0;
+  for (int i = 0; i < 300; ++i) {
+    replied += ping("10.8." + std::to_string(i / 250) + "." + std::to_string(i % 250 + 1))
+                   .verdict == Verdict::Reply;
+  }
+  EXPECT_EQ(replied, static_cast<int>(limits.burst));
+  // Too-big packets' "fragmentation needed" replies count against the same buckets.
+  now_ += 10'000;
+  replied = 0;
+  std::uint64_t mtuDrops = 0;
+  for (int i = 0; i < 40; ++i) {
+    Frame big(PacketBuilder().ipv4("10.9.0.2", "192.0.2.10").tcp(7000, 5000, kTcpAck)
+                  .payload(1500 - 40).build());
+    const auto r = steer(big);
+    replied += r.verdict == Verdict::Reply;
+    mtuDrops += r.drop == DropReason::IcmpRateLimited;
+  }
+  EXPECT_EQ(replied, static_cast<int>(limits.perSourceBurst));
+  EXPECT_EQ(mtuDrops, 40u - limits.perSourceBurst);
+  EXPECT_EQ(steering_.counters().mtuReplies.read(), limits.perSourceBurst);
+  expectAllCounted();
+}
+
 TEST_F(SteeringTest, TooBigAfterEncapsulationAnswersFragmentationNeeded) {
   Frame big(PacketBuilder().ipv4("10.9.0.1", "192.0.2.10").tcp(7000, 5000, kTcpAck)
                 .payload(1500 - 40).build());
