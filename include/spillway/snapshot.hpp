@@ -32,6 +32,7 @@
 // SnapshotPublisher: one writer (publish, reclaim), N readers (current).
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -148,9 +149,14 @@ class VipIndex {
   [[nodiscard]] bool isVipAddress(const IpBytes& dst, IpVersion version) const noexcept {
     return probe(packKey(dst, version, 0, 0)) == kAddressOnly;
   }
-  // True when a VIP or the gateway itself has this address.
+  // True when a VIP or the gateway itself has this address. Asked of every
+  // VIP packet's source, so a 1024-bit filter of those addresses answers
+  // most sources with one multiply and one load; only a filter hit probes.
   [[nodiscard]] bool isOwnAddress(const IpBytes& address, IpVersion version) const noexcept {
-    return probe(packKey(address, version, 0, 0)) != kNone;
+    const PackedKey key = packKey(address, version, 0, 0);
+    const std::uint32_t bit = filterBit(key);
+    if (((ownFilter_[bit / 64] >> (bit % 64)) & 1U) == 0) return false;
+    return probe(key) != kNone;
   }
 
  private:
@@ -185,6 +191,9 @@ class VipIndex {
     h *= 0xbf58476d1ce4e5b9ULL;
     return static_cast<std::uint32_t>(h ^ (h >> 29));
   }
+  [[nodiscard]] static std::uint32_t filterBit(const PackedKey& k) noexcept {
+    return static_cast<std::uint32_t>(((k.low ^ k.high) * 0x9e3779b97f4a7c15ULL) >> 54);
+  }
   [[nodiscard]] std::uint32_t probe(const PackedKey& key) const noexcept {
     if (slots_.empty()) return kNone;
     std::uint32_t i = slotHash(key) & mask_;
@@ -197,6 +206,7 @@ class VipIndex {
 
   std::vector<Slot> slots_;
   std::uint32_t mask_ = 0;
+  std::array<std::uint64_t, 16> ownFilter_{};  // filterBit() of every address marker
 };
 
 struct ForwardingSnapshot {

@@ -20,14 +20,19 @@ VipIndex::VipIndex(const std::vector<SnapshotVip>& vips,
     }
     slots_[i] = Slot{key, vip};
   };
+  auto placeMarker = [&](const PackedKey& key, std::uint32_t kind) {
+    place(key, kind);
+    const std::uint32_t bit = filterBit(key);
+    ownFilter_[bit / 64] |= std::uint64_t{1} << (bit % 64);
+  };
   for (std::uint32_t v = 0; v < vips.size(); ++v) {
     const VipKey& key = vips[v].key;
     place(packKey(key.address, key.version, key.proto, key.port), v);
-    place(packKey(key.address, key.version, 0, 0), kAddressOnly);
+    placeMarker(packKey(key.address, key.version, 0, 0), kAddressOnly);
   }
   // After the VIPs: an address that is both stays a VIP's.
   for (const OwnAddress& a : gatewayAddresses) {
-    place(packKey(a.address, a.version, 0, 0), kGatewayAddress);
+    placeMarker(packKey(a.address, a.version, 0, 0), kGatewayAddress);
   }
 }
 
