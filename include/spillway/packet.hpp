@@ -7,9 +7,10 @@
 // flow key. It reads nothing outside the span and trusts no length field: an
 // L4 header must lie inside the IP length, the IP length inside the frame
 // (trailing Ethernet padding is ignored). The IPv4 header checksum is
-// verified in software (BadIpChecksum; about 1 ns a packet for a 20-byte
-// header: five 32-bit adds and a fold), whatever the NIC's RX offload said,
-// so every PMD gets the same verdict.
+// verified in software (BadIpChecksum: five 32-bit adds and a fold for a
+// 20-byte header; ParseAndHash went from ~27.5 to ~29.8 ns with it and the
+// TCP data bit), whatever the NIC's RX offload said, so every PMD gets the
+// same verdict.
 //
 // The result says what it could establish:
 //  - kind == NonIp: not IPv4/IPv6 (ARP, LLDP, ...): the exception path's;
