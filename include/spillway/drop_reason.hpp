@@ -17,6 +17,7 @@ enum class DropReason : std::uint8_t {
   BadIpVersion,          // IP version nibble disagrees with the EtherType
   BadIpHeaderLength,     // IPv4 IHL below 5
   BadTotalLength,        // IP length field shorter than the header or past the frame
+  BadIpChecksum,         // IPv4 header checksum wrong
   Ipv4Fragment,          // MF set or non-zero offset: no ports to steer by
   Ipv6Fragment,          // fragment header with M set or non-zero offset
   TtlExhausted,          // TTL or hop limit of 0 or 1: forwarding would expire it
@@ -31,11 +32,14 @@ enum class DropReason : std::uint8_t {
   // Encapsulation.
   MtuExceeded,           // too big after encapsulation; an ICMP error was sent back
   MtuExceededNoDf,       // too big after encapsulation, DF clear: dropped, not fragmented
+  IcmpRateLimited,       // an echo request or too-big packet whose ICMP reply the rate limits refused
   NoHeadroom,            // the buffer cannot take the outer headers
   // Steering.
   VipPortNotServed,      // to a VIP address, but no VIP serves that protocol and port
   NoBackend,             // the VIP's table has no backend (none active)
   InvalidSource,         // to a VIP from a multicast, broadcast, loopback or unspecified source
+  Land,                  // to a VIP with source = destination ("land")
+  OwnSource,             // to a VIP from a VIP's or the gateway's own port address
   NextHopUnresolved,     // the backend's next-hop MAC is not known yet (ARP / ND pending)
   MultiSegment,          // a chained mbuf: spillwayd steers single-segment frames
   // DPDK adapter.
@@ -52,6 +56,7 @@ inline constexpr std::array<std::string_view, static_cast<std::size_t>(DropReaso
         "bad_ip_version",
         "bad_ip_header_length",
         "bad_total_length",
+        "bad_ip_checksum",
         "ipv4_fragment",
         "ipv6_fragment",
         "ttl_exhausted",
@@ -64,10 +69,13 @@ inline constexpr std::array<std::string_view, static_cast<std::size_t>(DropReaso
         "icmp_unsupported",
         "mtu_exceeded",
         "mtu_exceeded_no_df",
+        "icmp_rate_limited",
         "no_headroom",
         "vip_port_not_served",
         "no_backend",
         "invalid_source",
+        "land",
+        "own_source",
         "next_hop_unresolved",
         "multi_segment",
         "no_exception_path",

@@ -17,11 +17,12 @@
 //    and under 1 in 10^4 below 90%. A failed Embryonic insert (~1 in 10^3
 //    near 80%) is harmless while the Maglev table is unchanged: the flow's
 //    next packet inserts it as Established.
-//  - Nothing is ever LRU-evicted. A new Embryonic or Closing entry never
-//    evicts: when both buckets are full it fails (counted). A new
-//    Established, Udp or Other entry may evict the oldest Embryonic or
-//    Closing entry of its two buckets, never an Established/Udp/Other one, so
-//    a SYN flood cannot push out a long-idle NCCL flow.
+//  - Nothing is ever LRU-evicted. A new Established, Udp or Other entry may
+//    evict the oldest Embryonic, Closing or Ending entry of its two buckets,
+//    never an Established/Udp/Other one, so a SYN flood cannot push out a
+//    long-idle NCCL flow. A new Embryonic or Closing entry may evict only an
+//    Ending entry idle longer than the closing timeout; otherwise, when both
+//    buckets are full, it fails (counted).
 //
 // Bucket layout: 4 entries of 16 bytes, struct-of-arrays so the four
 // fingerprints compare in one pass: fingerprint (u64), backend index (low 24
@@ -37,13 +38,34 @@
 // about 49 days, or an entry idle that long would look fresh again; sweeping
 // a few buckets per idle poll does this many times over.
 //
-// TCP states on a hit (lookupAndTouch): FIN or RST -> Closing; a packet
-// without SYN on an Embryonic entry -> Established; SYN on a Closing entry
-// (port reuse) -> Embryonic, keeping its backend (a caller that wants to
-// re-select for a reused port checks the SYN and calls updateBackend). On a
-// miss the caller inserts: Embryonic for a SYN; Established for a first
-// packet without SYN (mid-flow after an LB restart or an ECMP move: the
-// connection is already open); Udp for UDP; Other for anything else.
+// TCP states on a hit (lookupAndTouch):
+//  - FIN or RST on an open flow (Established, Ending) -> Ending; on a
+//    handshake (Embryonic, Closing) -> Closing;
+//  - a packet without SYN, FIN or RST: on Embryonic -> Established; on
+//    Closing or Ending -> Established when it carries data, else unchanged;
+//  - SYN on a Closing entry (port reuse) -> Embryonic, keeping its backend (a
+//    caller that wants to re-select for a reused port checks the SYN and
+//    calls updateBackend); SYN on any other state changes nothing.
+// Why Ending (issue #13): the load balancer sees only client -> backend
+// packets (DSR) and keeps no sequence numbers (no room in 16 bytes), so it
+// cannot tell a real FIN or RST from one forged by anybody who knows the
+// 4-tuple, and a live NCCL flow may be silent for minutes after one. So a
+// FIN or RST does not shorten an open flow's life: Ending keeps the
+// established timeout (no SYN, FIN, RST or bare ACK an attacker sends
+// shortens it either), and the flow's next data makes it Established again.
+// What a real close costs instead: its entry lingers up to the established
+// timeout (2 h by default) after the last packet, not 10 s, but it yields
+// its slot to any new Established/Udp/Other flow at once and to a new
+// handshake after the closing timeout (10 s) of silence, and a SYN reusing
+// the tuple reuses it; so lingering closed flows never cost a live or new
+// flow a slot. To push out a live flow after a forged RST an attacker must
+// fill both its buckets, which the keyed hash hides: in practice the whole
+// table. Cost per packet: one more compare in the transition (the data bit
+// comes from the parser's TCP header length).
+// On a miss the caller inserts: Embryonic for a SYN or a first packet
+// without SYN (mid-flow after an LB restart or an ECMP move; promoted on the
+// next packet); Closing for a first FIN or RST; Udp for UDP; Other for
+// anything else.
 //
 // Purging backend indices (beginPurge / purgeSlice): before the control plane
 // gives a removed backend's index to another backend, every entry that names
@@ -83,7 +105,8 @@ enum class FlowState : std::uint8_t {
   Established = 2,  // any non-SYN packet seen, or first packet mid-flow
   Closing = 3,      // FIN or RST seen
   Udp = 4,
-  Other = 5,  // protocols without connection state
+  Other = 5,   // protocols without connection state
+  Ending = 6,  // FIN or RST seen on an established flow (see the design note)
 };
 
 // Idle timeouts per state; each at most FlowTable::kMaxTimeout.
@@ -104,6 +127,7 @@ struct FlowTableConfig {
 // kTcpSyn, kTcpRst, kTcpAck from wire.hpp).
 struct FlowEvent {
   std::uint8_t tcpFlags = 0;
+  bool payload = false;  // the segment carries data
 };
 
 enum class InsertResult : std::uint8_t {

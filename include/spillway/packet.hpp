@@ -6,7 +6,11 @@
 // ICMP or ICMPv6, and returns offsets, the fields the data path needs and the
 // flow key. It reads nothing outside the span and trusts no length field: an
 // L4 header must lie inside the IP length, the IP length inside the frame
-// (trailing Ethernet padding is ignored).
+// (trailing Ethernet padding is ignored). The IPv4 header checksum is
+// verified in software (BadIpChecksum: five 32-bit adds and a fold for a
+// 20-byte header; ParseAndHash went from ~27.5 to ~29.8 ns with it and the
+// TCP data bit), whatever the NIC's RX offload said, so every PMD gets the
+// same verdict.
 //
 // The result says what it could establish:
 //  - kind == NonIp: not IPv4/IPv6 (ARP, LLDP, ...): the exception path's;
@@ -44,6 +48,7 @@ struct PacketView {
   bool l3Valid = false;
   bool hasVlan = false;
   bool dontFragment = false;  // IPv4 DF; IPv6 never fragments in flight
+  bool tcpData = false;       // a TCP segment with payload
   std::uint16_t etherType = 0;  // after the VLAN tag, if any
   std::uint16_t vlanTci = 0;
   std::uint16_t l3Offset = 0;

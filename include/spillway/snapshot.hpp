@@ -32,6 +32,7 @@
 // SnapshotPublisher: one writer (publish, reclaim), N readers (current).
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -110,8 +111,17 @@ struct SnapshotVip {
   std::shared_ptr<const VipPlacement> placement;
 };
 
+// An address of the gateway itself (a port's tunnel source): no client has
+// it, so a packet to a VIP from it is forged (steering drops it).
+struct OwnAddress {
+  IpBytes address{};
+  IpVersion version = IpVersion::V4;
+};
+
 // Open-addressing index from (address, proto, port) to a VIP, with linear
-// probing over a power-of-two array at most half full. Built once per
+// probing over a power-of-two array at most half full. It also marks the
+// gateway's own addresses, so one probe tells whether a source is a VIP's or
+// the gateway's (isOwnAddress). Built once per
 // snapshot; lookups never allocate. A slot holds its key as three words (the
 // address's two halves, then version, proto and port) so a probe compares
 // and hashes words, not bytes. Addresses are canonical IpBytes (an IPv4
@@ -121,7 +131,8 @@ class VipIndex {
   static constexpr std::uint32_t kNone = UINT32_MAX;
 
   VipIndex() = default;
-  explicit VipIndex(const std::vector<SnapshotVip>& vips);
+  explicit VipIndex(const std::vector<SnapshotVip>& vips,
+                    const std::vector<OwnAddress>& gatewayAddresses = {});
 
   // The VIP serving this destination: the exact port first, then the VIP
   // for all ports of the address; kNone when neither exists.
@@ -130,13 +141,22 @@ class VipIndex {
     if (proto == 0) return kNone;  // proto 0 keys are address markers
     std::uint32_t v = probe(packKey(dst, version, proto, port));
     if (v == kNone && port != 0) v = probe(packKey(dst, version, proto, 0));
-    return v == kAddressOnly ? kNone : v;
+    return v >= kGatewayAddress ? kNone : v;
   }
   // True when any VIP has this address (for ICMP to the VIP, and to drop
   // rather than hand to the kernel traffic for a VIP's unserved port).
   // find() != kNone implies it.
   [[nodiscard]] bool isVipAddress(const IpBytes& dst, IpVersion version) const noexcept {
-    return probe(packKey(dst, version, 0, 0)) != kNone;
+    return probe(packKey(dst, version, 0, 0)) == kAddressOnly;
+  }
+  // True when a VIP or the gateway itself has this address. Asked of every
+  // VIP packet's source, so a 1024-bit filter of those addresses answers
+  // most sources with one multiply and one load; only a filter hit probes.
+  [[nodiscard]] bool isOwnAddress(const IpBytes& address, IpVersion version) const noexcept {
+    const PackedKey key = packKey(address, version, 0, 0);
+    const std::uint32_t bit = filterBit(key);
+    if (((ownFilter_[bit / 64] >> (bit % 64)) & 1U) == 0) return false;
+    return probe(key) != kNone;
   }
 
  private:
@@ -151,7 +171,8 @@ class VipIndex {
     PackedKey key{};
     std::uint32_t vip = kNone;  // kNone = empty; kAddressOnly = address marker
   };
-  static constexpr std::uint32_t kAddressOnly = UINT32_MAX - 1;
+  static constexpr std::uint32_t kAddressOnly = UINT32_MAX - 1;     // a VIP's address
+  static constexpr std::uint32_t kGatewayAddress = UINT32_MAX - 2;  // the gateway's, no VIP's
 
   [[nodiscard]] static PackedKey packKey(const IpBytes& address, IpVersion version,
                                          std::uint8_t proto, std::uint16_t port) noexcept {
@@ -170,6 +191,9 @@ class VipIndex {
     h *= 0xbf58476d1ce4e5b9ULL;
     return static_cast<std::uint32_t>(h ^ (h >> 29));
   }
+  [[nodiscard]] static std::uint32_t filterBit(const PackedKey& k) noexcept {
+    return static_cast<std::uint32_t>(((k.low ^ k.high) * 0x9e3779b97f4a7c15ULL) >> 54);
+  }
   [[nodiscard]] std::uint32_t probe(const PackedKey& key) const noexcept {
     if (slots_.empty()) return kNone;
     std::uint32_t i = slotHash(key) & mask_;
@@ -182,6 +206,7 @@ class VipIndex {
 
   std::vector<Slot> slots_;
   std::uint32_t mask_ = 0;
+  std::array<std::uint64_t, 16> ownFilter_{};  // filterBit() of every address marker
 };
 
 struct ForwardingSnapshot {
@@ -189,6 +214,8 @@ struct ForwardingSnapshot {
   std::vector<SnapshotVip> vips;
   std::vector<SnapshotBackend> backends;  // [0] is the "none" placeholder
   VipIndex vipIndex;
+  // The gateway's own port addresses ([[port]] address / address6).
+  std::vector<OwnAddress> gatewayAddresses;
   // By backend index: the VIPs (indices into vips) whose tables the backend
   // belongs to. Read by the workers' exception export, not per packet.
   std::vector<std::vector<std::uint32_t>> vipsOfBackend;
@@ -198,8 +225,8 @@ struct ForwardingSnapshot {
   // successive snapshots; null when there is none.
   std::shared_ptr<const ExceptionTable> exceptions;
 
-  // Call after vips are final, before publish.
-  void indexVips() { vipIndex = VipIndex(vips); }
+  // Call after vips and gatewayAddresses are final, before publish.
+  void indexVips() { vipIndex = VipIndex(vips, gatewayAddresses); }
 
   [[nodiscard]] const SnapshotBackend* backend(std::uint32_t index) const noexcept {
     return index != 0 && index < backends.size() ? &backends[index] : nullptr;

@@ -13,7 +13,9 @@
 //            insert) -> encapsulate for the backend -> forward
 //   and every drop has a DropReason and a counter. A packet that would exceed
 //   the egress MTU once encapsulated is answered with ICMP "fragmentation
-//   needed" / ICMPv6 "packet too big" built in place of the frame.
+//   needed" / ICMPv6 "packet too big" built in place of the frame. Echo
+//   replies and those errors pass the lcore's IcmpRateLimiter first
+//   (icmp_rate_limit.hpp); a refused one is dropped as icmp_rate_limited.
 // The burst is processed in stages (parse and hash all, then batched flow
 // table lookups with prefetch, then select and encapsulate) so the flow
 // table's cache misses overlap.
@@ -30,6 +32,7 @@
 
 #include "spillway/flow_key.hpp"
 #include "spillway/flow_table.hpp"
+#include "spillway/icmp_rate_limit.hpp"
 #include "spillway/packet.hpp"
 #include "spillway/placement.hpp"
 #include "spillway/snapshot.hpp"
@@ -85,7 +88,8 @@ struct SteeringCounters {
 
 class Steering {
  public:
-  Steering(const FlowTableConfig& flowTable, std::uint64_t hashSeed);
+  Steering(const FlowTableConfig& flowTable, std::uint64_t hashSeed,
+           const IcmpRateLimits& icmpLimits = {});
 
   // Steers frames[i] into results[i] for every i (results.size() >=
   // frames.size(); frames.size() <= kMaxBurst). `now` is the lcore's clock
@@ -122,6 +126,8 @@ class Steering {
 
   FlowHasher hasher_;
   FlowTable flows_;
+  IcmpRateLimiter icmpLimiter_;
+  Millis burstNow_ = 0;  // steerBurst()'s `now`, for the ICMP limiter
   PlacementLedger ledger_;
   SteeringCounters counters_;
   // The burst's working state lives here, not on the stack, so no burst pays

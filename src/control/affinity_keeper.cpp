@@ -32,7 +32,8 @@ std::string AffinityKeeper::path(const char* file) const {
 Millis AffinityKeeper::timeoutOf(FlowState s) const noexcept {
   switch (s) {
     case FlowState::Embryonic: return options_.timeouts.embryonic;
-    case FlowState::Established: return options_.timeouts.established;
+    case FlowState::Established:
+    case FlowState::Ending: return options_.timeouts.established;
     case FlowState::Closing: return options_.timeouts.closing;
     case FlowState::Udp: return options_.timeouts.udp;
     case FlowState::Other: return options_.timeouts.other;

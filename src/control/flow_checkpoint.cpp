@@ -110,7 +110,7 @@ std::variant<FlowCheckpoint, std::string> decodeFlowCheckpoint(std::string_view 
     const auto ord = get<std::uint32_t>(bytes, at + 8);
     const auto meta = get<std::uint32_t>(bytes, at + 12);
     const auto state = static_cast<FlowState>(meta >> 24);
-    if (ord >= backends || state < FlowState::Embryonic || state > FlowState::Other) {
+    if (ord >= backends || state < FlowState::Embryonic || state > FlowState::Ending) {
       return "record " + std::to_string(i) + " is invalid";
     }
     const std::uint64_t idleMs = std::uint64_t{meta & kMaxIdleSeconds} * 1000;

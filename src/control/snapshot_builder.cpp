@@ -536,6 +536,11 @@ std::unique_ptr<ForwardingSnapshot> SnapshotBuilder::build(std::uint64_t generat
   }
   vipLoads_ = std::move(loads);
   lastBuild_ = std::move(reports);
+  for (const PortConfig& port : config_.ports) {
+    for (const auto& a : {port.address, port.address6}) {
+      if (a) snapshot->gatewayAddresses.push_back(OwnAddress{a->bytes, a->version});
+    }
+  }
   snapshot->indexVips();
   // Retiring indices are listed Removed, in no table, from this generation on.
   for (IndexSlot& slot : slots_) {

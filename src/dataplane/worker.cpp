@@ -46,7 +46,7 @@ Worker::Worker(const WorkerConfig& config, const std::vector<OpenPort>& ports, Q
     : config_(config),
       qsbr_(qsbr),
       publisher_(publisher),
-      steering_(config.flowTable, config.hashSeed),
+      steering_(config.flowTable, config.hashSeed, config.icmpLimits),
       countScratch_(kBackendSlots, 0),
       liveFlows_(std::make_unique<Counter[]>(kBackendSlots)),
       exportChunk_(kExportChunk),

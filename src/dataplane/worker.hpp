@@ -59,6 +59,7 @@ struct WorkerConfig {
   std::uint32_t idleSleepUs = 0;
   FlowTableConfig flowTable{};
   std::uint64_t hashSeed = 0;
+  IcmpRateLimits icmpLimits{};  // the replies the worker builds itself
 };
 
 // What a worker forwarded to one backend index: side by side, so a

@@ -12,8 +12,9 @@
 // steerBurst rewrites its frames (encapsulation prepends into the headroom),
 // so each burst first copies 64 bytes per frame from one pristine frame into
 // its mbuf-like buffer and writes that frame's source address and port.
-// SteerBurstFrameCopy times that refill alone, to be subtracted. The inner
-// IPv4 checksum is the template's (the data path does not verify it).
+// SteerBurstFrameCopy times that refill alone, to be subtracted. The refill
+// also writes the IPv4 header checksum for the new source (the parser
+// verifies it), as spillway-pktgen does.
 //
 // Run (Time is per burst: ns per packet = Time / 32 = 1e9 / items_per_second):
 //   build/tests/bench/spillway_core_bench --benchmark_filter='^SteerBurst'
@@ -38,6 +39,7 @@ constexpr std::size_t kHeadroom = 128;  // RTE_PKTMBUF_HEADROOM
 constexpr std::size_t kCopied = 64;     // the 60-byte frame, copied as one cache line
 constexpr std::size_t kSrcAddressAt = 14 + 12;
 constexpr std::size_t kSrcPortAt = 14 + 20;
+constexpr std::size_t kIpChecksumAt = 14 + 10;
 constexpr std::uint32_t kFlowsPerSource = 50000;
 constexpr std::uint16_t kFirstPort = 10000;
 constexpr std::uint32_t kEstablishedBase = 0x0a000001;  // 10.0.0.1
@@ -135,6 +137,12 @@ class BurstSource {
                            .build();
     pristine_.fill(std::byte{0});
     std::memcpy(pristine_.data(), frame.data(), frame.size());
+    // The header's sum over every 16-bit word but the source and the checksum.
+    for (std::size_t w = 0; w < 10; ++w) {
+      if (w == 5 || w == 6 || w == 7) continue;
+      baseSum_ += (std::to_integer<std::uint32_t>(frame[14 + 2 * w]) << 8) |
+                  std::to_integer<std::uint32_t>(frame[14 + 2 * w + 1]);
+    }
     for (std::size_t i = 0; i < kBurst; ++i) {
       frames_[i] = FrameRef{buffers_[i].bytes, kHeadroom, frame.size()};
     }
@@ -144,9 +152,15 @@ class BurstSource {
     for (std::size_t i = 0; i < kBurst; ++i) {
       std::byte* f = buffers_[i].bytes.data() + kHeadroom;
       std::memcpy(f, pristine_.data(), kCopied);
-      const std::uint32_t address = __builtin_bswap32(cursor_.address());
+      const std::uint32_t host = cursor_.address();
+      const std::uint32_t address = __builtin_bswap32(host);
       const std::uint16_t port = __builtin_bswap16(cursor_.port());
+      std::uint32_t sum = baseSum_ + (host >> 16) + (host & 0xffff);
+      sum = (sum & 0xffff) + (sum >> 16);
+      sum = (sum & 0xffff) + (sum >> 16);
+      const std::uint16_t checksum = __builtin_bswap16(static_cast<std::uint16_t>(~sum));
       std::memcpy(f + kSrcAddressAt, &address, sizeof address);
+      std::memcpy(f + kIpChecksumAt, &checksum, sizeof checksum);
       std::memcpy(f + kSrcPortAt, &port, sizeof port);
       cursor_.next();
     }
@@ -159,6 +173,7 @@ class BurstSource {
     std::array<std::byte, kHeadroom + kCopied> bytes;
   };
   FlowCursor cursor_;
+  std::uint32_t baseSum_ = 0;
   alignas(64) std::array<std::byte, kCopied> pristine_;
   std::array<Buffer, kBurst> buffers_{};
   std::array<FrameRef, kBurst> frames_{};

@@ -374,6 +374,10 @@ class WorkerRig {
     c.txDrainUs = 100;
     c.flowTable.capacity = std::size_t{1} << 16;
     c.hashSeed = kSeed;
+    // The plan's echo requests come from one source at ring speed: no limit
+    // here (the limits have unit tests of their own).
+    c.icmpLimits = IcmpRateLimits{.perSecond = 4'000'000, .burst = 4'000'000,
+                                  .perSourcePerSecond = 4'000'000, .perSourceBurst = 4'000'000};
     return c;
   }
 

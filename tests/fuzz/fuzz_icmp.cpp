@@ -48,6 +48,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     ip.totalLength = Be16::fromHost(static_cast<std::uint16_t>(ipLen));
     ip.ttl = 64;
     ip.protocol = static_cast<std::uint8_t>(IpProto::Icmp);
+    ip.checksum = Be16::fromHost(ipv4HeaderChecksum(ip));  // the parser verifies it
     storeAt(std::span(frame), off, ip);
     off += sizeof(Ipv4Header);
   }

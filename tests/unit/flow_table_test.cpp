@@ -20,6 +20,22 @@ FlowEvent tcp(std::uint8_t flags) {
   return FlowEvent{flags};
 }
 
+// A segment that carries data.
+FlowEvent tcpData(std::uint8_t flags) {
+  return FlowEvent{flags, true};
+}
+
+// The state of the live entry for `hash`, or nullopt.
+std::optional<FlowState> stateOf(const FlowTable& table, std::uint64_t hash, Millis now) {
+  std::optional<FlowState> found;
+  const std::uint64_t fp = hash == 0 ? 1 : hash;
+  table.forEachLive(now, 0, table.bucketCount(),
+                    [&](std::uint64_t h, std::uint32_t, FlowState s, std::uint32_t, std::uint8_t) {
+                      if (h == fp) found = s;
+                    });
+  return found;
+}
+
 // A hash whose candidate buckets are exactly (first, second) in a table of at
 // most 2^16 buckets; `tag` makes hashes with the same pair distinct.
 std::uint64_t craftedHash(std::uint32_t first, std::uint32_t second, std::uint32_t tag) {
@@ -40,7 +56,8 @@ class Oracle {
  public:
   explicit Oracle(const FlowTimeouts& timeouts) : timeouts_(timeouts) {}
 
-  std::uint32_t lookup(std::uint64_t hash, Millis now, std::optional<std::uint8_t> tcpFlags) {
+  std::uint32_t lookup(std::uint64_t hash, Millis now, std::optional<std::uint8_t> tcpFlags,
+                       bool payload = false) {
     auto it = map_.find(key(hash));
     if (it == map_.end()) return 0;
     Entry& e = it->second;
@@ -51,11 +68,14 @@ class Oracle {
     e.stamp = now;
     if (tcpFlags && isTcp(e.state)) {
       const std::uint8_t f = *tcpFlags;
+      const bool wasOpen = e.state == FlowState::Established || e.state == FlowState::Ending;
       if (f & (kTcpFin | kTcpRst)) {
-        e.state = FlowState::Closing;
+        e.state = wasOpen ? FlowState::Ending : FlowState::Closing;
       } else if (f & kTcpSyn) {
         if (e.state == FlowState::Closing) e.state = FlowState::Embryonic;
       } else if (e.state == FlowState::Embryonic) {
+        e.state = FlowState::Established;
+      } else if (payload) {
         e.state = FlowState::Established;
       }
     }
@@ -113,13 +133,15 @@ class Oracle {
   };
   static std::uint64_t key(std::uint64_t hash) { return hash == 0 ? 1 : hash; }
   static bool isTcp(FlowState s) {
-    return s == FlowState::Embryonic || s == FlowState::Established || s == FlowState::Closing;
+    return s == FlowState::Embryonic || s == FlowState::Established || s == FlowState::Closing ||
+           s == FlowState::Ending;
   }
   Millis timeout(FlowState s) const {
     switch (s) {
       case FlowState::Embryonic:
         return timeouts_.embryonic;
       case FlowState::Established:
+      case FlowState::Ending:
         return timeouts_.established;
       case FlowState::Closing:
         return timeouts_.closing;
@@ -155,7 +177,8 @@ TEST(FlowTable, DifferentialAgainstUnorderedMapOracle) {
                                                  kTcpPsh | kTcpAck, kTcpFin | kTcpAck, kTcpRst,
                                                  kTcpRst | kTcpAck, kTcpSyn | kTcpFin, 0};
   const std::vector<FlowState> states = {FlowState::Embryonic, FlowState::Established,
-                                         FlowState::Closing, FlowState::Udp, FlowState::Other};
+                                         FlowState::Closing, FlowState::Udp, FlowState::Other,
+                                         FlowState::Ending};
   // Steps that land exactly on, and one past, every timeout.
   const std::vector<Millis> boundaries = {
       timeouts.embryonic,   timeouts.embryonic + 1,  timeouts.closing, timeouts.closing + 1,
@@ -196,8 +219,9 @@ TEST(FlowTable, DifferentialAgainstUnorderedMapOracle) {
       if (const auto last = oracle.deadline(h); last && *last >= now) {
         now = *last + rng() % 2;
         const std::uint8_t f = flagChoices[rng() % flagChoices.size()];
-        const std::uint32_t expected = oracle.lookup(h, now, f);
-        ASSERT_EQ(table.lookupAndTouch(h, now, tcp(f)), expected) << "op " << op;
+        const bool data = rng() % 2 == 0;
+        const std::uint32_t expected = oracle.lookup(h, now, f, data);
+        ASSERT_EQ(table.lookupAndTouch(h, now, FlowEvent{f, data}), expected) << "op " << op;
         ++lookups;
         hits += expected != 0;
       }
@@ -211,8 +235,9 @@ TEST(FlowTable, DifferentialAgainstUnorderedMapOracle) {
     if (kind < 30) {
       const std::uint64_t h = pickKey();
       const std::uint8_t f = flagChoices[rng() % flagChoices.size()];
-      const std::uint32_t expected = oracle.lookup(h, now, f);
-      ASSERT_EQ(table.lookupAndTouch(h, now, tcp(f)), expected) << "op " << op;
+      const bool data = rng() % 2 == 0;
+      const std::uint32_t expected = oracle.lookup(h, now, f, data);
+      ASSERT_EQ(table.lookupAndTouch(h, now, FlowEvent{f, data}), expected) << "op " << op;
       ++lookups;
       hits += expected != 0;
     } else if (kind < 45) {
@@ -249,7 +274,7 @@ TEST(FlowTable, DifferentialAgainstUnorderedMapOracle) {
       out.assign(n, 0xdead'beef);
       for (std::size_t i = 0; i < n; ++i) {
         batch[i] = pickKey();
-        events[i] = tcp(flagChoices[rng() % flagChoices.size()]);
+        events[i] = FlowEvent{flagChoices[rng() % flagChoices.size()], rng() % 2 == 0};
       }
       if (withTcp) {
         table.lookupAndTouchBatch(batch, events, out, now);
@@ -257,8 +282,9 @@ TEST(FlowTable, DifferentialAgainstUnorderedMapOracle) {
         table.lookupBatch(batch, out, now);
       }
       for (std::size_t i = 0; i < n; ++i) {
-        const std::uint32_t expected = oracle.lookup(
-            batch[i], now, withTcp ? std::optional(events[i].tcpFlags) : std::nullopt);
+        const std::uint32_t expected =
+            oracle.lookup(batch[i], now, withTcp ? std::optional(events[i].tcpFlags) : std::nullopt,
+                          events[i].payload);
         ASSERT_EQ(out[i], expected) << "op " << op << " batch item " << i;
         hits += expected != 0;
       }
@@ -675,14 +701,20 @@ TEST(FlowTable, TcpTransitions) {
   now += to.embryonic + 1;
   EXPECT_EQ(table.lookupAndTouch(h, now, tcp(kTcpSyn)), 5u);  // SYN on Established: stays
   now += to.closing + 1;
-  EXPECT_EQ(table.lookupAndTouch(h, now, tcp(kTcpFin | kTcpAck)), 5u);     // -> Closing
-  EXPECT_EQ(table.lookupAndTouch(h, now + to.closing, tcp(kTcpAck)), 5u);  // stays Closing
+  EXPECT_EQ(table.lookupAndTouch(h, now, tcp(kTcpFin | kTcpAck)), 5u);     // -> Ending
+  EXPECT_EQ(table.lookupAndTouch(h, now + to.closing, tcp(kTcpAck)), 5u);  // stays Ending
   now += to.closing;
-  EXPECT_EQ(table.lookup(h, now + to.closing + 1), 0u);
+  EXPECT_EQ(stateOf(table, h, now), FlowState::Ending);
+  // Ending keeps the established timeout (a FIN or RST may be forged).
+  EXPECT_EQ(table.lookup(h, now + to.established), 5u);
+  now += to.established;
+  EXPECT_EQ(table.lookup(h, now + to.established + 1), 0u);
 
-  // Port reuse: a SYN on a Closing entry starts a new handshake.
-  ASSERT_EQ(table.insert(h, 6, FlowState::Established, now), InsertResult::Inserted);
+  // A handshake that ends before it completes closes for real (short), and
+  // port reuse: a SYN on a Closing entry starts a new handshake.
+  ASSERT_EQ(table.insert(h, 6, FlowState::Embryonic, now), InsertResult::Inserted);
   EXPECT_EQ(table.lookupAndTouch(h, now, tcp(kTcpRst)), 6u);
+  EXPECT_EQ(stateOf(table, h, now), FlowState::Closing);
   EXPECT_EQ(table.lookupAndTouch(h, now, tcp(kTcpSyn)), 6u);  // -> Embryonic
   EXPECT_EQ(table.lookup(h, now + to.embryonic), 6u);
   now += to.embryonic;
@@ -692,6 +724,71 @@ TEST(FlowTable, TcpTransitions) {
   ASSERT_EQ(table.insert(h, 7, FlowState::Udp, now), InsertResult::Inserted);
   EXPECT_EQ(table.lookupAndTouch(h, now, tcp(kTcpFin)), 7u);
   EXPECT_EQ(table.lookup(h, now + to.udp), 7u);
+}
+
+// Issue #13: one spoofed RST or FIN (a blind attacker knows the 4-tuple, not
+// the sequence numbers) must not cut an established flow's lifetime: an NCCL
+// flow may go silent for minutes right after it.
+TEST(FlowTable, SpoofedRstOrFinKeepsTheEstablishedLifetime) {
+  FlowTable table(FlowTableConfig{.capacity = 1'024});
+  const FlowTimeouts& to = table.timeouts();
+  for (const std::uint8_t flags : {kTcpRst, std::uint8_t{kTcpRst | kTcpAck}, kTcpFin,
+                                   std::uint8_t{kTcpFin | kTcpAck}}) {
+    const std::uint64_t h = 1000 + flags;
+    Millis now = 5'000;
+    ASSERT_EQ(table.insert(h, 3, FlowState::Established, now), InsertResult::Inserted);
+    EXPECT_EQ(table.lookupAndTouch(h, now, tcp(flags)), 3u);
+    // Silent for the whole established timeout: still tracked.
+    now += to.established;
+    EXPECT_EQ(table.lookup(h, now), 3u) << int{flags};
+    // A spoofed SYN after it does not shorten it either.
+    EXPECT_EQ(table.lookupAndTouch(h, now, tcp(kTcpSyn)), 3u);
+    EXPECT_EQ(table.lookup(h, now + to.established), 3u) << int{flags};
+    // Data from the real client: established again.
+    now += to.established;
+    EXPECT_EQ(table.lookupAndTouch(h, now, tcpData(kTcpAck | kTcpPsh)), 3u);
+    EXPECT_EQ(stateOf(table, h, now), FlowState::Established) << int{flags};
+  }
+}
+
+// A real close: FIN, then the last ACK (no data), then silence. The entry
+// keeps the established timeout (it cannot be told from a spoofed FIN), but
+// yields its slot: at once to a new established/UDP/other flow, and to a new
+// handshake once idle for the closing timeout.
+TEST(FlowTable, ClosedFlowLingersButYieldsItsSlot) {
+  FlowTable table = smallTable();
+  const FlowTimeouts& to = table.timeouts();
+  const Millis t0 = 50'000;
+  std::vector<std::uint64_t> ended;
+  for (std::uint32_t tag = 1; tag <= 8; ++tag) {
+    ASSERT_EQ(table.insert(craftedHash(4, 6, tag), tag, FlowState::Established, t0),
+              InsertResult::Inserted);
+  }
+  for (std::uint32_t tag = 1; tag <= 2; ++tag) {
+    const std::uint64_t h = craftedHash(4, 6, tag);
+    ASSERT_EQ(table.lookupAndTouch(h, t0 + tag, tcp(kTcpFin | kTcpAck)), tag);
+    ASSERT_EQ(table.lookupAndTouch(h, t0 + tag, tcp(kTcpAck)), tag);  // last ACK: no data
+    EXPECT_EQ(stateOf(table, h, t0 + tag), FlowState::Ending);
+    ended.push_back(h);
+  }
+  // Both buckets full; a new handshake may not push a just-closed flow out.
+  const Millis soon = t0 + to.closing;
+  EXPECT_EQ(table.insert(craftedHash(4, 6, 20), 20, FlowState::Embryonic, soon),
+            InsertResult::FullEmbryonic);
+  EXPECT_EQ(table.lookup(ended[0], soon), 1u);  // (a hit: ended[0] is the younger now)
+  // Idle past the closing timeout, the older closed flow yields to it.
+  const Millis later = t0 + 2 + to.closing + 1;
+  EXPECT_EQ(table.insert(craftedHash(4, 6, 21), 21, FlowState::Embryonic, later),
+            InsertResult::Inserted);
+  EXPECT_EQ(table.lookup(ended[1], later), 0u);
+  // A new established or UDP flow takes the other at once.
+  EXPECT_EQ(table.insert(craftedHash(4, 6, 22), 22, FlowState::Udp, later),
+            InsertResult::Inserted);
+  EXPECT_EQ(table.lookup(ended[0], later), 0u);
+  EXPECT_EQ(table.counters().evictions, 2u);
+  for (std::uint32_t tag = 3; tag <= 8; ++tag) {
+    EXPECT_EQ(table.lookup(craftedHash(4, 6, tag), later), tag);
+  }
 }
 
 TEST(FlowTable, BatchLookupMatchesSingleLookups) {
@@ -810,7 +907,7 @@ TEST(FlowTable, RejectsInvalidArguments) {
   EXPECT_EQ(table.insert(5, FlowTable::kMaxBackend + 1, FlowState::Established, 0),
             InsertResult::Invalid);
   EXPECT_EQ(table.insert(5, 1, static_cast<FlowState>(0), 0), InsertResult::Invalid);
-  EXPECT_EQ(table.insert(5, 1, static_cast<FlowState>(6), 0), InsertResult::Invalid);
+  EXPECT_EQ(table.insert(5, 1, static_cast<FlowState>(7), 0), InsertResult::Invalid);
   EXPECT_EQ(table.counters().occupancy, 0u);
   EXPECT_EQ(table.counters().insertFailures, 0u);
 

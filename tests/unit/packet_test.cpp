@@ -27,6 +27,15 @@ void setByte(std::vector<std::byte>& f, std::size_t at, std::uint8_t value) {
   f.at(at) = std::byte(value);
 }
 
+// Rewrites the IPv4 header checksum of an untagged frame after an edit.
+void fixIpv4Checksum(std::vector<std::byte>& f) {
+  const std::size_t len = (std::to_integer<std::size_t>(f.at(14)) & 0x0f) * 4;
+  f.at(24) = f.at(25) = std::byte{0};
+  const std::uint16_t c = internetChecksum(std::span<const std::byte>(f).subspan(14, len));
+  f.at(24) = std::byte(c >> 8);
+  f.at(25) = std::byte(c & 0xff);
+}
+
 TEST(Packet, Ipv4TcpSyn) {
   auto f = PacketBuilder().ipv4("10.0.0.1", "192.0.2.10", 63, 0xb9).tcp(40000, 443, kTcpSyn)
                .payload(10).build();
@@ -122,6 +131,29 @@ TEST(Packet, EthernetPaddingIgnored) {
   EXPECT_EQ(v.l3Length, 28);
 }
 
+// Issue #13: the IPv4 header checksum is verified, options included; a bad
+// one keeps the addresses (host traffic still goes to the kernel).
+TEST(Packet, Ipv4HeaderChecksumIsVerified) {
+  for (std::size_t words : {0u, 1u, 10u}) {
+    std::vector<std::uint8_t> options(words * 4, 0x01);
+    auto f = PacketBuilder().ipv4("10.0.0.1", "10.0.0.2").ipv4Options(options).tcp(7, 8).build();
+    EXPECT_EQ(parseExact(f).drop, DropReason::None) << words;
+    for (const std::size_t at : {std::size_t{14 + 10}, std::size_t{14 + 12}, std::size_t{14 + 19},
+                                 std::size_t{14 + 20} + words * 4 - 1}) {
+      auto g = f;
+      g[at] ^= std::byte{0x10};
+      const PacketView v = parseExact(g);
+      EXPECT_EQ(v.drop, DropReason::BadIpChecksum) << words << " " << at;
+      EXPECT_TRUE(v.l3Valid);
+    }
+  }
+  // A fragment with a bad checksum is a bad checksum first.
+  auto frag = PacketBuilder().ipv4("10.0.0.1", "10.0.0.2").ipv4Fragment(0, true).tcp(7, 8).build();
+  EXPECT_EQ(parseExact(frag).drop, DropReason::Ipv4Fragment);
+  frag[14 + 11] ^= std::byte{1};
+  EXPECT_EQ(parseExact(frag).drop, DropReason::BadIpChecksum);
+}
+
 TEST(Packet, Ipv4FragmentsKeepAddresses) {
   auto first = PacketBuilder().ipv4("10.0.0.1", "10.0.0.2").ipv4Fragment(0, true).tcp(1, 2)
                    .build();
@@ -170,6 +202,7 @@ TEST(Packet, TcpHeaderLength) {
 TEST(Packet, TcpHeaderCutByIpLength) {
   auto f = PacketBuilder().ipv4("10.0.0.1", "10.0.0.2").tcp(1, 2).build();
   setByte(f, 17, 20 + 19);  // IP says the TCP header is 19 bytes long
+  fixIpv4Checksum(f);
   EXPECT_EQ(parseExact(f).drop, DropReason::Truncated);
 }
 

@@ -192,6 +192,14 @@ TEST(SnapshotBuilder, VipIndexFindsEachVip) {
   EXPECT_EQ(s->vipIndex.find(ipb("2001:db8::1"), IpVersion::V6, 6, 443), 1u);
   EXPECT_EQ(s->vipIndex.find(ipb("2001:db8::1"), IpVersion::V6, 6, 80), VipIndex::kNone);
   EXPECT_EQ(s->vipIndex.find(ipb("192.0.2.1"), IpVersion::V4, 17, 53), VipIndex::kNone);
+  // The gateway's own port addresses reach the data path (issue #13: a VIP
+  // packet from one of them is forged), and are not VIP addresses.
+  EXPECT_TRUE(s->vipIndex.isOwnAddress(ipb("10.0.0.1"), IpVersion::V4));
+  EXPECT_TRUE(s->vipIndex.isOwnAddress(ipb("fd00::1"), IpVersion::V6));
+  EXPECT_TRUE(s->vipIndex.isOwnAddress(ipb("192.0.2.1"), IpVersion::V4));
+  EXPECT_FALSE(s->vipIndex.isOwnAddress(ipb("10.0.1.1"), IpVersion::V4));  // a backend
+  EXPECT_FALSE(s->vipIndex.isVipAddress(ipb("10.0.0.1"), IpVersion::V4));
+  EXPECT_EQ(s->gatewayAddresses.size(), 2u);
   EXPECT_TRUE(s->vips[0].answerEcho);
   EXPECT_FALSE(s->vips[1].answerEcho);
   EXPECT_EQ(s->vips[0].table.size(), 65537u);

@@ -60,6 +60,36 @@ TEST(VipIndex, ManyVips) {
   }
 }
 
+// The gateway's own addresses and every VIP's are "own" (a forged source);
+// nothing else is, whatever the prefilter says; gateway addresses are not
+// VIP addresses; an address that is both stays a VIP's.
+TEST(VipIndex, OwnAddressesOfVipsAndTheGateway) {
+  std::vector<SnapshotVip> vips;
+  for (int i = 0; i < 300; ++i) {
+    vips.push_back(vip(("10.1." + std::to_string(i / 250) + "." + std::to_string(i % 250)).c_str(),
+                       6, 80, "v"));
+  }
+  vips.push_back(vip("2001:db8::10", 6, 443, "v6"));
+  const std::vector<OwnAddress> gateway = {{test::ipBytes("10.0.0.2"), IpVersion::V4},
+                                           {test::ipBytes("fd00::2"), IpVersion::V6},
+                                           {test::ipBytes("10.1.0.7"), IpVersion::V4}};
+  const VipIndex index(vips, gateway);
+  for (const auto& v : vips) EXPECT_TRUE(index.isOwnAddress(v.key.address, v.key.version));
+  for (const auto& a : gateway) EXPECT_TRUE(index.isOwnAddress(a.address, a.version));
+  EXPECT_FALSE(index.isVipAddress(test::ipBytes("10.0.0.2"), IpVersion::V4));
+  EXPECT_FALSE(index.isVipAddress(test::ipBytes("fd00::2"), IpVersion::V6));
+  EXPECT_TRUE(index.isVipAddress(test::ipBytes("10.1.0.7"), IpVersion::V4));
+  EXPECT_EQ(index.find(test::ipBytes("10.0.0.2"), IpVersion::V4, 6, 80), VipIndex::kNone);
+  EXPECT_FALSE(index.isOwnAddress(test::ipBytes("10.0.0.2"), IpVersion::V6));
+  int own = 0;
+  for (int i = 0; i < 20'000; ++i) {
+    const std::string a = "172.16." + std::to_string(i / 250) + "." + std::to_string(i % 250);
+    own += index.isOwnAddress(test::ipBytes(a), IpVersion::V4);
+  }
+  EXPECT_EQ(own, 0);
+  EXPECT_FALSE(VipIndex().isOwnAddress(test::ipBytes("10.0.0.2"), IpVersion::V4));
+}
+
 TEST(Qsbr, GracePeriodWaitsForOnlineReaders) {
   QsbrDomain qsbr(3);
   qsbr.online(0);

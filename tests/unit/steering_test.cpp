@@ -155,6 +155,38 @@ TEST_F(SteeringTest, TrackedFlowsKeepTheirBackendWhenTheTableChanges) {
   expectAllCounted();
 }
 
+// Issue #13: a spoofed RST or FIN on a live flow, then an idle pause and a
+// table change: the flow must keep its backend (it was re-steered, and
+// reset, when the RST cut its entry's timeout to 10 s).
+TEST_F(SteeringTest, SpoofedRstOrFinThenIdleKeepsTheFlowOnItsBackend) {
+  std::map<std::uint16_t, std::uint32_t> first;
+  for (std::uint16_t p = 3000; p < 3200; ++p) {
+    Frame s(syn(p));
+    first[p] = steer(s).backend;
+    Frame data(PacketBuilder().ipv4("10.9.0.1", "192.0.2.10").tcp(p, 5000, kTcpAck | kTcpPsh)
+                   .payload(100).build());
+    ASSERT_EQ(steer(data).backend, first[p]);
+    // The attacker's segment: right 4-tuple, any sequence number.
+    Frame spoof(syn(p, p % 2 == 0 ? kTcpRst : std::uint8_t{kTcpFin | kTcpAck}));
+    ASSERT_EQ(steer(spoof).verdict, Verdict::Forward);
+  }
+  now_ += 600'000;  // ten idle minutes
+  publish({100, 100, 100, 100, 100});  // a backend joins: the table changes
+  int moved = 0;
+  for (auto [p, b] : first) {
+    Frame data(PacketBuilder().ipv4("10.9.0.1", "192.0.2.10").tcp(p, 5000, kTcpAck | kTcpPsh)
+                   .payload(100).build());
+    const auto r = steer(data);
+    ASSERT_EQ(r.verdict, Verdict::Forward);
+    EXPECT_EQ(r.backend, b) << "port " << p;
+    const auto bytes = PacketBuilder().ipv4("10.9.0.1", "192.0.2.10").tcp(p, 5000).build();
+    const FlowKey key = parsePacket(std::span<const std::byte>(bytes)).key;
+    moved += snapshot_->vips[0].table.lookup(FlowHasher(kSeed).hash(key)) != b;
+  }
+  EXPECT_GT(moved, 0);  // the table change would have moved some of them
+  expectAllCounted();
+}
+
 TEST_F(SteeringTest, FailedBackendMovesOnlyItsOwnFlows) {
   std::map<std::uint16_t, std::uint32_t> first;
   for (std::uint16_t p = 1000; p < 1400; ++p) {
@@ -284,6 +316,62 @@ TEST_F(SteeringTest, ImpossibleSourcesAreDropped) {
   expectAllCounted();
 }
 
+// Issue #13: sources no client can have on the far side of the gateway.
+TEST_F(SteeringTest, OwnAndLandSourcesAreDroppedAndCounted) {
+  // A VIP's address as the source (any VIP: here the IPv6 one too).
+  Frame fromVip(PacketBuilder().ipv4("192.0.2.10", "192.0.2.10").tcp(4000, 5000, kTcpSyn).build());
+  EXPECT_EQ(steer(fromVip).drop, DropReason::Land);  // "land": source = destination
+  Frame landPorts(PacketBuilder().ipv4("192.0.2.10", "192.0.2.10").tcp(5000, 5000, kTcpSyn)
+                      .build());
+  EXPECT_EQ(steer(landPorts).drop, DropReason::Land);
+  Frame fromVip6(PacketBuilder().ipv6("2001:db8::10", "2001:db8::10").tcp(1, 443, kTcpSyn).build());
+  EXPECT_EQ(steer(fromVip6).drop, DropReason::Land);
+  // Another VIP's address, and the gateway's own port addresses.
+  auto s = std::make_unique<ForwardingSnapshot>(*snapshot_);
+  SnapshotVip other = s->vips[0];
+  other.key.address = test::ipBytes("192.0.2.11");
+  s->vips.push_back(other);
+  s->gatewayAddresses = {{test::ipBytes("10.0.0.2"), IpVersion::V4},
+                         {test::ipBytes("2001:db8:ff::2"), IpVersion::V6}};
+  s->indexVips();
+  snapshot_ = std::move(s);
+  for (const char* src : {"192.0.2.11", "10.0.0.2"}) {
+    Frame f(PacketBuilder().ipv4(src, "192.0.2.10").tcp(4000, 5000, kTcpSyn).build());
+    const auto r = steer(f);
+    EXPECT_EQ(r.verdict, Verdict::Drop) << src;
+    EXPECT_EQ(r.drop, DropReason::OwnSource) << src;
+  }
+  Frame from6(PacketBuilder().ipv6("2001:db8:ff::2", "2001:db8::10").tcp(1, 443, kTcpSyn).build());
+  EXPECT_EQ(steer(from6).drop, DropReason::OwnSource);
+  // The gateway's address as a destination is host traffic, as before.
+  Frame toHost(PacketBuilder().ipv4("10.9.0.1", "10.0.0.2").tcp(4000, 22, kTcpSyn).build());
+  EXPECT_EQ(steer(toHost).verdict, Verdict::ToKernel);
+  EXPECT_FALSE(snapshot_->vipIndex.isVipAddress(test::ipBytes("10.0.0.2"), IpVersion::V4));
+  EXPECT_EQ(steering_.counters().drops.read(DropReason::Land), 3u);
+  EXPECT_EQ(steering_.counters().drops.read(DropReason::OwnSource), 3u);
+  EXPECT_EQ(steering_.counters().newFlows.read(), 0u);
+  EXPECT_EQ(steering_.flowTable().counters().occupancy, 0u);
+  expectAllCounted();
+}
+
+// Issue #13: a bad IPv4 header checksum to a VIP is dropped with its reason
+// (to the host it stays the kernel's business).
+TEST_F(SteeringTest, BadIpv4HeaderChecksumIsDroppedAndCounted) {
+  auto bytes = PacketBuilder().ipv4("10.9.0.1", "192.0.2.10").tcp(4000, 5000, kTcpSyn).build();
+  bytes[14 + 10] ^= std::byte{0x5a};
+  Frame bad(bytes);
+  const auto r = steer(bad);
+  EXPECT_EQ(r.verdict, Verdict::Drop);
+  EXPECT_EQ(r.drop, DropReason::BadIpChecksum);
+  EXPECT_EQ(steering_.counters().drops.read(DropReason::BadIpChecksum), 1u);
+  EXPECT_EQ(steering_.flowTable().counters().occupancy, 0u);
+  auto host = PacketBuilder().ipv4("10.9.0.1", "10.0.0.2").tcp(4000, 22, kTcpSyn).build();
+  host[14 + 10] ^= std::byte{0x5a};
+  Frame toHost(host);
+  EXPECT_EQ(steer(toHost).verdict, Verdict::ToKernel);
+  expectAllCounted();
+}
+
 TEST_F(SteeringTest, NoActiveBackendIsCounted) {
   publish({0, 0, 0, 0});
   Frame f(syn(1));
@@ -323,6 +411,51 @@ TEST_F(SteeringTest, EchoToVipIsAnsweredWhereConfigured) {
   Frame ping6(PacketBuilder().ipv6("2001:db8:9::1", "2001:db8::10").icmp(kIcmp6EchoRequest, 0)
                   .build());
   EXPECT_EQ(steer(ping6).drop, DropReason::IcmpUnsupported);  // that VIP does not answer
+  expectAllCounted();
+}
+
+// Issue #13: the replies the LB builds itself are rate-limited per source
+// and per lcore in total (defaults: 10/s burst 20 per source, 1000/s burst
+// 100 in total), and a refused one is dropped and counted.
+TEST_F(SteeringTest, IcmpRepliesAreRateLimitedPerSourceAndInTotal) {
+  const IcmpRateLimits limits{};
+  auto ping = [&](const std::string& src) {
+    Frame f(PacketBuilder().ipv4(src, "192.0.2.10").icmp(kIcmpEchoRequest, 0, 0x10001)
+                .payload(16).build());
+    return steer(f);
+  };
+  // One source: its burst, then refusals; a second later, its rate's worth.
+  int replied = 0;
+  for (int i = 0; i < 50; ++i) replied += ping("10.9.0.1").verdict == Verdict::Reply;
+  EXPECT_EQ(replied, static_cast<int>(limits.perSourceBurst));
+  EXPECT_EQ(steering_.counters().drops.read(DropReason::IcmpRateLimited),
+            50u - limits.perSourceBurst);
+  now_ += 1'000;
+  replied = 0;
+  for (int i = 0; i < 50; ++i) replied += ping("10.9.0.1").verdict == Verdict::Reply;
+  EXPECT_EQ(replied, static_cast<int>(limits.perSourcePerSecond));
+  // Other sources are not held back by that one, but all share the total.
+  now_ += 1'000;
+  replied = 0;
+  for (int i = 0; i < 300; ++i) {
+    replied += ping("10.8." + std::to_string(i / 250) + "." + std::to_string(i % 250 + 1))
+                   .verdict == Verdict::Reply;
+  }
+  EXPECT_EQ(replied, static_cast<int>(limits.burst));
+  // Too-big packets' "fragmentation needed" replies count against the same buckets.
+  now_ += 10'000;
+  replied = 0;
+  std::uint64_t mtuDrops = 0;
+  for (int i = 0; i < 40; ++i) {
+    Frame big(PacketBuilder().ipv4("10.9.0.2", "192.0.2.10").tcp(7000, 5000, kTcpAck)
+                  .payload(1500 - 40).build());
+    const auto r = steer(big);
+    replied += r.verdict == Verdict::Reply;
+    mtuDrops += r.drop == DropReason::IcmpRateLimited;
+  }
+  EXPECT_EQ(replied, static_cast<int>(limits.perSourceBurst));
+  EXPECT_EQ(mtuDrops, 40u - limits.perSourceBurst);
+  EXPECT_EQ(steering_.counters().mtuReplies.read(), limits.perSourceBurst);
   expectAllCounted();
 }
 
@@ -578,21 +711,23 @@ TEST(FlowTableWalk, VipTagSurvivesStateChangesAndResteering) {
   EXPECT_EQ(t.insert(78, 3, FlowState::Embryonic, 1000, 32), InsertResult::Invalid);
   EXPECT_EQ(t.lookupAndTouch(77, 1001, FlowEvent{kTcpAck}), 3u);        // -> Established
   EXPECT_TRUE(t.updateBackend(77, 9, 1002));
-  EXPECT_EQ(t.lookupAndTouch(77, 1003, FlowEvent{kTcpAck | kTcpFin}), 9u);  // -> Closing
+  EXPECT_EQ(t.lookupAndTouch(77, 1003, FlowEvent{kTcpAck | kTcpFin}), 9u);  // -> Ending
   std::size_t seen = 0;
   t.forEachLive(1004, 0, t.bucketCount(),
                 [&](std::uint64_t h, std::uint32_t b, FlowState s, std::uint32_t idle,
                     std::uint8_t tag) {
                   EXPECT_EQ(h, 77u);
                   EXPECT_EQ(b, 9u);
-                  EXPECT_EQ(s, FlowState::Closing);
+                  EXPECT_EQ(s, FlowState::Ending);
                   EXPECT_EQ(idle, 1u);
                   EXPECT_EQ(tag, 31);
                   ++seen;
                 });
   EXPECT_EQ(seen, 1u);
-  // The closing timeout (10 s) applies, whatever the tag bits.
-  EXPECT_EQ(t.lookup(77, 1003 + 10'001), 0u);
+  // The established timeout applies to Ending, whatever the tag bits.
+  const Millis established = t.timeouts().established;
+  EXPECT_EQ(t.lookup(77, 1003 + established), 9u);
+  EXPECT_EQ(t.lookup(77, 1003 + 2 * established + 1), 0u);
 }
 
 TEST(VipTag, StableKeyFunctionInRange) {

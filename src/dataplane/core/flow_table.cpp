@@ -51,29 +51,36 @@ constexpr FlowState stateOf(std::uint32_t meta) noexcept {
 }
 
 constexpr bool isValidState(FlowState state) noexcept {
-  return state >= FlowState::Embryonic && state <= FlowState::Other;
+  return state >= FlowState::Embryonic && state <= FlowState::Ending;
 }
 
-// States a new Established/Udp/Other entry may push out, and that may not
-// push anything out themselves.
+// New entries in these states may not push anything out (but an Ending entry
+// idle past the closing timeout); their own entries yield to a new
+// Established/Udp/Other entry.
 constexpr bool isEvictable(FlowState state) noexcept {
   return state == FlowState::Embryonic || state == FlowState::Closing;
 }
 
 constexpr bool isTcp(FlowState state) noexcept {
   return state == FlowState::Embryonic || state == FlowState::Established ||
-         state == FlowState::Closing;
+         state == FlowState::Closing || state == FlowState::Ending;
 }
 
-constexpr std::uint32_t applyTcpFlags(std::uint32_t meta, std::uint8_t flags) noexcept {
+// The design note's transitions. FIN/RST on an open flow (Established or
+// Ending) gives Ending, which keeps the established timeout; on a handshake
+// (Embryonic, Closing) it gives Closing. Data brings any TCP entry back to
+// Established; a bare ACK does so only for an Embryonic one.
+constexpr std::uint32_t applyTcpFlags(std::uint32_t meta, FlowEvent event) noexcept {
   const FlowState state = stateOf(meta);
   if (!isTcp(state)) return meta;
+  const std::uint8_t flags = event.tcpFlags;
   FlowState next = state;
   if ((flags & (kTcpFin | kTcpRst)) != 0) {
-    next = FlowState::Closing;
+    const bool open = state == FlowState::Established || state == FlowState::Ending;
+    next = open ? FlowState::Ending : FlowState::Closing;
   } else if ((flags & kTcpSyn) != 0) {
     if (state == FlowState::Closing) next = FlowState::Embryonic;
-  } else if (state == FlowState::Embryonic) {
+  } else if (state == FlowState::Embryonic || event.payload) {
     next = FlowState::Established;
   }
   return (meta & ~(kStateMask << kStateShift)) | (static_cast<std::uint32_t>(next) << kStateShift);
@@ -118,6 +125,9 @@ FlowTable::FlowTable(const FlowTableConfig& config)
   timeoutByState_[static_cast<unsigned>(FlowState::Udp)] = checkedTimeout("udp", timeouts_.udp);
   timeoutByState_[static_cast<unsigned>(FlowState::Other)] =
       checkedTimeout("other", timeouts_.other);
+  // A FIN or RST may be forged: it does not shorten an open flow's life.
+  timeoutByState_[static_cast<unsigned>(FlowState::Ending)] =
+      timeoutByState_[static_cast<unsigned>(FlowState::Established)];
 
   const std::size_t count = bucketCountFor(capacity_);
   const std::size_t bytes = count * sizeof(Bucket);
@@ -177,7 +187,7 @@ inline std::uint32_t FlowTable::touch(Bucket& bucket, unsigned mask, std::uint32
   bucket.stamp[slot] = now32;
   std::uint32_t meta = bucket.meta[slot];
   if constexpr (kTcp) {
-    meta = applyTcpFlags(meta, event.tcpFlags);
+    meta = applyTcpFlags(meta, event);
     bucket.meta[slot] = meta;
   }
   return meta & kBackendMask;
@@ -392,14 +402,23 @@ InsertResult FlowTable::insert(std::uint64_t hash, std::uint32_t backend, FlowSt
     if (evictable) embryonicRoomMisses_ = std::min(embryonicRoomMisses_ + 1, kFloodAfterMisses);
   }
 
-  if (!isEvictable(state)) {
+  {
+    // The oldest entry this one may push out: for a new Established, Udp or
+    // Other entry any Embryonic, Closing or Ending one; for a new Embryonic
+    // or Closing entry only an Ending one idle past the closing timeout (a
+    // SYN flood cannot push out a flow that just saw a FIN or RST, which may
+    // have been forged, nor anything else).
+    const std::uint32_t closing = timeoutByState_[static_cast<unsigned>(FlowState::Closing)];
     Bucket* victim = nullptr;
     unsigned victimSlot = kNoSlot;
     std::uint32_t oldestAge = 0;
     for (Bucket* bucket : {&first, &second}) {
       for (unsigned i = 0; i < kSlotsPerBucket; ++i) {
-        if (!isEvictable(stateOf(bucket->meta[i]))) continue;
+        const FlowState held = stateOf(bucket->meta[i]);
         const auto age = static_cast<std::uint32_t>(now32 - bucket->stamp[i]);
+        const bool yields = evictable ? held == FlowState::Ending && age > closing
+                                      : isEvictable(held) || held == FlowState::Ending;
+        if (!yields) continue;
         if (victim == nullptr || age > oldestAge) {
           victim = bucket;
           victimSlot = i;
@@ -411,6 +430,7 @@ InsertResult FlowTable::insert(std::uint64_t hash, std::uint32_t backend, FlowSt
       store(*victim, victimSlot);
       ++counters_.evictions;
       ++counters_.inserts;
+      if (evictable) embryonicRoomMisses_ = 0;
       return InsertResult::Inserted;
     }
   }

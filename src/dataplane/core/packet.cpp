@@ -46,6 +46,23 @@ struct L3Result {
   std::size_t end = 0;  // one past the IP packet as its header declares it
 };
 
+// True when the IPv4 header of `len` bytes (a multiple of 4, at least 20)
+// at `p` sums to 0xffff in one's complement (RFC 1071): 32-bit native words
+// summed into 64 bits, then folded; the byte order does not matter.
+bool ipv4HeaderChecksumOk(const std::byte* p, std::size_t len) noexcept {
+  std::uint64_t sum = 0;
+  for (std::size_t i = 0; i < len; i += 4) {
+    std::uint32_t w;
+    std::memcpy(&w, p + i, 4);
+    sum += w;
+  }
+  sum = (sum & 0xffff'ffffULL) + (sum >> 32);
+  sum = (sum & 0xffff'ffffULL) + (sum >> 32);
+  sum = (sum & 0xffff) + (sum >> 16);
+  sum = (sum & 0xffff) + (sum >> 16);
+  return sum == 0xffff;
+}
+
 // IPv4 header at `off`. Fills key addresses, ttl, tos, DF.
 L3Result parseIpv4(std::span<const std::byte> f, std::size_t off, PacketView& v) noexcept {
   L3Result r;
@@ -78,6 +95,10 @@ L3Result parseIpv4(std::span<const std::byte> f, std::size_t off, PacketView& v)
   r.proto = ip.protocol;
   r.l4Offset = off + headerLen;
   r.end = off + total;
+  if (!ipv4HeaderChecksumOk(f.data() + off, headerLen)) [[unlikely]] {
+    r.drop = DropReason::BadIpChecksum;
+    return r;
+  }
   r.drop = (frag & (kIpv4FlagMf | kIpv4OffsetMask)) != 0 ? DropReason::Ipv4Fragment
                                                           : DropReason::None;
   return r;
@@ -226,6 +247,7 @@ void parsePacket(std::span<const std::byte> frame, PacketView& v) noexcept {
       v.key.srcPort = tcp.srcPort;
       v.key.dstPort = tcp.dstPort;
       v.tcpFlags = tcp.flags;
+      v.tcpData = end > l4 + doff;
       break;
     }
     case kProtoUdp: {

@@ -4,9 +4,12 @@
 
 namespace spillway {
 
-VipIndex::VipIndex(const std::vector<SnapshotVip>& vips) {
-  // Each VIP takes a slot, and each distinct address one more as a marker.
-  const std::size_t wanted = std::bit_ceil(std::max<std::size_t>(4, vips.size() * 4));
+VipIndex::VipIndex(const std::vector<SnapshotVip>& vips,
+                   const std::vector<OwnAddress>& gatewayAddresses) {
+  // Each VIP takes a slot, each distinct address one more as a marker, and
+  // each gateway address one.
+  const std::size_t wanted = std::bit_ceil(
+      std::max<std::size_t>(4, vips.size() * 4 + gatewayAddresses.size() * 2));
   slots_.assign(wanted, Slot{});
   mask_ = static_cast<std::uint32_t>(wanted - 1);
   auto place = [&](const PackedKey& key, std::uint32_t vip) {
@@ -17,10 +20,19 @@ VipIndex::VipIndex(const std::vector<SnapshotVip>& vips) {
     }
     slots_[i] = Slot{key, vip};
   };
+  auto placeMarker = [&](const PackedKey& key, std::uint32_t kind) {
+    place(key, kind);
+    const std::uint32_t bit = filterBit(key);
+    ownFilter_[bit / 64] |= std::uint64_t{1} << (bit % 64);
+  };
   for (std::uint32_t v = 0; v < vips.size(); ++v) {
     const VipKey& key = vips[v].key;
     place(packKey(key.address, key.version, key.proto, key.port), v);
-    place(packKey(key.address, key.version, 0, 0), kAddressOnly);
+    placeMarker(packKey(key.address, key.version, 0, 0), kAddressOnly);
+  }
+  // After the VIPs: an address that is both stays a VIP's.
+  for (const OwnAddress& a : gatewayAddresses) {
+    placeMarker(packKey(a.address, a.version, 0, 0), kGatewayAddress);
   }
 }
 

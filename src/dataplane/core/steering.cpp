@@ -54,8 +54,12 @@ bool isEchoRequest(const PacketView& v) noexcept {
 
 }  // namespace
 
-Steering::Steering(const FlowTableConfig& flowTable, std::uint64_t hashSeed)
-    : hasher_(hashSeed), flows_(flowTable), ledger_(kBackendSlots) {}
+Steering::Steering(const FlowTableConfig& flowTable, std::uint64_t hashSeed,
+                   const IcmpRateLimits& icmpLimits)
+    : hasher_(hashSeed),
+      flows_(flowTable),
+      icmpLimiter_(icmpLimits, hasher_),
+      ledger_(kBackendSlots) {}
 
 void Steering::placeAndForward(const FrameRef& frame, Pending& p, SteerResult& r,
                                const ForwardingSnapshot& snapshot, Millis now) noexcept {
@@ -136,8 +140,13 @@ void Steering::encapsulateTo(const FrameRef& frame, const PacketView& view, std:
     drop(r, e.drop);
     return;
   }
-  // Too big once encapsulated: tell the client its path MTU. The reply is
-  // built aside (it quotes the frame), then copied over the frame's buffer.
+  // Too big once encapsulated: tell the client its path MTU, within the
+  // ICMP rate limits. The reply is built aside (it quotes the frame), then
+  // copied over the frame's buffer.
+  if (!icmpLimiter_.allow(view.key.src, burstNow_)) {
+    drop(r, DropReason::IcmpRateLimited);
+    return;
+  }
   const std::span<const std::byte> original = frame.buffer.subspan(frame.dataOffset, frame.length);
   std::array<std::byte, 1536> reply;
   const std::size_t n = view.key.version == IpVersion::V4
@@ -241,6 +250,7 @@ void Steering::steerBurst(std::span<const FrameRef> frames, std::span<SteerResul
                           const ForwardingSnapshot& snapshot, Millis now) noexcept {
   std::size_t batch = 0;
   const std::size_t n = frames.size() < kMaxBurst ? frames.size() : kMaxBurst;
+  burstNow_ = now;
 
   // Stage 1: parse, classify, hash.
   for (std::size_t i = 0; i < n; ++i) {
@@ -284,6 +294,16 @@ void Steering::steerBurst(std::span<const FrameRef> frames, std::span<SteerResul
       drop(r, DropReason::InvalidSource);
       continue;
     }
+    // Forged sources (issue #13): no client has the VIP's own address
+    // ("land", the reply would loop to us) or another VIP's or the gateway's.
+    if (v.key.src == v.key.dst) [[unlikely]] {
+      drop(r, DropReason::Land);
+      continue;
+    }
+    if (snapshot.vipIndex.isOwnAddress(v.key.src, v.key.version)) [[unlikely]] {
+      drop(r, DropReason::OwnSource);
+      continue;
+    }
     if (v.isIcmp()) {
       if (isIcmpError(v)) {
         // The frame view is relative to the frame, not the buffer.
@@ -320,6 +340,10 @@ void Steering::steerBurst(std::span<const FrameRef> frames, std::span<SteerResul
         continue;
       }
       if (isEchoRequest(v) && answersEcho(snapshot, v.key.dst, v.key.version)) {
+        if (!icmpLimiter_.allow(v.key.src, now)) {
+          drop(r, DropReason::IcmpRateLimited);
+          continue;
+        }
         const std::size_t len = buildEchoReply(f.buffer.subspan(f.dataOffset, f.length), v);
         if (len == 0) {
           drop(r, DropReason::IcmpUnsupported);
@@ -341,7 +365,7 @@ void Steering::steerBurst(std::span<const FrameRef> frames, std::span<SteerResul
     p.vip = vip;
     p.hash = hasher_.hash(v.key);
     batchHashes_[batch] = p.hash;
-    batchEvents_[batch] = FlowEvent{v.tcpFlags};
+    batchEvents_[batch] = FlowEvent{v.tcpFlags, v.tcpData};
     batchFrames_[batch] = static_cast<std::uint8_t>(i);
     ++batch;
   }
