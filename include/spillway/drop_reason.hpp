@@ -26,25 +26,25 @@ enum class DropReason : std::uint8_t {
   BadTcpHeaderLength,    // TCP data offset below 5 or past the IP payload
   BadUdpLength,          // UDP length below 8 or past the IP payload
   // ICMP error steering: the quoted inner packet is unusable.
-  IcmpInnerTruncated,    // the quoted header is cut before the ports
-  IcmpInnerMalformed,    // the quoted header is not an IP header of the outer family
-  IcmpUnsupported,       // an ICMP type a VIP does not take
+  IcmpInnerTruncated,  // the quoted header is cut before the ports
+  IcmpInnerMalformed,  // the quoted header is not an IP header of the outer family
+  IcmpUnsupported,     // an ICMP type a VIP does not take
   // Encapsulation.
-  MtuExceeded,           // too big after encapsulation; an ICMP error was sent back
-  MtuExceededNoDf,       // too big after encapsulation, DF clear: dropped, not fragmented
-  IcmpRateLimited,       // an echo request or too-big packet whose ICMP reply the rate limits refused
-  NoHeadroom,            // the buffer cannot take the outer headers
+  MtuExceeded,      // too big after encapsulation; an ICMP error was sent back
+  MtuExceededNoDf,  // too big after encapsulation, DF clear: dropped, not fragmented
+  IcmpRateLimited,  // an echo request or too-big packet whose ICMP reply the rate limits refused
+  NoHeadroom,       // the buffer cannot take the outer headers
   // Steering.
-  VipPortNotServed,      // to a VIP address, but no VIP serves that protocol and port
-  NoBackend,             // the VIP's table has no backend (none active)
-  InvalidSource,         // to a VIP from a multicast, broadcast, loopback or unspecified source
-  Land,                  // to a VIP with source = destination ("land")
-  OwnSource,             // to a VIP from a VIP's or the gateway's own port address
-  NextHopUnresolved,     // the backend's next-hop MAC is not known yet (ARP / ND pending)
-  MultiSegment,          // a chained mbuf: spillwayd steers single-segment frames
+  VipPortNotServed,   // to a VIP address, but no VIP serves that protocol and port
+  NoBackend,          // the VIP's table has no backend (none active)
+  InvalidSource,      // to a VIP from a multicast, broadcast, loopback or unspecified source
+  Land,               // to a VIP with source = destination ("land")
+  OwnSource,          // to a VIP from a VIP's or the gateway's own port address
+  NextHopUnresolved,  // the backend's next-hop MAC is not known yet (ARP / ND pending)
+  MultiSegment,       // a chained mbuf: spillwayd steers single-segment frames
   // DPDK adapter.
-  NoExceptionPath,       // host traffic on a port without a kernel path
-  TxQueueFull,           // the TX ring stayed full
+  NoExceptionPath,  // host traffic on a port without a kernel path
+  TxQueueFull,      // the TX ring stayed full
   kCount,
 };
 

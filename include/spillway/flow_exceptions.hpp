@@ -50,7 +50,7 @@ struct ExportedFlow {
   std::uint64_t hash = 0;     // FlowHasher hash (0 is reported as 1)
   std::uint32_t backend = 0;  // backend index in the worker's snapshot
   FlowState state = FlowState::Established;
-  std::uint32_t idleMs = 0;   // since its last packet
+  std::uint32_t idleMs = 0;  // since its last packet
 };
 
 // One exception as it outlives the process (checkpoint) or crosses to a

@@ -148,8 +148,9 @@ struct FlowTableCounters {
   RelaxedU64 embryonicRejected = 0;  // FullEmbryonic results
   RelaxedU64 evictions = 0;          // Embryonic/Closing entries pushed out
   RelaxedU64 relocations = 0;        // entries moved to their other bucket
-  RelaxedU64 relocationsSkipped = 0;  // embryonic/closing inserts in SYN-flood mode (no cuckoo step)
-  RelaxedU64 expiredReclaimed = 0;   // by sweep, lookup or insert
+  RelaxedU64 relocationsSkipped =
+      0;                            // embryonic/closing inserts in SYN-flood mode (no cuckoo step)
+  RelaxedU64 expiredReclaimed = 0;  // by sweep, lookup or insert
   RelaxedU64 erased = 0;
   RelaxedU64 purged = 0;     // entries erased because their backend index was purged
   RelaxedU64 occupancy = 0;  // slots in use: live plus expired not yet reclaimed
@@ -283,7 +284,7 @@ class FlowTable {
  private:
   struct alignas(64) Bucket {
     std::array<std::uint64_t, kSlotsPerBucket> fingerprint;  // 0 = empty slot
-    std::array<std::uint32_t, kSlotsPerBucket> meta;  // backend | state << 24 | vipTag << 27
+    std::array<std::uint32_t, kSlotsPerBucket> meta;         // backend | state << 24 | vipTag << 27
     std::array<std::uint32_t, kSlotsPerBucket> stamp;        // low 32 bits of now
 
     // Bit i set when slot i holds `fp`.

@@ -30,8 +30,8 @@
 namespace spillway {
 
 struct IcmpRateLimits {
-  std::uint32_t perSecond = 1'000;       // replies per second, per lcore in total
-  std::uint32_t burst = 100;             // ... up to this many at once
+  std::uint32_t perSecond = 1'000;        // replies per second, per lcore in total
+  std::uint32_t burst = 100;              // ... up to this many at once
   std::uint32_t perSourcePerSecond = 10;  // replies per second to one source
   std::uint32_t perSourceBurst = 20;
 };

@@ -47,8 +47,8 @@ struct PacketView {
   PacketKind kind = PacketKind::NonIp;
   bool l3Valid = false;
   bool hasVlan = false;
-  bool dontFragment = false;  // IPv4 DF; IPv6 never fragments in flight
-  bool tcpData = false;       // a TCP segment with payload
+  bool dontFragment = false;    // IPv4 DF; IPv6 never fragments in flight
+  bool tcpData = false;         // a TCP segment with payload
   std::uint16_t etherType = 0;  // after the VLAN tag, if any
   std::uint16_t vlanTci = 0;
   std::uint16_t l3Offset = 0;

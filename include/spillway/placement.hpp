@@ -85,9 +85,9 @@ class BackendLoads {
     if (index < slots_) loads_[index] = milliFlows;
   }
   [[nodiscard]] double flows(std::uint32_t index) const noexcept {
-    return index < slots_ ? static_cast<double>(static_cast<std::uint64_t>(loads_[index])) /
-                                kLoadScale
-                          : 0.0;
+    return index < slots_
+               ? static_cast<double>(static_cast<std::uint64_t>(loads_[index])) / kLoadScale
+               : 0.0;
   }
   // The flow count (Dataplane::requestFlowCounts' n) the loads include; 0
   // before the first.

@@ -36,8 +36,7 @@ class QsbrDomain {
     slots_[reader].epoch.store(kOffline, std::memory_order_release);
   }
   void quiescent(std::size_t reader) noexcept {
-    slots_[reader].epoch.store(epoch_.load(std::memory_order_acquire),
-                               std::memory_order_release);
+    slots_[reader].epoch.store(epoch_.load(std::memory_order_acquire), std::memory_order_release);
   }
 
   // Writer side. Call start() after the new pointer is stored.

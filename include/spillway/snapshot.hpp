@@ -59,8 +59,7 @@ inline constexpr std::uint32_t kMaxBackends = 65'535;
 inline constexpr std::uint32_t kBackendSlots = kMaxBackends + 1;
 
 [[nodiscard]] constexpr bool keepsTrackedFlows(BackendState s) noexcept {
-  return s == BackendState::Active || s == BackendState::Draining ||
-         s == BackendState::Disabled;
+  return s == BackendState::Active || s == BackendState::Draining || s == BackendState::Disabled;
 }
 
 struct SnapshotBackend {

@@ -43,10 +43,10 @@ namespace spillway {
 inline constexpr std::size_t kMaxBurst = 64;
 
 enum class Verdict : std::uint8_t {
-  Forward,  // encapsulated; send frame [dataOffset, +length) out of egressPort
-  Reply,    // an ICMP reply to the sender, built in place; send it out of the ingress port
-  ToKernel, // host traffic, unchanged: the exception path's
-  Drop,     // `drop` says why; already counted
+  Forward,   // encapsulated; send frame [dataOffset, +length) out of egressPort
+  Reply,     // an ICMP reply to the sender, built in place; send it out of the ingress port
+  ToKernel,  // host traffic, unchanged: the exception path's
+  Drop,      // `drop` says why; already counted
 };
 
 // One received frame: `buffer` is its whole buffer (headroom + data),
@@ -74,15 +74,15 @@ struct SteeringCounters {
   Counter rxBytes;
   Counter forwarded;
   Counter forwardedBytes;
-  Counter replies;           // echo replies and MTU errors sent back
-  Counter mtuReplies;        // of which "fragmentation needed" / "packet too big"
+  Counter replies;     // echo replies and MTU errors sent back
+  Counter mtuReplies;  // of which "fragmentation needed" / "packet too big"
   Counter toKernel;
   Counter newFlows;
-  Counter resteered;        // tracked flows moved off a failed or removed backend
-  Counter flowInsertFailed; // forwarded by the table, but not tracked
+  Counter resteered;         // tracked flows moved off a failed or removed backend
+  Counter flowInsertFailed;  // forwarded by the table, but not tracked
   Counter icmpErrorsSteered;
-  Counter exceptionHits;    // flows tracked anew on the backend a restored or peer exception named
-  Counter placedOffTable;   // new connections a placing VIP sent elsewhere than its table's entry
+  Counter exceptionHits;   // flows tracked anew on the backend a restored or peer exception named
+  Counter placedOffTable;  // new connections a placing VIP sent elsewhere than its table's entry
   DropCounters drops;
 };
 

@@ -31,12 +31,17 @@ std::string AffinityKeeper::path(const char* file) const {
 
 Millis AffinityKeeper::timeoutOf(FlowState s) const noexcept {
   switch (s) {
-    case FlowState::Embryonic: return options_.timeouts.embryonic;
+    case FlowState::Embryonic:
+      return options_.timeouts.embryonic;
     case FlowState::Established:
-    case FlowState::Ending: return options_.timeouts.established;
-    case FlowState::Closing: return options_.timeouts.closing;
-    case FlowState::Udp: return options_.timeouts.udp;
-    case FlowState::Other: return options_.timeouts.other;
+    case FlowState::Ending:
+      return options_.timeouts.established;
+    case FlowState::Closing:
+      return options_.timeouts.closing;
+    case FlowState::Udp:
+      return options_.timeouts.udp;
+    case FlowState::Other:
+      return options_.timeouts.other;
   }
   return 0;
 }
@@ -80,8 +85,7 @@ std::optional<TablesState> AffinityKeeper::restore(Millis now, std::uint64_t uni
                          " ms ago; " + std::to_string(expired) + " expired meanwhile)");
     } else {
       events_.append(now, "", kEventCheckpoint,
-                     "ignored " + path(kFlowCheckpointFile) + ": " +
-                         std::get<std::string>(parsed));
+                     "ignored " + path(kFlowCheckpointFile) + ": " + std::get<std::string>(parsed));
     }
   } else if (!error.empty()) {
     events_.append(now, "", kEventCheckpoint, "ignored flow checkpoint: " + error);
@@ -131,9 +135,10 @@ void AffinityKeeper::tick(Millis now, std::uint64_t unixMs, std::uint64_t publis
       enabled() && (!lastWriteStart_ || (changed && now >= *lastStart_ + options_.minInterval) ||
                     (placed && now >= *lastWriteStart_ + options_.placedInterval) ||
                     now >= *lastWriteStart_ + options_.maxInterval);
-  const bool sync = options_.exportInterval > 0 &&
-                    (!lastStart_ || now >= *lastStart_ + options_.exportInterval ||
-                     (published > exportedGeneration_ && now >= *lastStart_ + options_.minInterval));
+  const bool sync =
+      options_.exportInterval > 0 &&
+      (!lastStart_ || now >= *lastStart_ + options_.exportInterval ||
+       (published > exportedGeneration_ && now >= *lastStart_ + options_.minInterval));
   if (!(write || sync) || applied < published || published == 0) return;
   syncOnly_ = !write;
   if (write) {
@@ -185,9 +190,9 @@ void AffinityKeeper::complete(Millis now, std::uint64_t unixMs,
     }
     const Millis left = it->second.deadline - now;
     const Millis timeout = timeoutOf(it->second.state);
-    records.push_back(FlowExceptionRecord{it->first, it->second.backendId, it->second.state,
-                                          static_cast<std::uint32_t>(
-                                              timeout > left ? timeout - left : 0)});
+    records.push_back(
+        FlowExceptionRecord{it->first, it->second.backendId, it->second.state,
+                            static_cast<std::uint32_t>(timeout > left ? timeout - left : 0)});
     ++it;
   }
   if (restored_.size() != before) restoredChanged_ = true;

@@ -154,7 +154,7 @@ class AffinityKeeper {
   std::optional<Millis> lastWriteStart_;  // of the last export that writes a checkpoint
   bool syncOnly_ = false;                 // the export in flight writes no checkpoint
   std::uint64_t exportedGeneration_ = 0;  // of the last export completed (any kind)
-  std::optional<Millis> lastEventAt_;  // of the last "checkpoint" event
+  std::optional<Millis> lastEventAt_;     // of the last "checkpoint" event
   std::uint64_t placedTotal_ = 0;
   std::uint64_t placedAtWrite_ = 0;  // placedTotal_ when the last writing export started
 };

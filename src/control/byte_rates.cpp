@@ -17,9 +17,8 @@ void ByteRateMeter::sample(Millis now, std::span<const std::uint64_t> bytes) {
     return;
   }
   const double dt = static_cast<double>(now - *lastAt_) / 1000.0;
-  const double weight =
-      1.0 - std::exp(-static_cast<double>(now - *lastAt_) /
-                     static_cast<double>(std::max<Millis>(1, smoothing_)));
+  const double weight = 1.0 - std::exp(-static_cast<double>(now - *lastAt_) /
+                                       static_cast<double>(std::max<Millis>(1, smoothing_)));
   for (std::size_t i = 0; i < bytes.size(); ++i) {
     if (bytes[i] < last_[i]) {
       rates_[i] = 0.0;

@@ -3,8 +3,8 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <sys/stat.h>
-#include <unistd.h>
 #include <toml++/toml.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -18,8 +18,8 @@
 #include <utility>
 
 #include "control/peer_wire.hpp"
-#include "spillway/placement.hpp"
 #include "spillway/errno_text.hpp"
+#include "spillway/placement.hpp"
 
 namespace spillway {
 
@@ -1026,8 +1026,9 @@ void Loader::loadVips(const toml::table& root, std::set<std::string>& used) {
           s.fail("placement", "\"bytes\" places new TCP connections; this VIP is UDP");
         }
       } else {
-        s.fail("placement", "expected \"table\" (the Maglev table alone) or \"bytes\" "
-                            "(bounded byte load over the table's entries)");
+        s.fail("placement",
+               "expected \"table\" (the Maglev table alone) or \"bytes\" "
+               "(bounded byte load over the table's entries)");
       }
     }
     s.finish();
@@ -1648,21 +1649,24 @@ ConfigResult Loader::load(std::string_view text) {
 
 }  // namespace
 
-std::optional<std::string> backendNameProblem(std::string_view name) { return nameProblem(name); }
+std::optional<std::string> backendNameProblem(std::string_view name) {
+  return nameProblem(name);
+}
 
-bool isUnicastMacAddress(const MacAddress& m) { return isUnicastMac(m); }
+bool isUnicastMacAddress(const MacAddress& m) {
+  return isUnicastMac(m);
+}
 
 std::optional<std::string> backendAddressProblem(const Config& c, const IpAddress& a) {
   if (isUnspecifiedOrMulticast(a)) {
     return "must be a unicast address (not unspecified, multicast or broadcast)";
   }
   const auto b0 = std::to_integer<std::uint8_t>(a.bytes[0]);
-  const bool loopback =
-      a.version == IpVersion::V4
-          ? b0 == 127
-          : std::all_of(a.bytes.begin(), a.bytes.begin() + 15,
-                        [](std::byte x) { return x == std::byte{0}; }) &&
-                a.bytes[15] == std::byte{1};
+  const bool loopback = a.version == IpVersion::V4
+                            ? b0 == 127
+                            : std::all_of(a.bytes.begin(), a.bytes.begin() + 15,
+                                          [](std::byte x) { return x == std::byte{0}; }) &&
+                                  a.bytes[15] == std::byte{1};
   if (loopback) return "a loopback address; a backend is reached through a port";
   for (const VipConfig& v : c.vips) {
     if (v.address == a) return "the address of VIP " + v.name + "; a backend needs its own";
@@ -1698,7 +1702,7 @@ ConfigResult loadConfig(const std::string& path) noexcept {
     // a device or /dev/zero is an error, never a stalled or exhausted daemon.
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0) return fail("cannot open: " + errnoText(errno));
-    struct stat st{};
+    struct stat st {};
     if (::fstat(fd, &st) != 0) {
       const int err = errno;
       ::close(fd);

@@ -124,11 +124,11 @@ enum class PoolEncap : std::uint8_t { IpIp, Gue };
 // jitter (interval 1 s, timeout 500 ms, fall 3), so a 60 ms +- 30 ms link
 // does not flap.
 enum class HealthCheckKind : std::uint8_t {
-  None,  // never checked: always healthy
-  Tcp,   // TCP connect to address:port
-  Http,  // HTTP/1.1 GET path, status must equal expectStatus
-  Encap, // a probe through the encapsulation path: the backend must decapsulate
-         // and answer for the VIP (TCP SYN to vip:port inside the tunnel)
+  None,   // never checked: always healthy
+  Tcp,    // TCP connect to address:port
+  Http,   // HTTP/1.1 GET path, status must equal expectStatus
+  Encap,  // a probe through the encapsulation path: the backend must decapsulate
+          // and answer for the VIP (TCP SYN to vip:port inside the tunnel)
 };
 
 struct HealthCheckConfig {
@@ -184,7 +184,7 @@ struct PolicyConfig {
   // load publish the same weights (policy.hpp, "Quantisation").
   double loadFactorStep = 0.04;
   double loadFactorHysteresis = 0.45;
-  double churnBudget = 0.05;      // at most this share of a table's entries moves per interval
+  double churnBudget = 0.05;  // at most this share of a table's entries moves per interval
   Millis churnInterval = 1000;
   Millis drainTimeout = 300'000;  // a draining backend's flows are cut (FAILED) after this
 
@@ -214,7 +214,7 @@ struct PolicyConfig {
 // The operator interfaces ([control]).
 struct ControlConfig {
   std::string socketPath = "/run/spillway/spillway.sock";
-  std::string socketGroup;  // empty: the daemon's group; mode is 0660
+  std::string socketGroup;                       // empty: the daemon's group; mode is 0660
   std::string metricsListen = "127.0.0.1:9550";  // empty: no metrics endpoint
   std::size_t eventLogSize = 4096;
   // Where spillwayd keeps what must outlive the process: the operator-intent
@@ -313,8 +313,7 @@ struct Config {
 // else what is wrong.
 [[nodiscard]] std::optional<std::string> backendNameProblem(std::string_view name);
 [[nodiscard]] bool isUnicastMacAddress(const MacAddress& m);
-[[nodiscard]] std::optional<std::string> backendAddressProblem(const Config& c,
-                                                             const IpAddress& a);
+[[nodiscard]] std::optional<std::string> backendAddressProblem(const Config& c, const IpAddress& a);
 
 // The outer header kind for a backend of `pool` at `backend`'s address family.
 [[nodiscard]] constexpr EncapKind encapKindFor(PoolEncap encap, IpVersion backend) noexcept {

@@ -25,11 +25,17 @@ ApiError notFound(const std::string& what, const std::string& name) {
   return ApiError{"not_found", "no " + what + " named '" + name + "'"};
 }
 
-std::string stateName(BackendState s) { return std::string(toString(s)); }
+std::string stateName(BackendState s) {
+  return std::string(toString(s));
+}
 
-Json ipJson(const IpAddress& a) { return formatIpAddress(a); }
+Json ipJson(const IpAddress& a) {
+  return formatIpAddress(a);
+}
 
-std::string protocolName(IpProto p) { return p == IpProto::Udp ? "udp" : "tcp"; }
+std::string protocolName(IpProto p) {
+  return p == IpProto::Udp ? "udp" : "tcp";
+}
 
 Json checkpointStatsJson(const AffinityKeeper& keeper, Millis now) {
   if (!keeper.enabled()) return Json{{"enabled", false}};
@@ -87,9 +93,9 @@ ControlPlane::ControlPlane(Config config, std::string configPath, SnapshotBuilde
   }
   replayIntent(now);
   for (const BackendConfig& b : config_.backends) {
-    (void)states_.add(b.id, b.name, now, "configured",
-                      b.initialState == BackendState::Disabled ? AdminState::Disabled
-                                                               : AdminState::Enabled);
+    (void)states_.add(
+        b.id, b.name, now, "configured",
+        b.initialState == BackendState::Disabled ? AdminState::Disabled : AdminState::Enabled);
   }
   applyIntentStates(now, nullptr);
   applyTargets();
@@ -149,8 +155,9 @@ void ControlPlane::restoreAffinity(Millis now) {
     for (const auto& [id, w] : it->second) saved.insert(id);
     if (saved != members) {
       events_.append(now, "", kEventWarmup,
-                     "vip " + vip.name + ": the saved tables name other backends than the "
-                     "configuration; its first table follows the policy");
+                     "vip " + vip.name +
+                         ": the saved tables name other backends than the "
+                         "configuration; its first table follows the policy");
       continue;
     }
     weights_[vip.name] = it->second;
@@ -174,8 +181,8 @@ bool ControlPlane::warmupComplete() const {
     if (pool.health.kind != HealthCheckKind::None) {
       // A settled verdict: rise successes, or fall failures (or already down).
       auto h = health_.status(b.id);
-      if (!h || !(h->consecutiveOk >= pool.health.rise ||
-                  h->consecutiveFail >= pool.health.fall || !h->up)) {
+      if (!h || !(h->consecutiveOk >= pool.health.rise || h->consecutiveFail >= pool.health.fall ||
+                  !h->up)) {
         return false;
       }
     }
@@ -540,9 +547,9 @@ void ControlPlane::reconfigure(Config next, Millis now, const std::string& cause
   // left it are removed at once (their tracked flows re-steered).
   for (const BackendConfig& b : next.backends) {
     if (!states_.find(b.id) || states_.state(b.id) == BackendState::Removed) {
-      (void)states_.add(b.id, b.name, now, cause,
-                        b.initialState == BackendState::Disabled ? AdminState::Disabled
-                                                                 : AdminState::Enabled);
+      (void)states_.add(
+          b.id, b.name, now, cause,
+          b.initialState == BackendState::Disabled ? AdminState::Disabled : AdminState::Enabled);
     }
   }
   for (const BackendConfig& b : config_.backends) {
@@ -635,8 +642,9 @@ ApiResult ControlPlane::status() {
               {"policy", vips},
               {"config", configPath_},
               {"warmup", warmup_},
-              {"warmup_ms", warmup_ ? Json(now_ - warmupStarted_)
-                                    : warmupTook_ ? Json(*warmupTook_) : Json(nullptr)},
+              {"warmup_ms", warmup_       ? Json(now_ - warmupStarted_)
+                            : warmupTook_ ? Json(*warmupTook_)
+                                          : Json(nullptr)},
               {"checkpoint", checkpointStatsJson(keeper_, now_)},
               {"announce", announceJson()},
               {"tier", peers_ ? peers_->status(now_) : Json{{"enabled", false}}}};
@@ -660,9 +668,12 @@ ApiResult ControlPlane::vipList() {
 ApiResult ControlPlane::vipShow(const std::string& name) {
   for (const VipConfig& v : config_.vips) {
     if (v.name != name) continue;
-    Json out{{"name", v.name},       {"address", ipJson(v.address)},
-             {"protocol", protocolName(v.protocol)}, {"port", v.port},
-             {"table_size", v.tableSize}, {"answer_ping", v.answerPing},
+    Json out{{"name", v.name},
+             {"address", ipJson(v.address)},
+             {"protocol", protocolName(v.protocol)},
+             {"port", v.port},
+             {"table_size", v.tableSize},
+             {"answer_ping", v.answerPing},
              {"placement", v.placement == VipPlacementMode::Bytes ? "bytes" : "table"}};
     if (VipLoad* load = builder_.vipLoad(v.name)) {
       out["placement_load_flows"] =
@@ -739,8 +750,8 @@ ApiResult ControlPlane::poolShow(const std::string& name) {
     for (const auto& [vip, d] : decisions_) {
       for (const PoolDecision& pd : d.pools) {
         if (pd.name == name) {
-          shares.push_back({{"vip", vip}, {"share", pd.share},
-                            {"healthy_fraction", pd.healthyFraction}});
+          shares.push_back(
+              {{"vip", vip}, {"share", pd.share}, {"healthy_fraction", pd.healthyFraction}});
         }
       }
     }
@@ -886,10 +897,18 @@ ApiResult ControlPlane::health() {
     const PoolConfig& pool = config_.pools[b.poolIndex];
     Json j{{"backend", b.name}, {"pool", pool.name}};
     switch (pool.health.kind) {
-      case HealthCheckKind::None: j["check"] = "none"; break;
-      case HealthCheckKind::Tcp: j["check"] = "tcp"; break;
-      case HealthCheckKind::Http: j["check"] = "http"; break;
-      case HealthCheckKind::Encap: j["check"] = "encap"; break;
+      case HealthCheckKind::None:
+        j["check"] = "none";
+        break;
+      case HealthCheckKind::Tcp:
+        j["check"] = "tcp";
+        break;
+      case HealthCheckKind::Http:
+        j["check"] = "http";
+        break;
+      case HealthCheckKind::Encap:
+        j["check"] = "encap";
+        break;
     }
     if (auto h = health_.status(b.id)) {
       j["up"] = h->up;
@@ -911,7 +930,10 @@ ApiResult ControlPlane::events(std::uint64_t after, std::uint32_t limit) {
   const EventPage page = events_.since(after, limit);
   Json list = Json::array();
   for (const Event& e : page.events) {
-    Json j{{"seq", e.seq}, {"time_ms", e.time}, {"backend", e.backend}, {"kind", e.kind},
+    Json j{{"seq", e.seq},
+           {"time_ms", e.time},
+           {"backend", e.backend},
+           {"kind", e.kind},
            {"cause", e.cause}};
     if (e.from) j["from"] = stateName(*e.from);
     if (e.to) j["to"] = stateName(*e.to);
@@ -1046,14 +1068,19 @@ ApiResult ControlPlane::configReload(const std::string& path, const PeerCredenti
 ApiResult ControlPlane::configDump(bool effective) {
   Json pools = Json::array();
   for (const PoolConfig& p : config_.pools) {
-    pools.push_back({{"name", p.name}, {"site", std::string(toString(p.site))},
-                     {"priority", p.priority}, {"encap", std::string(toString(p.encap))}});
+    pools.push_back({{"name", p.name},
+                     {"site", std::string(toString(p.site))},
+                     {"priority", p.priority},
+                     {"encap", std::string(toString(p.encap))}});
   }
   Json vips = Json::array();
   for (const VipConfig& v : config_.vips) {
-    vips.push_back({{"name", v.name}, {"address", ipJson(v.address)},
-                    {"protocol", protocolName(v.protocol)}, {"port", v.port},
-                    {"table_size", v.tableSize}, {"pools", v.pools},
+    vips.push_back({{"name", v.name},
+                    {"address", ipJson(v.address)},
+                    {"protocol", protocolName(v.protocol)},
+                    {"port", v.port},
+                    {"table_size", v.tableSize},
+                    {"pools", v.pools},
                     {"answer_ping", v.answerPing},
                     {"placement", v.placement == VipPlacementMode::Bytes ? "bytes" : "table"}});
   }
@@ -1104,9 +1131,11 @@ ApiResult ControlPlane::configDump(bool effective) {
       overrides.push_back(j);
       // A file backend the operator removed is not in the running set.
       if (o.removed && backendNamed(name) == nullptr) {
-        backends.push_back({{"name", name}, {"id", o.id}, {"state", "removed"},
-                            {"sources", {{"definition", fromFile},
-                                         {"admin", stampJson(*o.removed)}}}});
+        backends.push_back(
+            {{"name", name},
+             {"id", o.id},
+             {"state", "removed"},
+             {"sources", {{"definition", fromFile}, {"admin", stampJson(*o.removed)}}}});
       }
     }
   }
@@ -1114,34 +1143,35 @@ ApiResult ControlPlane::configDump(bool effective) {
   for (const PortConfig& p : config_.ports) {
     ports.push_back({{"name", p.name}, {"devargs", p.devargs}, {"mtu", p.mtu}});
   }
-  Json out{{"path", configPath_},
-              {"dataplane", {{"lcores", config_.dataplane.lcores},
-                             {"flow_capacity", config_.dataplane.flowCapacity}}},
-              {"ports", ports},
-              {"pools", pools},
-              {"vips", vips},
-              {"backends", backends},
-              {"policy", {{"gpu_high", config_.policy.gpuHigh},
-                          {"gpu_low", config_.policy.gpuLow},
-                          {"queue_high", config_.policy.queueHigh},
-                          {"queue_low", config_.policy.queueLow},
-                          {"overprovisioning", config_.policy.overprovisioning},
-                          {"panic_threshold", config_.policy.panicThreshold},
-                          {"churn_budget", config_.policy.churnBudget},
-                          {"drain_timeout_ms", config_.policy.drainTimeout},
-                          {"latency_regions",
-                           std::string(toString(config_.policy.latencyRegions))},
-                          {"latency_window_ms", config_.policy.latencyWindow},
-                          {"region_switch_margin", config_.policy.regionSwitchMargin},
-                          {"region_switch_margin_ms", config_.policy.regionSwitchMarginMs},
-                          {"region_switch_windows", config_.policy.regionSwitchWindows},
-                          {"degraded_latency_ms", config_.policy.degradedLatencyMs},
-                          {"degraded_latency_factor", config_.policy.degradedLatencyFactor},
-                          {"degraded_latency_min_ms", config_.policy.degradedLatencyMinMs},
-                          {"degraded_windows", config_.policy.degradedWindows},
-                          {"degraded_weight", config_.policy.degradedWeight},
-                          {"degraded_max_fraction", config_.policy.degradedMaxFraction},
-                          {"degraded_restore_step", config_.policy.degradedRestoreStep}}}};
+  Json out{
+      {"path", configPath_},
+      {"dataplane",
+       {{"lcores", config_.dataplane.lcores}, {"flow_capacity", config_.dataplane.flowCapacity}}},
+      {"ports", ports},
+      {"pools", pools},
+      {"vips", vips},
+      {"backends", backends},
+      {"policy",
+       {{"gpu_high", config_.policy.gpuHigh},
+        {"gpu_low", config_.policy.gpuLow},
+        {"queue_high", config_.policy.queueHigh},
+        {"queue_low", config_.policy.queueLow},
+        {"overprovisioning", config_.policy.overprovisioning},
+        {"panic_threshold", config_.policy.panicThreshold},
+        {"churn_budget", config_.policy.churnBudget},
+        {"drain_timeout_ms", config_.policy.drainTimeout},
+        {"latency_regions", std::string(toString(config_.policy.latencyRegions))},
+        {"latency_window_ms", config_.policy.latencyWindow},
+        {"region_switch_margin", config_.policy.regionSwitchMargin},
+        {"region_switch_margin_ms", config_.policy.regionSwitchMarginMs},
+        {"region_switch_windows", config_.policy.regionSwitchWindows},
+        {"degraded_latency_ms", config_.policy.degradedLatencyMs},
+        {"degraded_latency_factor", config_.policy.degradedLatencyFactor},
+        {"degraded_latency_min_ms", config_.policy.degradedLatencyMinMs},
+        {"degraded_windows", config_.policy.degradedWindows},
+        {"degraded_weight", config_.policy.degradedWeight},
+        {"degraded_max_fraction", config_.policy.degradedMaxFraction},
+        {"degraded_restore_step", config_.policy.degradedRestoreStep}}}};
   out["announce"] = announceConfigJson(config_.announce);
   out["placement"] = {{"balance_factor", config_.placement.balanceFactor},
                       {"candidates", config_.placement.candidates},
@@ -1199,8 +1229,8 @@ ApiResult ControlPlane::backendAdd(const BackendSpec& spec) {
   if (!poolFound) return notFound("pool", spec.pool);
   bool portFound = false;
   for (std::uint32_t p = 0; p < next.ports.size(); ++p) {
-    const bool wanted = spec.port ? next.ports[p].name == *spec.port
-                                  : next.ports[p].role != PortRole::Client;
+    const bool wanted =
+        spec.port ? next.ports[p].name == *spec.port : next.ports[p].role != PortRole::Client;
     if (wanted && !portFound) {
       b.port = next.ports[p].name;
       b.portIndex = p;
@@ -1224,7 +1254,8 @@ ApiResult ControlPlane::backendAdd(const BackendSpec& spec) {
     b.mac = *mac;
   }
   for (const BackendConfig& o : next.backends) {
-    if (o.id == b.id) return ApiError{"conflict", "backend id " + std::to_string(b.id) + " is taken"};
+    if (o.id == b.id)
+      return ApiError{"conflict", "backend id " + std::to_string(b.id) + " is taken"};
     if (o.address == b.address) {
       return ApiError{"conflict", "address " + spec.address + " belongs to " + o.name};
     }
@@ -1245,8 +1276,11 @@ ApiResult ControlPlane::backendAdd(const BackendSpec& spec) {
   r.mac = b.mac;
   if (auto e = journal(r)) return *e;
   reconfigure(std::move(next), now_, "added by operator");
-  return Json{{"backend", b.name}, {"action", "add"}, {"id", b.id},
-              {"index", builder_.indexOf(b.id)}, {"intent_seq", r.seq}};
+  return Json{{"backend", b.name},
+              {"action", "add"},
+              {"id", b.id},
+              {"index", builder_.indexOf(b.id)},
+              {"intent_seq", r.seq}};
 }
 
 ApiResult ControlPlane::backendRemove(const std::string& name) {
@@ -1255,7 +1289,8 @@ ApiResult ControlPlane::backendRemove(const std::string& name) {
   if (auto e = precheck(IntentOp::Remove, b->id)) return *e;
   IntentRecord r = intentRecord(IntentOp::Remove, name, b->id);
   if (auto e = journal(r)) return *e;
-  return intentReply(stateResult(states_.remove(b->id, now_, "operator: remove"), name, "remove"), r);
+  return intentReply(stateResult(states_.remove(b->id, now_, "operator: remove"), name, "remove"),
+                     r);
 }
 
 ApiResult ControlPlane::backendDrain(const std::string& name) {
@@ -1273,7 +1308,8 @@ ApiResult ControlPlane::backendUndrain(const std::string& name) {
   if (auto e = precheck(IntentOp::Undrain, b->id)) return *e;
   IntentRecord r = intentRecord(IntentOp::Undrain, name, b->id);
   if (auto e = journal(r)) return *e;
-  return intentReply(stateResult(states_.undrain(b->id, now_, "operator: undrain"), name, "undrain"), r);
+  return intentReply(
+      stateResult(states_.undrain(b->id, now_, "operator: undrain"), name, "undrain"), r);
 }
 
 ApiResult ControlPlane::backendDisable(const std::string& name) {
@@ -1282,7 +1318,8 @@ ApiResult ControlPlane::backendDisable(const std::string& name) {
   if (auto e = precheck(IntentOp::Disable, b->id)) return *e;
   IntentRecord r = intentRecord(IntentOp::Disable, name, b->id);
   if (auto e = journal(r)) return *e;
-  return intentReply(stateResult(states_.disable(b->id, now_, "operator: disable"), name, "disable"), r);
+  return intentReply(
+      stateResult(states_.disable(b->id, now_, "operator: disable"), name, "disable"), r);
 }
 
 ApiResult ControlPlane::backendEnable(const std::string& name) {
@@ -1291,11 +1328,11 @@ ApiResult ControlPlane::backendEnable(const std::string& name) {
   if (auto e = precheck(IntentOp::Enable, b->id)) return *e;
   IntentRecord r = intentRecord(IntentOp::Enable, name, b->id);
   if (auto e = journal(r)) return *e;
-  return intentReply(stateResult(states_.enable(b->id, now_, "operator: enable"), name, "enable"), r);
+  return intentReply(stateResult(states_.enable(b->id, now_, "operator: enable"), name, "enable"),
+                     r);
 }
 
-ApiResult ControlPlane::backendWeight(const std::string& name, std::uint32_t weight,
-                                      bool dryRun) {
+ApiResult ControlPlane::backendWeight(const std::string& name, std::uint32_t weight, bool dryRun) {
   const BackendConfig* b = backendNamed(name);
   if (b == nullptr) return notFound("backend", name);
   if (weight > kMaxBackendWeight) {
@@ -1315,17 +1352,21 @@ ApiResult ControlPlane::backendWeight(const std::string& name, std::uint32_t wei
     WeightPolicy scratch = policy_;
     const PolicyDecision d = scratch.decide(in);
     std::map<std::uint64_t, std::uint32_t> w;
-    for (std::size_t i = 0; i < in.backends.size(); ++i) w[in.backends[i].id] = d.backends[i].weight;
+    for (std::size_t i = 0; i < in.backends.size(); ++i)
+      w[in.backends[i].id] = d.backends[i].weight;
     const auto changed = builder_.predictChanged(v.name, w);
-    moves.push_back({{"vip", v.name},
-                     {"table_size", v.tableSize},
-                     {"entries_changed", changed ? Json(*changed) : Json(nullptr)},
-                     {"share_changed", changed ? Json(double(*changed) / v.tableSize) : Json(nullptr)},
-                     {"churn_budget_entries",
-                      churnBudgetEntries(config_.policy.churnBudget, v.tableSize)}});
+    moves.push_back(
+        {{"vip", v.name},
+         {"table_size", v.tableSize},
+         {"entries_changed", changed ? Json(*changed) : Json(nullptr)},
+         {"share_changed", changed ? Json(double(*changed) / v.tableSize) : Json(nullptr)},
+         {"churn_budget_entries", churnBudgetEntries(config_.policy.churnBudget, v.tableSize)}});
   }
-  Json out{{"backend", name}, {"weight", weight}, {"previous_weight", b->weight},
-           {"dry_run", dryRun}, {"predicted", moves}};
+  Json out{{"backend", name},
+           {"weight", weight},
+           {"previous_weight", b->weight},
+           {"dry_run", dryRun},
+           {"predicted", moves}};
   if (!dryRun) {
     IntentRecord r = intentRecord(IntentOp::Weight, name, b->id);
     r.weight = weight;
@@ -1443,8 +1484,9 @@ std::optional<ApiError> ControlPlane::precheck(IntentOp op, std::uint64_t id) co
     return ApiError{"conflict", name + " is removed; add it again first"};
   }
   if (op == IntentOp::Drain && st->admin == AdminState::Removing) {
-    return ApiError{"conflict", name + " is being removed (draining already); undrain cancels "
-                                       "the removal"};
+    return ApiError{"conflict", name +
+                                    " is being removed (draining already); undrain cancels "
+                                    "the removal"};
   }
   if (op == IntentOp::Undrain && st->admin == AdminState::Disabled) {
     return ApiError{"conflict", name + " is disabled, not draining; use enable"};
@@ -1490,8 +1532,9 @@ std::variant<ControlPlane::ApplyPlan, ApiError> ControlPlane::planApply(
   if (!m.conflicts.empty()) {
     std::string text;
     for (const std::string& c : m.conflicts) text += (text.empty() ? "" : "; ") + c;
-    return ApiError{"conflict", text + " (keep it out of the file, or clear it first: "
-                                       "spillwayctl config clear-overrides --backend NAME)"};
+    return ApiError{"conflict", text +
+                                    " (keep it out of the file, or clear it first: "
+                                    "spillwayctl config clear-overrides --backend NAME)"};
   }
   Config next = std::move(m.config);
   for (const BackendConfig& b : config_.backends) {
@@ -1806,8 +1849,8 @@ std::string ControlPlane::metricsText() {
               num("to_kernel"));
     m.counter("spillway_new_flows_total", "Flows started.", {}, num("new_flows"));
     m.counter("spillway_placed_off_table_total",
-              "New connections a placing VIP sent elsewhere than its table's entry (by bytes).",
-              {}, num("placed_off_table"));
+              "New connections a placing VIP sent elsewhere than its table's entry (by bytes).", {},
+              num("placed_off_table"));
     if (s.contains("drops")) {
       for (const auto& [reason, n] : s["drops"].items()) {
         m.counter("spillway_drops_total", "Frames dropped, by reason.", {{"reason", reason}},

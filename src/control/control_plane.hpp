@@ -25,8 +25,8 @@
 #include <memory>
 #include <optional>
 #include <set>
-#include <variant>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "control/affinity_keeper.hpp"
@@ -45,7 +45,6 @@
 #include "spillway/dataplane.hpp"
 
 namespace spillway {
-
 
 // Operator intent (intent_journal.hpp, intent_merge.hpp): the constructor
 // opens the journal in config.control.stateDir, replays it and lays the
@@ -173,11 +172,11 @@ class ControlPlane final : public ControlApi {
   // Intent.
   struct ApplyPlan {
     Config file;
-    Config next;                        // file + overlay + backends still draining
-    IntentOverlay overlay;              // the overrides that still apply
-    std::vector<std::string> dropped;   // overrides that no longer apply
-    std::vector<std::uint64_t> retire;  // no longer named: drain, then removed
-    std::vector<std::string> retireNow; // no longer named and cannot stay (pool or port gone)
+    Config next;                          // file + overlay + backends still draining
+    IntentOverlay overlay;                // the overrides that still apply
+    std::vector<std::string> dropped;     // overrides that no longer apply
+    std::vector<std::uint64_t> retire;    // no longer named: drain, then removed
+    std::vector<std::string> retireNow;   // no longer named and cannot stay (pool or port gone)
     std::vector<std::uint64_t> unretire;  // draining because unnamed, named again
   };
   std::int64_t wallNow() const { return wallClock_(); }
@@ -216,7 +215,7 @@ class ControlPlane final : public ControlApi {
   std::uint64_t statesSeen_ = 0;
   Millis lastChurn_ = 0;
   std::uint64_t lastChurnSlot_ = 0;  // with peers: the wall-clock slot of the last step
-  std::map<std::string, PolicyDecision> decisions_;                          // by VIP
+  std::map<std::string, PolicyDecision> decisions_;                        // by VIP
   std::map<std::string, std::map<std::uint64_t, std::uint32_t>> weights_;  // applied, by VIP
 
   std::uint64_t flowCountAsked_ = 0;
@@ -251,7 +250,7 @@ class ControlPlane final : public ControlApi {
   std::vector<std::uint64_t> bytesScratch_;
   Millis nextRateSample_ = 0;
   std::uint64_t loadsEpoch_ = 0;  // flowsCounted_ as last published to the placement loads
-  bool peersPending_ = false;  // the peers' exceptions changed since the last rebuild
+  bool peersPending_ = false;     // the peers' exceptions changed since the last rebuild
   Millis peersBuiltAt_ = 0;
   std::uint64_t peersSyncGeneration_ = 0;  // the first snapshot built once synced
   bool peersSynced_ = false;               // latched: peersReady()

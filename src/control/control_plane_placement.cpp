@@ -12,9 +12,8 @@
 namespace spillway {
 
 bool ControlPlane::anyVipPlaces() const {
-  return std::any_of(config_.vips.begin(), config_.vips.end(), [](const VipConfig& v) {
-    return v.placement == VipPlacementMode::Bytes;
-  });
+  return std::any_of(config_.vips.begin(), config_.vips.end(),
+                     [](const VipConfig& v) { return v.placement == VipPlacementMode::Bytes; });
 }
 
 double ControlPlane::placementLoad(std::uint32_t index) const {
@@ -63,7 +62,8 @@ void ControlPlane::samplePlacement(Millis now) {
   BackendLoads& loads = builder_.placementLoads();
   std::vector<double> load(limit, 0.0);
   for (std::size_t i = 1; i < limit; ++i) {
-    const double byBytes = perFlow > 0 ? byteRates_.rate(static_cast<std::uint32_t>(i)) / perFlow : 0;
+    const double byBytes =
+        perFlow > 0 ? byteRates_.rate(static_cast<std::uint32_t>(i)) / perFlow : 0;
     load[i] = std::max(flows[i], byBytes);
     loads.set(static_cast<std::uint32_t>(i),
               static_cast<std::uint64_t>(std::llround(load[i] * kLoadScale)));

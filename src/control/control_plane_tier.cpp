@@ -43,8 +43,7 @@ void ControlPlane::tickPeers(Millis now, bool statesChanged) {
       // One rebuild after the last dump, then its snapshot applied.
       peersPending_ = true;
       peersBuiltAt_ = 0;
-    } else if (dataplane_ != nullptr &&
-               dataplane_->appliedGeneration() >= peersSyncGeneration_) {
+    } else if (dataplane_ != nullptr && dataplane_->appliedGeneration() >= peersSyncGeneration_) {
       peersSynced_ = true;
       events_.append(now, "", kEventPeer,
                      "synced: every live peer's exceptions are in the applied tables (" +

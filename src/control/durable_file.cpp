@@ -1,7 +1,5 @@
 #include "control/durable_file.hpp"
 
-#include "spillway/errno_text.hpp"
-
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -9,6 +7,8 @@
 #include <array>
 #include <cerrno>
 #include <cstring>
+
+#include "spillway/errno_text.hpp"
 
 namespace spillway {
 

@@ -36,8 +36,9 @@ inline constexpr const char* kEventPanic = "panic";          // panic mode enter
 inline constexpr const char* kEventLatency = "latency";      // preferred region; degraded backend
 inline constexpr const char* kEventCheckpoint = "checkpoint";  // flow affinity saved or restored
 inline constexpr const char* kEventWarmup = "warmup";          // start-up tables held / released
-inline constexpr const char* kEventAnnounce = "announce";    // a VIP announced or withdrawn (BGP)
-inline constexpr const char* kEventIntent = "intent";        // operator intent journaled, replayed or dropped
+inline constexpr const char* kEventAnnounce = "announce";      // a VIP announced or withdrawn (BGP)
+inline constexpr const char* kEventIntent =
+    "intent";  // operator intent journaled, replayed or dropped
 
 struct Event {
   std::uint64_t seq = 0;  // from 1, +1 per event

@@ -102,7 +102,8 @@ std::variant<FlowCheckpoint, std::string> decodeFlowCheckpoint(std::string_view 
     return std::string("written under another hash_seed: its flow hashes name other flows");
   }
   std::vector<std::uint64_t> ids(backends);
-  for (std::uint32_t i = 0; i < backends; ++i) ids[i] = get<std::uint64_t>(bytes, kHeaderBytes + i * 8);
+  for (std::uint32_t i = 0; i < backends; ++i)
+    ids[i] = get<std::uint64_t>(bytes, kHeaderBytes + i * 8);
   const std::size_t base = kHeaderBytes + std::size_t{backends} * 8;
   c.records.reserve(count);
   for (std::uint64_t i = 0; i < count; ++i) {
@@ -168,7 +169,8 @@ std::variant<TablesState, std::string> decodeTablesState(std::string_view text) 
       for (const auto& [id, mac] : j.at("next_hops").items()) {
         std::size_t used = 0;
         const std::uint64_t key = std::stoull(id, &used);
-        const auto parsed = mac.is_string() ? parseMacAddress(mac.get<std::string>()) : std::nullopt;
+        const auto parsed =
+            mac.is_string() ? parseMacAddress(mac.get<std::string>()) : std::nullopt;
         if (used != id.size() || !parsed) return "next_hops: bad entry for '" + id + "'";
         s.nextHops[key] = *parsed;
       }

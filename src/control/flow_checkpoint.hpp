@@ -71,5 +71,4 @@ struct TablesState {
 [[nodiscard]] std::string encodeTablesState(const TablesState& state);
 [[nodiscard]] std::variant<TablesState, std::string> decodeTablesState(std::string_view text);
 
-
 }  // namespace spillway

@@ -1,8 +1,5 @@
 #include "control/intent_journal.hpp"
 
-#include "control/durable_file.hpp"
-#include "spillway/errno_text.hpp"
-
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -13,6 +10,9 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+
+#include "control/durable_file.hpp"
+#include "spillway/errno_text.hpp"
 
 namespace spillway {
 namespace {
@@ -219,8 +219,7 @@ IntentDecoded decodeIntentRecords(std::span<const std::byte> bytes, std::string_
       break;
     }
     const auto body = rest.subspan(kIntentHeaderBytes, length);
-    if (crc32c(std::string_view(reinterpret_cast<const char*>(body.data()), body.size())) !=
-        crc) {
+    if (crc32c(std::string_view(reinterpret_cast<const char*>(body.data()), body.size())) != crc) {
       damaged(IntentDamage::Kind::Corrupt, "checksum mismatch");
       break;
     }

@@ -669,9 +669,8 @@ std::size_t PeerChannel::heldTotal() const {
 }
 
 bool PeerChannel::synced() const {
-  return std::all_of(peers_.begin(), peers_.end(), [](const Peer& p) {
-    return p.dumpReceived || (p.unreachable && !p.inConn);
-  });
+  return std::all_of(peers_.begin(), peers_.end(),
+                     [](const Peer& p) { return p.dumpReceived || (p.unreachable && !p.inConn); });
 }
 
 bool PeerChannel::connected(const std::string& peer) const {

@@ -168,8 +168,8 @@ class PeerChannel {
     std::unordered_map<std::uint64_t, Held> held;
     std::unordered_map<std::uint64_t, Held> staging;  // a dump being received
     bool receivingDump = false;
-    bool dumpReceived = false;    // a complete dump arrived since open()
-    bool unreachable = false;     // the last outbound attempt ended before its handshake did
+    bool dumpReceived = false;  // a complete dump arrived since open()
+    bool unreachable = false;   // the last outbound attempt ended before its handshake did
     std::optional<Millis> downSince;
     std::optional<Millis> lastFrame;
     std::string lastError;

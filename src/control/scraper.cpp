@@ -285,8 +285,8 @@ bool LoadScraper::ingestInto(Entry& e, Millis now, std::string_view body) {
   const std::optional<double> gpu = averageOf(parsed.samples, c.gpuMetric);
   // A utilisation is a percentage: one GPU reporting 250 or 1e308 makes the
   // whole reading unknown (neutral), never a saturated backend.
-  const auto outOfRange = std::find_if(
-      parsed.samples.begin(), parsed.samples.end(), [&](const PrometheusSample& s) {
+  const auto outOfRange =
+      std::find_if(parsed.samples.begin(), parsed.samples.end(), [&](const PrometheusSample& s) {
         return s.name == c.gpuMetric && !(s.value >= 0.0 && s.value <= kMaxUtilisation);
       });
   if (!gpu) {

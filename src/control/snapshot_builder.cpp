@@ -364,8 +364,7 @@ std::vector<MaglevBackend> SnapshotBuilder::tableInput(
   std::vector<MaglevBackend> input;
   auto overrides = vipWeights_.find(v.name);
   for (const BackendConfig& c : config_.backends) {
-    if (std::find(v.poolIndices.begin(), v.poolIndices.end(), c.poolIndex) ==
-        v.poolIndices.end()) {
+    if (std::find(v.poolIndices.begin(), v.poolIndices.end(), c.poolIndex) == v.poolIndices.end()) {
       continue;
     }
     const Backend& b = backends_.at(c.id);
@@ -389,7 +388,9 @@ void SnapshotBuilder::setVipWeights(const std::string& vip,
   vipWeights_[vip] = std::move(weights);
 }
 
-void SnapshotBuilder::clearVipWeights() { vipWeights_.clear(); }
+void SnapshotBuilder::clearVipWeights() {
+  vipWeights_.clear();
+}
 
 const MaglevTable* SnapshotBuilder::currentTable(const std::string& vip) const {
   auto it = previous_.find(vip);
@@ -414,8 +415,8 @@ std::optional<std::uint32_t> SnapshotBuilder::predictChanged(
 std::vector<VipKey> vipKeysOf(const Config& config) {
   std::vector<VipKey> keys;
   for (const VipConfig& v : config.vips) {
-    keys.push_back(VipKey{v.address.bytes, v.address.version,
-                          static_cast<std::uint8_t>(v.protocol), v.port});
+    keys.push_back(
+        VipKey{v.address.bytes, v.address.version, static_cast<std::uint8_t>(v.protocol), v.port});
   }
   return keys;
 }

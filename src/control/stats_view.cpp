@@ -2,11 +2,12 @@
 
 namespace spillway {
 
-Json statsDocument(const DataplaneCounters& c, const Config& config,
-                   const SnapshotBuilder& builder, std::uint64_t generation) {
+Json statsDocument(const DataplaneCounters& c, const Config& config, const SnapshotBuilder& builder,
+                   std::uint64_t generation) {
   Json drops = Json::object();
   for (std::size_t r = 1; r < c.drops.size(); ++r) {
-    if (c.drops[r] != 0) drops[std::string(dropReasonName(static_cast<DropReason>(r)))] = c.drops[r];
+    if (c.drops[r] != 0)
+      drops[std::string(dropReasonName(static_cast<DropReason>(r)))] = c.drops[r];
   }
   Json backends = Json::array();
   for (const BackendConfig& b : config.backends) {

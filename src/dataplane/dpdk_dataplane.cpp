@@ -208,7 +208,9 @@ void DpdkDataplane::publish(std::unique_ptr<const ForwardingSnapshot> snapshot) 
   publisher_.publish(std::move(snapshot));
 }
 
-std::size_t DpdkDataplane::reclaim() { return publisher_.reclaim(); }
+std::size_t DpdkDataplane::reclaim() {
+  return publisher_.reclaim();
+}
 
 std::uint64_t DpdkDataplane::publishedGeneration() const {
   const ForwardingSnapshot* s = publisher_.current();
@@ -323,8 +325,8 @@ DataplaneCounters DpdkDataplane::counters() const {
     c.exceptionTx += wc.exceptionTx.read();
     c.dropped += s.drops.total() + wc.drops.total() + wc.txDropped.read();
     for (std::size_t r = 1; r < c.drops.size(); ++r) {
-      c.drops[r] += s.drops.read(static_cast<DropReason>(r)) +
-                    wc.drops.read(static_cast<DropReason>(r));
+      c.drops[r] +=
+          s.drops.read(static_cast<DropReason>(r)) + wc.drops.read(static_cast<DropReason>(r));
     }
     // TX ring full frames are drops of their own reason too.
     c.drops[static_cast<std::size_t>(DropReason::TxQueueFull)] += wc.txDropped.read();

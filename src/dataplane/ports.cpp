@@ -65,7 +65,9 @@ std::vector<std::string> ealArgsForPorts(const std::vector<PortSpec>& ports, uns
   return args;
 }
 
-PortSet::~PortSet() { close(); }
+PortSet::~PortSet() {
+  close();
+}
 
 bool PortSet::configure(std::uint16_t portId, std::uint16_t queues, std::uint16_t mtu,
                         const std::string& what, std::string& error) {
@@ -81,8 +83,8 @@ bool PortSet::configure(std::uint16_t portId, std::uint16_t queues, std::uint16_
     return false;
   }
   rte_eth_conf conf{};
-  const std::uint64_t rss = (RTE_ETH_RSS_IP | RTE_ETH_RSS_TCP | RTE_ETH_RSS_UDP) &
-                            info.flow_type_rss_offloads;
+  const std::uint64_t rss =
+      (RTE_ETH_RSS_IP | RTE_ETH_RSS_TCP | RTE_ETH_RSS_UDP) & info.flow_type_rss_offloads;
   // af_packet spreads flows over its sockets by the kernel's fanout hash and
   // af_xdp by the NIC's own RSS, so neither offers RSS here nor needs it.
   const std::string driver = info.driver_name;

@@ -24,7 +24,7 @@ struct PortSpec {
   std::string devargs;  // PCI address or vdev string
   std::uint16_t mtu = 1500;
   bool exceptionTap = false;
-  std::string tapName;  // kernel name of the exception tap
+  std::string tapName;            // kernel name of the exception tap
   std::optional<MacAddress> mac;  // set on the port instead of the NIC's own
 };
 

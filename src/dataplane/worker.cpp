@@ -4,7 +4,6 @@
 #include <rte_malloc.h>
 #include <rte_mbuf.h>
 #include <rte_prefetch.h>
-
 #include <sys/prctl.h>
 
 #include <algorithm>
@@ -98,12 +97,11 @@ std::uint16_t Worker::pollPort(PortIo& io, const ForwardingSnapshot& snapshot,
       rte_pktmbuf_free(m);
       continue;
     }
-    frames[k] = FrameRef{std::span(static_cast<std::byte*>(m->buf_addr), m->buf_len),
-                         m->data_off, m->data_len};
+    frames[k] = FrameRef{std::span(static_cast<std::byte*>(m->buf_addr), m->buf_len), m->data_off,
+                         m->data_len};
     kept[k++] = m;
   }
-  steering_.steerBurst(std::span(frames.data(), k), std::span(results.data(), k), snapshot,
-                       nowMs);
+  steering_.steerBurst(std::span(frames.data(), k), std::span(results.data(), k), snapshot, nowMs);
   for (std::uint16_t i = 0; i < k; ++i) {
     rte_mbuf* m = kept[i];
     const SteerResult& r = results[i];
@@ -225,7 +223,8 @@ void Worker::exportExceptionsSlice(const ForwardingSnapshot& snapshot,
                     });
   exportCursor_ += kBucketsPerSlice;
   const bool finished = exportCursor_ >= table.bucketCount();
-  if (!finished && exportChunkSize_ + kBucketsPerSlice * FlowTable::kSlotsPerBucket <= kExportChunk) {
+  if (!finished &&
+      exportChunkSize_ + kBucketsPerSlice * FlowTable::kSlotsPerBucket <= kExportChunk) {
     return;  // room for another slice
   }
   exportChunkLast_ = finished ? exportingFor_ : 0;

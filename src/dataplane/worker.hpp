@@ -43,8 +43,8 @@ namespace spillway {
 
 struct WorkerConfig {
   unsigned lcore = 0;
-  std::uint16_t queue = 0;       // this worker's RX/TX queue on every port
-  std::size_t qsbrReader = 0;    // this worker's slot in the QSBR domain
+  std::uint16_t queue = 0;     // this worker's RX/TX queue on every port
+  std::size_t qsbrReader = 0;  // this worker's slot in the QSBR domain
   std::uint16_t burst = 32;
   std::uint32_t txDrainUs = 100;
   // Send buffered frames at once in a round that found every RX queue empty
@@ -75,15 +75,15 @@ struct WorkerCounters {
         backendNewFlows(std::make_unique<Counter[]>(kBackendSlots)) {}
 
   Counter txPackets;
-  Counter txDropped;       // TX ring full: freed; the stats add these to drops.tx_queue_full
-  Counter exceptionRx;     // from the kernel (tap) to the wire
-  Counter exceptionTx;     // from the wire to the kernel (tap)
-  Counter unsteered;       // received but never steered (chained mbufs), in drops too
-  Counter kernelDropped;   // steered to the kernel on a port with no kernel path, in drops too
-  DropCounters drops;      // drops the adapter decides: multi_segment, no_exception_path,
-                           // and bad egress ports (no_backend)
+  Counter txDropped;      // TX ring full: freed; the stats add these to drops.tx_queue_full
+  Counter exceptionRx;    // from the kernel (tap) to the wire
+  Counter exceptionTx;    // from the wire to the kernel (tap)
+  Counter unsteered;      // received but never steered (chained mbufs), in drops too
+  Counter kernelDropped;  // steered to the kernel on a port with no kernel path, in drops too
+  DropCounters drops;     // drops the adapter decides: multi_segment, no_exception_path,
+                          // and bad egress ports (no_backend)
   Counter idlePolls;
-  Counter idleSleeps;  // pauses of an idle-sleeping worker (WorkerConfig::idleSleepUs)
+  Counter idleSleeps;          // pauses of an idle-sleeping worker (WorkerConfig::idleSleepUs)
   Counter snapshotGeneration;  // the generation this worker last used
   std::unique_ptr<BackendTraffic[]> backendTraffic;  // forwarded, by backend index
   std::unique_ptr<Counter[]> backendNewFlows;        // flows opened, by backend index

@@ -15,12 +15,12 @@
 #include "control/cli_server.hpp"
 #include "control/control_plane.hpp"
 #include "control/durable_file.hpp"
-#include "spillway/errno_text.hpp"
 #include "control/metrics_http.hpp"
 #include "control/neighbours.hpp"
 #include "control/snapshot_builder.hpp"
 #include "control/stats_view.hpp"
 #include "dpdk_dataplane.hpp"
+#include "spillway/errno_text.hpp"
 
 namespace spillway {
 namespace {
@@ -96,7 +96,9 @@ void writeStatsFile(const std::string& path, const Json& stats) {
 
 }  // namespace
 
-std::atomic<bool>& daemonStopRequested() noexcept { return gStop; }
+std::atomic<bool>& daemonStopRequested() noexcept {
+  return gStop;
+}
 
 int runDaemon(const Config& configIn, const DaemonOptions& options) {
   Config config = configIn;
@@ -155,11 +157,10 @@ int runDaemon(const Config& configIn, const DaemonOptions& options) {
       (control.warmingUp() ? " (the last tables before this start, held for the warm-up)" : ""));
 
   // Peer credentials of every mutating request go to the log.
-  CliServer cli(control, CliServerOptions::fromConfig(
-                             config.control, [&](std::string_view line) {
-                               std::fprintf(stderr, "spillwayd: cli: %.*s\n",
-                                            static_cast<int>(line.size()), line.data());
-                             }));
+  CliServer cli(control, CliServerOptions::fromConfig(config.control, [&](std::string_view line) {
+                  std::fprintf(stderr, "spillwayd: cli: %.*s\n", static_cast<int>(line.size()),
+                               line.data());
+                }));
   if (!cli.open(error)) return fail("CLI socket: " + error);
   MetricsHttpServer metrics(control, MetricsHttpOptions::fromConfig(config.control));
   if (!metrics.open(error)) return fail("metrics: " + error);
@@ -169,7 +170,8 @@ int runDaemon(const Config& configIn, const DaemonOptions& options) {
            : ", metrics on http://" + config.control.metricsListen + "/metrics"));
 
   ControlLoopWait loop;
-  for (auto e : {loop.open(kLoopPeriodMs), loop.watch(cli.pollFd()), loop.watch(metrics.pollFd())}) {
+  for (auto e :
+       {loop.open(kLoopPeriodMs), loop.watch(cli.pollFd()), loop.watch(metrics.pollFd())}) {
     if (e) return fail("control loop: " + *e);
   }
   for (int fd : control.pollFds()) {

@@ -8,7 +8,6 @@
 // gets the configured worker lcores plus the lowest free lcore as the main
 // (control) lcore.
 #include <CLI/CLI.hpp>
-
 #include <csignal>
 #include <cstdio>
 #include <string>
@@ -19,7 +18,9 @@
 
 namespace {
 
-void onSignal(int) { spillway::daemonStopRequested().store(true); }
+void onSignal(int) {
+  spillway::daemonStopRequested().store(true);
+}
 
 }  // namespace
 
@@ -77,8 +78,8 @@ int main(int argc, char** argv) {
     }
     const auto& c = result.value();
     std::printf("%s: OK (%zu ports, %zu pools, %zu VIPs, %zu backends, %zu worker lcores)\n",
-                checkPath.c_str(), c.ports.size(), c.pools.size(), c.vips.size(),
-                c.backends.size(), c.dataplane.lcores.size());
+                checkPath.c_str(), c.ports.size(), c.pools.size(), c.vips.size(), c.backends.size(),
+                c.dataplane.lcores.size());
     return 0;
   }
   if (options.configPath.empty()) {

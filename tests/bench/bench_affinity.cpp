@@ -36,7 +36,8 @@ std::uint64_t splitmix64(std::uint64_t x) noexcept {
 
 MaglevTable tableWith(std::uint32_t firstWeight) {
   std::vector<MaglevBackend> in;
-  for (std::uint32_t i = 1; i <= kBackends; ++i) in.push_back({1000 + i, i == 1 ? firstWeight : 100, i});
+  for (std::uint32_t i = 1; i <= kBackends; ++i)
+    in.push_back({1000 + i, i == 1 ? firstWeight : 100, i});
   MaglevBuilder b;
   return b.build(in, FlowHasher(kSeed), kMaglevDefaultTableSize).value().table;
 }
@@ -80,19 +81,22 @@ void BM_ExceptionWalk(benchmark::State& state) {
   std::size_t exceptions = 0;
   for (auto _ : state) {
     exceptions = 0;
-    w.table->forEachLive(kNow + 1000, 0, w.table->bucketCount(),
-                         [&](std::uint64_t h, std::uint32_t b, FlowState, std::uint32_t,
-                             std::uint8_t tag) {
-                           exceptions += isTableException(w.snapshot, h, b, tag);
-                         });
+    w.table->forEachLive(
+        kNow + 1000, 0, w.table->bucketCount(),
+        [&](std::uint64_t h, std::uint32_t b, FlowState, std::uint32_t, std::uint8_t tag) {
+          exceptions += isTableException(w.snapshot, h, b, tag);
+        });
     benchmark::DoNotOptimize(exceptions);
   }
-  state.counters["ns_per_flow"] = benchmark::Counter(
-      static_cast<double>(flows), benchmark::Counter::kIsIterationInvariantRate |
-                                      benchmark::Counter::kInvert);
+  state.counters["ns_per_flow"] =
+      benchmark::Counter(static_cast<double>(flows), benchmark::Counter::kIsIterationInvariantRate |
+                                                         benchmark::Counter::kInvert);
   state.counters["exceptions"] = static_cast<double>(exceptions);
 }
-BENCHMARK(BM_ExceptionWalk)->Arg(1'000'000)->Arg(10'000'000)->Unit(benchmark::kMillisecond)
+BENCHMARK(BM_ExceptionWalk)
+    ->Arg(1'000'000)
+    ->Arg(10'000'000)
+    ->Unit(benchmark::kMillisecond)
     ->Iterations(3);
 
 std::vector<FlowExceptionRecord> records(std::size_t n) {
@@ -113,9 +117,13 @@ void BM_CheckpointEncode(benchmark::State& state) {
     benchmark::DoNotOptimize(s.data());
   }
   state.counters["bytes"] = static_cast<double>(bytes);
-  state.counters["bytes_per_exception"] = static_cast<double>(bytes) / static_cast<double>(r.size());
+  state.counters["bytes_per_exception"] =
+      static_cast<double>(bytes) / static_cast<double>(r.size());
 }
-BENCHMARK(BM_CheckpointEncode)->Arg(1'000'000)->Arg(10'000'000)->Unit(benchmark::kMillisecond)
+BENCHMARK(BM_CheckpointEncode)
+    ->Arg(1'000'000)
+    ->Arg(10'000'000)
+    ->Unit(benchmark::kMillisecond)
     ->Iterations(3);
 
 // A durable write (temporary file, fsync, rename, fsync of the directory) in
@@ -139,7 +147,10 @@ void BM_CheckpointWrite(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
                           static_cast<std::int64_t>(bytes.size()));
 }
-BENCHMARK(BM_CheckpointWrite)->Arg(1'000'000)->Arg(10'000'000)->Unit(benchmark::kMillisecond)
+BENCHMARK(BM_CheckpointWrite)
+    ->Arg(1'000'000)
+    ->Arg(10'000'000)
+    ->Unit(benchmark::kMillisecond)
     ->Iterations(3);
 
 void BM_CheckpointRestore(benchmark::State& state) {
@@ -161,7 +172,10 @@ void BM_CheckpointRestore(benchmark::State& state) {
   state.counters["table_bytes_per_exception"] =
       static_cast<double>(tableBytes) / static_cast<double>(state.range(0));
 }
-BENCHMARK(BM_CheckpointRestore)->Arg(1'000'000)->Arg(10'000'000)->Unit(benchmark::kMillisecond)
+BENCHMARK(BM_CheckpointRestore)
+    ->Arg(1'000'000)
+    ->Arg(10'000'000)
+    ->Unit(benchmark::kMillisecond)
     ->Iterations(3);
 
 }  // namespace

@@ -37,7 +37,9 @@ std::vector<FlowKey> makeKeys(IpVersion version) {
 }
 
 // Canonical message length of a key (see FlowHasher::hash).
-std::size_t messageLength(const FlowKey& k) { return k.version == IpVersion::V4 ? 16 : 40; }
+std::size_t messageLength(const FlowKey& k) {
+  return k.version == IpVersion::V4 ? 16 : 40;
+}
 
 // The IPv4 canonical message laid out in a buffer; IPv6 keys are hashed over
 // src, dst and the tail word, which are contiguous in FlowKey.

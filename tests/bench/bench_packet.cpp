@@ -19,16 +19,19 @@ void parseAndHash(benchmark::State& state) {
     const std::string src = "10." + std::to_string(rng() % 256) + "." +
                             std::to_string(rng() % 256) + "." + std::to_string(rng() % 256);
     // 14 + 20 + 20 + 6 bytes payload + 4 FCS = a 64-byte frame on the wire.
-    frames.push_back(test::PacketBuilder().ipv4(src, "192.0.2.10")
+    frames.push_back(test::PacketBuilder()
+                         .ipv4(src, "192.0.2.10")
                          .tcp(static_cast<std::uint16_t>(1024 + rng() % 60000), 443)
-                         .payload(6).build());
+                         .payload(6)
+                         .build());
   }
   const FlowHasher hasher(0x5eed);
   std::size_t i = 0;
   std::uint64_t acc = 0;
   for (auto _ : state) {
     const PacketView v = parsePacket(frames[i]);
-    if (v.ok()) [[likely]] acc += hasher.hash(v.key);
+    if (v.ok()) [[likely]]
+      acc += hasher.hash(v.key);
     i = (i + 1) & 1023;
   }
   benchmark::DoNotOptimize(acc);

@@ -376,8 +376,10 @@ class WorkerRig {
     c.hashSeed = kSeed;
     // The plan's echo requests come from one source at ring speed: no limit
     // here (the limits have unit tests of their own).
-    c.icmpLimits = IcmpRateLimits{.perSecond = 4'000'000, .burst = 4'000'000,
-                                  .perSourcePerSecond = 4'000'000, .perSourceBurst = 4'000'000};
+    c.icmpLimits = IcmpRateLimits{.perSecond = 4'000'000,
+                                  .burst = 4'000'000,
+                                  .perSourcePerSecond = 4'000'000,
+                                  .perSourceBurst = 4'000'000};
     return c;
   }
 
@@ -678,8 +680,7 @@ TEST(WorkerRing, SteersEveryFrameToTheMaglevBackend) {
     } else {
       EXPECT_LE(rig.worker().liveFlows()[b].read(), liveBefore[b]) << "backend " << b;
     }
-    EXPECT_EQ(rig.worker().counters().backendTraffic[b].packets.read(),
-              gone ? 0 : packetsBefore[b])
+    EXPECT_EQ(rig.worker().counters().backendTraffic[b].packets.read(), gone ? 0 : packetsBefore[b])
         << "backend " << b;
     EXPECT_EQ(rig.worker().counters().backendTraffic[b].bytes.read(), gone ? 0 : bytesBefore[b])
         << "backend " << b;

@@ -27,8 +27,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::uint8_t icmpType = v6 ? kIcmp6PacketTooBig : kIcmpDestUnreachable;
   const std::span<const std::uint8_t> quote(data + 1, size - 1);
 
-  const std::size_t ipLen = (v6 ? sizeof(Ipv6Header) : sizeof(Ipv4Header)) + sizeof(IcmpHeader) +
-                            quote.size();
+  const std::size_t ipLen =
+      (v6 ? sizeof(Ipv6Header) : sizeof(Ipv4Header)) + sizeof(IcmpHeader) + quote.size();
   std::vector<std::byte> frame(sizeof(EthernetHeader) + ipLen);
   EthernetHeader eth{};
   eth.etherType = Be16::fromHost(v6 ? kEtherTypeIpv6 : kEtherTypeIpv4);

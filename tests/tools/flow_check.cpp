@@ -447,8 +447,8 @@ enum class Phase { Connecting, AwaitHello, Live, Closing, Ended };
 // `open N` late in a run); not a broken flow.
 enum class EndState { OpenAtEnd, Closed, Reset, Corrupt, ConnectFailed, NotOpened };
 
-constexpr std::array<const char*, 6> kEndStateNames = {"open_at_end", "closed",         "reset",
-                                                       "corrupt",     "connect_failed", "not_opened"};
+constexpr std::array<const char*, 6> kEndStateNames = {
+    "open_at_end", "closed", "reset", "corrupt", "connect_failed", "not_opened"};
 
 const char* endStateName(EndState state) {
   return kEndStateNames[static_cast<std::size_t>(state)];

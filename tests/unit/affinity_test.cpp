@@ -114,9 +114,11 @@ TEST(TablesStateFile, RoundTripAndMalformed) {
   EXPECT_EQ(u.generation, 42u);
   EXPECT_EQ(u.weights, t.weights);
   EXPECT_EQ(u.saturated, t.saturated);
-  for (const char* bad : {"", "[]", "{\"version\":2}", "{\"version\":1}",
-                          R"({"version":1,"written_unix_ms":1,"generation":1,"weights":{"v":{"x1":3}},"saturated":[]})",
-                          R"({"version":1,"written_unix_ms":1,"generation":1,"weights":{"v":{"1":-3}},"saturated":[]})"}) {
+  for (
+      const char* bad :
+      {"", "[]", "{\"version\":2}", "{\"version\":1}",
+       R"({"version":1,"written_unix_ms":1,"generation":1,"weights":{"v":{"x1":3}},"saturated":[]})",
+       R"({"version":1,"written_unix_ms":1,"generation":1,"weights":{"v":{"1":-3}},"saturated":[]})"}) {
     EXPECT_TRUE(std::holds_alternative<std::string>(decodeTablesState(bad))) << bad;
   }
 }
@@ -175,8 +177,8 @@ TEST_F(AffinityRestart, SecondProcessStartsWithTheFirstOnesTablesAndExceptions) 
   std::uint64_t onB2 = 0;
   for (std::uint64_t h = 1; onB2 < 2; ++h) {
     if (firstTables->vips[0].table.lookup(h * 7919) == b2) {
-      dp_.exportFlows.push_back(ExportedFlow{h * 7919, b2, FlowState::Established,
-                                    onB2 == 0 ? 0u : 5'000u});
+      dp_.exportFlows.push_back(
+          ExportedFlow{h * 7919, b2, FlowState::Established, onB2 == 0 ? 0u : 5'000u});
       ++onB2;
     }
   }
@@ -222,8 +224,8 @@ TEST_F(AffinityRestart, RestoredFlowsLeaveWhenTrackedAgainOrExpired) {
     (void)first(a);
     const std::uint32_t b1 = builder.indexOf(backendIdFromName("b1"));
     dp_.exportFlows = {{0xA, b1, FlowState::Established, 0},
-              {0xB, b1, FlowState::Closing, 2'000},  // 8 s left of 10
-              {0xC, b1, FlowState::Established, 0}};
+                       {0xB, b1, FlowState::Closing, 2'000},  // 8 s left of 10
+                       {0xC, b1, FlowState::Established, 0}};
     for (Millis t = 0; t < 200 && a.affinity().stats().checkpoints == 0; t += 10) run(a, t);
     ASSERT_EQ(a.affinity().stats().checkpoints, 1u);
   }
@@ -271,8 +273,8 @@ TEST_F(AffinityRestart, DamagedCheckpointIsIgnoredWithAnEventAndNothingBlocksThe
   EXPECT_EQ(s->exceptions, nullptr);
   const auto page = c.events().since(0, 100);
   int ignored = 0;
-  for (const auto& e : page.events) ignored += e.kind == kEventCheckpoint &&
-                                                e.cause.find("ignored") != std::string::npos;
+  for (const auto& e : page.events)
+    ignored += e.kind == kEventCheckpoint && e.cause.find("ignored") != std::string::npos;
   EXPECT_EQ(ignored, 2);
 }
 

@@ -111,9 +111,7 @@ class LaggingDataplane final : public Dataplane {
     return out;
   }
   std::uint64_t appliedGeneration() const override { return applied(); }
-  std::uint64_t publishedGeneration() const override {
-    return latest_ ? latest_->generation : 0;
-  }
+  std::uint64_t publishedGeneration() const override { return latest_ ? latest_->generation : 0; }
   void requestPurge(std::uint64_t n, const std::vector<std::uint32_t>& indices) override {
     EXPECT_EQ(purgeAsked_, lastPurgeFinished()) << "a purge was asked before the last ended";
     purgeAsked_ = n;
@@ -145,7 +143,6 @@ class LaggingDataplane final : public Dataplane {
     std::fill(out.begin(), out.end(), 0);
   }
   std::vector<std::uint64_t> workerRounds() const override { return {}; }
-
 
   void step() {
     Worker& w = workers_[turn_];
@@ -246,8 +243,7 @@ class LaggingDataplane final : public Dataplane {
 // A control plane, its builder and the fake, with time.
 struct Rig {
   explicit Rig(Config config, std::uint32_t maxBackends = kMaxBackends)
-      : builder(maxBackends),
-        control(init(std::move(config)), "test.toml", builder, &fake, now) {
+      : builder(maxBackends), control(init(std::move(config)), "test.toml", builder, &fake, now) {
     fake.publish(control.takeSnapshot(now));
     for (int i = 0; i < LaggingDataplane::kWorkers; ++i) fake.step();
   }

@@ -2,13 +2,14 @@
 // a VIP's `placement`, and a ControlPlane that measures the fake workers'
 // byte counters and hands every snapshot's placing VIP the rates, totals and
 // entry shares that spillway/placement.hpp balances by.
+#include "control/byte_rates.hpp"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <filesystem>
 #include <numeric>
 
-#include "control/byte_rates.hpp"
 #include "control/control_plane.hpp"
 #include "estate_fixture.hpp"
 #include "fake_dataplane.hpp"
@@ -98,8 +99,7 @@ TEST(PlacementConfig, KeysAreReadAndBadValuesNamed) {
   for (const auto& [extra, field] : bad) {
     auto r = loadConfigFromString(placingEstate(extra), "t.toml");
     ASSERT_FALSE(r) << extra;
-    EXPECT_NE(formatErrors(r.errors()).find(field), std::string::npos)
-        << formatErrors(r.errors());
+    EXPECT_NE(formatErrors(r.errors()).find(field), std::string::npos) << formatErrors(r.errors());
   }
   std::string wrongMode = placingEstate();
   wrongMode.replace(wrongMode.find("\"bytes\""), 7, "\"least_conn\"");
@@ -116,8 +116,8 @@ TEST(PlacementConfig, KeysAreReadAndBadValuesNamed) {
 class PlacementControl : public ::testing::Test {
  protected:
   Config config(const std::string& extra = "") {
-    auto r = loadConfigFromString(placingEstate(extra + "\n[control]\nstate_dir = \"\"\n"),
-                                  "test.toml");
+    auto r =
+        loadConfigFromString(placingEstate(extra + "\n[control]\nstate_dir = \"\"\n"), "test.toml");
     EXPECT_TRUE(r) << formatErrors(r.errors());
     return r.value();
   }
@@ -187,8 +187,8 @@ TEST_F(PlacementControl, SnapshotsCarryTheSharesAndTheLoads) {
 }
 
 TEST_F(PlacementControl, APlainVipHasNoPlacement) {
-  auto plain = loadConfigFromString(test::onePoolEstate(2) + "\n[control]\nstate_dir = \"\"\n",
-                                    "test.toml");
+  auto plain =
+      loadConfigFromString(test::onePoolEstate(2) + "\n[control]\nstate_dir = \"\"\n", "test.toml");
   ASSERT_TRUE(plain);
   SnapshotBuilder builder;
   ASSERT_FALSE(builder.setConfig(plain.value()));

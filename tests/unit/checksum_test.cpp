@@ -1,10 +1,10 @@
+#include "spillway/checksum.hpp"
+
 #include <gtest/gtest.h>
 
 #include <array>
 #include <random>
 #include <vector>
-
-#include "spillway/checksum.hpp"
 
 namespace spillway {
 namespace {
@@ -25,8 +25,8 @@ TEST(Checksum, OddLengthPadsWithZero) {
 // A 20-byte IPv4 header from RFC 1071 style worked examples: checksum b861.
 TEST(Checksum, KnownIpv4Header) {
   std::vector<std::byte> h;
-  for (int b : {0x45, 0x00, 0x00, 0x73, 0x00, 0x00, 0x40, 0x00, 0x40, 0x11, 0x00, 0x00, 0xc0,
-                0xa8, 0x00, 0x01, 0xc0, 0xa8, 0x00, 0xc7}) {
+  for (int b : {0x45, 0x00, 0x00, 0x73, 0x00, 0x00, 0x40, 0x00, 0x40, 0x11,
+                0x00, 0x00, 0xc0, 0xa8, 0x00, 0x01, 0xc0, 0xa8, 0x00, 0xc7}) {
     h.push_back(std::byte(b));
   }
   EXPECT_EQ(internetChecksum(h), 0xb861);
@@ -64,8 +64,8 @@ TEST(Checksum, IncrementalUpdateMatchesRecompute) {
     data[11] = std::byte(c & 0xff);
     const std::size_t at = 2 * (rng() % 20);
     if (at == 10) continue;
-    const std::uint16_t oldWord = static_cast<std::uint16_t>(
-        (std::to_integer<int>(data[at]) << 8) | std::to_integer<int>(data[at + 1]));
+    const std::uint16_t oldWord = static_cast<std::uint16_t>((std::to_integer<int>(data[at]) << 8) |
+                                                             std::to_integer<int>(data[at + 1]));
     const std::uint16_t newWord = static_cast<std::uint16_t>(rng());
     data[at] = std::byte(newWord >> 8);
     data[at + 1] = std::byte(newWord & 0xff);

@@ -1,3 +1,5 @@
+#include "spillway/flow_key.hpp"
+
 #include <gtest/gtest.h>
 
 #include <random>
@@ -5,7 +7,6 @@
 #include <vector>
 
 #include "packet_builder.hpp"
-#include "spillway/flow_key.hpp"
 
 namespace spillway {
 namespace {

@@ -177,8 +177,8 @@ TEST(FlowTable, DifferentialAgainstUnorderedMapOracle) {
                                                  kTcpPsh | kTcpAck, kTcpFin | kTcpAck, kTcpRst,
                                                  kTcpRst | kTcpAck, kTcpSyn | kTcpFin, 0};
   const std::vector<FlowState> states = {FlowState::Embryonic, FlowState::Established,
-                                         FlowState::Closing, FlowState::Udp, FlowState::Other,
-                                         FlowState::Ending};
+                                         FlowState::Closing,   FlowState::Udp,
+                                         FlowState::Other,     FlowState::Ending};
   // Steps that land exactly on, and one past, every timeout.
   const std::vector<Millis> boundaries = {
       timeouts.embryonic,   timeouts.embryonic + 1,  timeouts.closing, timeouts.closing + 1,
@@ -732,8 +732,8 @@ TEST(FlowTable, TcpTransitions) {
 TEST(FlowTable, SpoofedRstOrFinKeepsTheEstablishedLifetime) {
   FlowTable table(FlowTableConfig{.capacity = 1'024});
   const FlowTimeouts& to = table.timeouts();
-  for (const std::uint8_t flags : {kTcpRst, std::uint8_t{kTcpRst | kTcpAck}, kTcpFin,
-                                   std::uint8_t{kTcpFin | kTcpAck}}) {
+  for (const std::uint8_t flags :
+       {kTcpRst, std::uint8_t{kTcpRst | kTcpAck}, kTcpFin, std::uint8_t{kTcpFin | kTcpAck}}) {
     const std::uint64_t h = 1000 + flags;
     Millis now = 5'000;
     ASSERT_EQ(table.insert(h, 3, FlowState::Established, now), InsertResult::Inserted);
@@ -782,8 +782,7 @@ TEST(FlowTable, ClosedFlowLingersButYieldsItsSlot) {
             InsertResult::Inserted);
   EXPECT_EQ(table.lookup(ended[1], later), 0u);
   // A new established or UDP flow takes the other at once.
-  EXPECT_EQ(table.insert(craftedHash(4, 6, 22), 22, FlowState::Udp, later),
-            InsertResult::Inserted);
+  EXPECT_EQ(table.insert(craftedHash(4, 6, 22), 22, FlowState::Udp, later), InsertResult::Inserted);
   EXPECT_EQ(table.lookup(ended[0], later), 0u);
   EXPECT_EQ(table.counters().evictions, 2u);
   for (std::uint32_t tag = 3; tag <= 8; ++tag) {

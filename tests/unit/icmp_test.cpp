@@ -513,9 +513,10 @@ TEST(IcmpRateLimiter, TokenBucketsPerSourceAndInTotal) {
   const FlowHasher hasher(7);
   const IpBytes a = test::ipBytes("10.9.0.1");
   const IpBytes b = test::ipBytes("2001:db8::1");
-  IcmpRateLimiter slow(IcmpRateLimits{.perSecond = 1'000, .burst = 100, .perSourcePerSecond = 1,
-                                      .perSourceBurst = 2},
-                       hasher);
+  IcmpRateLimiter slow(
+      IcmpRateLimits{
+          .perSecond = 1'000, .burst = 100, .perSourcePerSecond = 1, .perSourceBurst = 2},
+      hasher);
   const std::uint64_t t = 5'000'000;
   EXPECT_TRUE(slow.allow(a, t));
   EXPECT_TRUE(slow.allow(a, t));
@@ -523,14 +524,14 @@ TEST(IcmpRateLimiter, TokenBucketsPerSourceAndInTotal) {
   EXPECT_FALSE(slow.allow(a, t + 999));  // 0.999 of a token
   EXPECT_TRUE(slow.allow(a, t + 1'000));
   EXPECT_FALSE(slow.allow(a, t + 1'000));
-  EXPECT_TRUE(slow.allow(b, t + 1'000));  // another source: its own bucket
+  EXPECT_TRUE(slow.allow(b, t + 1'000));   // another source: its own bucket
   EXPECT_TRUE(slow.allow(a, t + 60'000));  // refilled, but only to the burst
   EXPECT_TRUE(slow.allow(a, t + 60'000));
   EXPECT_FALSE(slow.allow(a, t + 60'000));
 
-  IcmpRateLimiter total(IcmpRateLimits{.perSecond = 2, .burst = 3, .perSourcePerSecond = 100,
-                                       .perSourceBurst = 100},
-                        hasher);
+  IcmpRateLimiter total(
+      IcmpRateLimits{.perSecond = 2, .burst = 3, .perSourcePerSecond = 100, .perSourceBurst = 100},
+      hasher);
   int allowed = 0;
   for (int i = 0; i < 10; ++i) allowed += total.allow(i % 2 ? a : b, t);
   EXPECT_EQ(allowed, 3);

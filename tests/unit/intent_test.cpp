@@ -17,9 +17,9 @@
 #include <vector>
 
 #include "control/control_plane.hpp"
-#include "fake_dataplane.hpp"
 #include "control/intent_journal.hpp"
 #include "control/intent_merge.hpp"
+#include "fake_dataplane.hpp"
 
 namespace spillway {
 namespace {

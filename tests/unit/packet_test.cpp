@@ -1,12 +1,13 @@
 // Parser edge cases: every malformed input yields its typed drop reason and
 // nothing is read past the span (the ASan build in scripts/test checks that).
+#include "spillway/packet.hpp"
+
 #include <gtest/gtest.h>
 
 #include <fstream>
 #include <sstream>
 
 #include "packet_builder.hpp"
-#include "spillway/packet.hpp"
 
 namespace spillway {
 namespace {
@@ -37,8 +38,11 @@ void fixIpv4Checksum(std::vector<std::byte>& f) {
 }
 
 TEST(Packet, Ipv4TcpSyn) {
-  auto f = PacketBuilder().ipv4("10.0.0.1", "192.0.2.10", 63, 0xb9).tcp(40000, 443, kTcpSyn)
-               .payload(10).build();
+  auto f = PacketBuilder()
+               .ipv4("10.0.0.1", "192.0.2.10", 63, 0xb9)
+               .tcp(40000, 443, kTcpSyn)
+               .payload(10)
+               .build();
   auto v = parseExact(f);
   ASSERT_TRUE(v.ok()) << dropReasonName(v.drop);
   EXPECT_EQ(v.kind, PacketKind::Ip);
@@ -60,8 +64,12 @@ TEST(Packet, Ipv4TcpSyn) {
 }
 
 TEST(Packet, VlanTaggedUdp) {
-  auto f = PacketBuilder().vlan(0x2064).ipv4("10.0.0.1", "192.0.2.10", 64, 0, false)
-               .udp(5000, 53).payload(4).build();
+  auto f = PacketBuilder()
+               .vlan(0x2064)
+               .ipv4("10.0.0.1", "192.0.2.10", 64, 0, false)
+               .udp(5000, 53)
+               .payload(4)
+               .build();
   auto v = parseExact(f);
   ASSERT_TRUE(v.ok()) << dropReasonName(v.drop);
   EXPECT_TRUE(v.hasVlan);
@@ -155,10 +163,9 @@ TEST(Packet, Ipv4HeaderChecksumIsVerified) {
 }
 
 TEST(Packet, Ipv4FragmentsKeepAddresses) {
-  auto first = PacketBuilder().ipv4("10.0.0.1", "10.0.0.2").ipv4Fragment(0, true).tcp(1, 2)
-                   .build();
-  auto later = PacketBuilder().ipv4("10.0.0.1", "10.0.0.2").ipv4Fragment(185, false).tcp(1, 2)
-                   .build();
+  auto first = PacketBuilder().ipv4("10.0.0.1", "10.0.0.2").ipv4Fragment(0, true).tcp(1, 2).build();
+  auto later =
+      PacketBuilder().ipv4("10.0.0.1", "10.0.0.2").ipv4Fragment(185, false).tcp(1, 2).build();
   for (const auto& f : {first, later}) {
     auto v = parseExact(f);
     EXPECT_EQ(v.drop, DropReason::Ipv4Fragment);
@@ -227,8 +234,7 @@ TEST(Packet, VersionDisagreesWithEtherType) {
 }
 
 TEST(Packet, Ipv6Tcp) {
-  auto f = PacketBuilder().ipv6("2001:db8::1", "2001:db8::10", 64, 0x2e).tcp(50000, 8443)
-               .build();
+  auto f = PacketBuilder().ipv6("2001:db8::1", "2001:db8::10", 64, 0x2e).tcp(50000, 8443).build();
   auto v = parseExact(f);
   ASSERT_TRUE(v.ok()) << dropReasonName(v.drop);
   EXPECT_EQ(v.key.version, IpVersion::V6);
@@ -241,12 +247,15 @@ TEST(Packet, Ipv6Tcp) {
 }
 
 TEST(Packet, Ipv6ExtensionHeadersWalked) {
-  auto f = PacketBuilder().ipv6("2001:db8::1", "2001:db8::10")
+  auto f = PacketBuilder()
+               .ipv6("2001:db8::1", "2001:db8::10")
                .ipv6Extension(0, 6)    // hop-by-hop, 8 bytes
                .ipv6Extension(60, 14)  // destination options, 16 bytes
                .ipv6Extension(43, 22)  // routing, 24 bytes
                .ipv6Extension(44)      // atomic fragment, 8 bytes
-               .udp(1000, 2000).payload(3).build();
+               .udp(1000, 2000)
+               .payload(3)
+               .build();
   auto v = parseExact(f);
   ASSERT_TRUE(v.ok()) << dropReasonName(v.drop);
   EXPECT_EQ(v.l4Offset, 14 + 40 + 8 + 16 + 24 + 8);
@@ -268,18 +277,25 @@ TEST(Packet, Ipv6ExtensionHeaderBound) {
 }
 
 TEST(Packet, Ipv6Fragments) {
-  auto first = PacketBuilder().ipv6("2001:db8::1", "2001:db8::10").ipv6Extension(44)
-                   .ipv6Fragment(0, true).tcp(1, 2).build();
-  auto later = PacketBuilder().ipv6("2001:db8::1", "2001:db8::10").ipv6Extension(44)
-                   .ipv6Fragment(100, false).tcp(1, 2).build();
+  auto first = PacketBuilder()
+                   .ipv6("2001:db8::1", "2001:db8::10")
+                   .ipv6Extension(44)
+                   .ipv6Fragment(0, true)
+                   .tcp(1, 2)
+                   .build();
+  auto later = PacketBuilder()
+                   .ipv6("2001:db8::1", "2001:db8::10")
+                   .ipv6Extension(44)
+                   .ipv6Fragment(100, false)
+                   .tcp(1, 2)
+                   .build();
   EXPECT_EQ(parseExact(first).drop, DropReason::Ipv6Fragment);
   EXPECT_EQ(parseExact(later).drop, DropReason::Ipv6Fragment);
 }
 
 TEST(Packet, Ipv6EspAndNoNextHeaderUnsupported) {
   for (std::uint8_t nh : {50, 59}) {
-    auto f = PacketBuilder().ipv6("2001:db8::1", "2001:db8::10").protocol(nh).payload(16)
-                 .build();
+    auto f = PacketBuilder().ipv6("2001:db8::1", "2001:db8::10").protocol(nh).payload(16).build();
     auto v = parseExact(f);
     EXPECT_EQ(v.drop, DropReason::UnsupportedProtocol) << int(nh);
     EXPECT_TRUE(v.l3Valid);
@@ -287,8 +303,7 @@ TEST(Packet, Ipv6EspAndNoNextHeaderUnsupported) {
 }
 
 TEST(Packet, Ipv6ExtensionPastEnd) {
-  auto f = PacketBuilder().ipv6("2001:db8::1", "2001:db8::10").ipv6Extension(60).tcp(1, 2)
-               .build();
+  auto f = PacketBuilder().ipv6("2001:db8::1", "2001:db8::10").ipv6Extension(60).tcp(1, 2).build();
   setByte(f, 14 + 40 + 1, 200);  // claims 1608 bytes
   EXPECT_EQ(parseExact(f).drop, DropReason::Truncated);
 }
@@ -305,8 +320,8 @@ TEST(Packet, Ipv6PayloadLength) {
 TEST(Packet, IcmpFamiliesMustMatch) {
   auto wrong = PacketBuilder().ipv4("10.0.0.1", "10.0.0.2").protocol(58).payload(8).build();
   EXPECT_EQ(parseExact(wrong).drop, DropReason::UnsupportedProtocol);
-  auto echo = PacketBuilder().ipv4("10.0.0.1", "10.0.0.2").icmp(kIcmpEchoRequest, 0, 0x10001)
-                  .build();
+  auto echo =
+      PacketBuilder().ipv4("10.0.0.1", "10.0.0.2").icmp(kIcmpEchoRequest, 0, 0x10001).build();
   auto v = parseExact(echo);
   ASSERT_TRUE(v.ok());
   EXPECT_EQ(v.icmpType, kIcmpEchoRequest);
@@ -317,10 +332,20 @@ TEST(Packet, IcmpFamiliesMustMatch) {
 // that cuts the IP packet is never accepted.
 TEST(Packet, EveryPrefixIsSafe) {
   std::vector<std::vector<std::byte>> frames = {
-      PacketBuilder().ipv4("10.0.0.1", "10.0.0.2").ipv4Options({1, 1, 1, 1}).tcp(1, 2)
-          .payload(5).build(),
-      PacketBuilder().vlan(3).ipv6("2001:db8::1", "2001:db8::10").ipv6Extension(0)
-          .ipv6Extension(44).udp(1, 2).payload(5).build(),
+      PacketBuilder()
+          .ipv4("10.0.0.1", "10.0.0.2")
+          .ipv4Options({1, 1, 1, 1})
+          .tcp(1, 2)
+          .payload(5)
+          .build(),
+      PacketBuilder()
+          .vlan(3)
+          .ipv6("2001:db8::1", "2001:db8::10")
+          .ipv6Extension(0)
+          .ipv6Extension(44)
+          .udp(1, 2)
+          .payload(5)
+          .build(),
       PacketBuilder().ipv6("2001:db8::1", "2001:db8::10").icmp(kIcmp6EchoRequest, 0).build(),
   };
   for (const auto& full : frames) {
@@ -358,12 +383,15 @@ TEST(Packet, MalformedCorpus) {
 TEST(IcmpError, FragNeededSteersByQuotedFlow) {
   // The backend's reply VIP:443 -> client:40000 hit a small MTU; a router
   // sends "fragmentation needed" to the VIP, quoting that reply.
-  auto reply = PacketBuilder().ipv4("192.0.2.10", "10.0.0.1").tcp(443, 40000).payload(100)
-                   .build();
+  auto reply = PacketBuilder().ipv4("192.0.2.10", "10.0.0.1").tcp(443, 40000).payload(100).build();
   std::vector<std::uint8_t> quote;
-  for (std::size_t i = 14; i < 14 + 28; ++i) quote.push_back(std::to_integer<std::uint8_t>(reply[i]));
-  auto err = PacketBuilder().ipv4("198.51.100.1", "192.0.2.10")
-                 .icmp(kIcmpDestUnreachable, kIcmpCodeFragNeeded, 1400).payload(quote).build();
+  for (std::size_t i = 14; i < 14 + 28; ++i)
+    quote.push_back(std::to_integer<std::uint8_t>(reply[i]));
+  auto err = PacketBuilder()
+                 .ipv4("198.51.100.1", "192.0.2.10")
+                 .icmp(kIcmpDestUnreachable, kIcmpCodeFragNeeded, 1400)
+                 .payload(quote)
+                 .build();
   auto v = parseExact(err);
   ASSERT_TRUE(v.ok());
   ASSERT_TRUE(isIcmpError(v));
@@ -380,8 +408,10 @@ TEST(IcmpError, FragNeededSteersByQuotedFlow) {
 
   // Cut the quote inside the ports.
   std::vector<std::uint8_t> shortQuote(quote.begin(), quote.begin() + 22);
-  auto cut = PacketBuilder().ipv4("198.51.100.1", "192.0.2.10")
-                 .icmp(kIcmpDestUnreachable, kIcmpCodeFragNeeded, 1400).payload(shortQuote)
+  auto cut = PacketBuilder()
+                 .ipv4("198.51.100.1", "192.0.2.10")
+                 .icmp(kIcmpDestUnreachable, kIcmpCodeFragNeeded, 1400)
+                 .payload(shortQuote)
                  .build();
   auto cv = parseExact(cut);
   ASSERT_TRUE(cv.ok());
@@ -391,9 +421,13 @@ TEST(IcmpError, FragNeededSteersByQuotedFlow) {
 TEST(IcmpError, PacketTooBigV6AndBadQuotes) {
   auto reply = PacketBuilder().ipv6("2001:db8::10", "2001:db8:1::5").udp(4791, 50000).build();
   std::vector<std::uint8_t> quote;
-  for (std::size_t i = 14; i < reply.size(); ++i) quote.push_back(std::to_integer<std::uint8_t>(reply[i]));
-  auto err = PacketBuilder().ipv6("2001:db8:ff::1", "2001:db8::10")
-                 .icmp(kIcmp6PacketTooBig, 0, 1280).payload(quote).build();
+  for (std::size_t i = 14; i < reply.size(); ++i)
+    quote.push_back(std::to_integer<std::uint8_t>(reply[i]));
+  auto err = PacketBuilder()
+                 .ipv6("2001:db8:ff::1", "2001:db8::10")
+                 .icmp(kIcmp6PacketTooBig, 0, 1280)
+                 .payload(quote)
+                 .build();
   auto v = parseExact(err);
   ASSERT_TRUE(v.ok());
   ASSERT_TRUE(isIcmpError(v));
@@ -405,17 +439,24 @@ TEST(IcmpError, PacketTooBigV6AndBadQuotes) {
 
   // A quote that is not IPv6 inside an ICMPv6 error.
   quote[0] = 0x45;
-  auto bad = PacketBuilder().ipv6("2001:db8:ff::1", "2001:db8::10")
-                 .icmp(kIcmp6PacketTooBig, 0, 1280).payload(quote).build();
+  auto bad = PacketBuilder()
+                 .ipv6("2001:db8:ff::1", "2001:db8::10")
+                 .icmp(kIcmp6PacketTooBig, 0, 1280)
+                 .payload(quote)
+                 .build();
   auto bv = parseExact(bad);
   EXPECT_EQ(parseIcmpError(bad, bv).drop, DropReason::IcmpInnerMalformed);
 
   // A quoted ICMP packet is not a flow Spillway steers.
   auto ping = PacketBuilder().ipv4("192.0.2.10", "10.0.0.1").icmp(kIcmpEchoReply, 0).build();
   std::vector<std::uint8_t> pq;
-  for (std::size_t i = 14; i < ping.size(); ++i) pq.push_back(std::to_integer<std::uint8_t>(ping[i]));
-  auto err4 = PacketBuilder().ipv4("198.51.100.1", "192.0.2.10")
-                  .icmp(kIcmpTimeExceeded, 0).payload(pq).build();
+  for (std::size_t i = 14; i < ping.size(); ++i)
+    pq.push_back(std::to_integer<std::uint8_t>(ping[i]));
+  auto err4 = PacketBuilder()
+                  .ipv4("198.51.100.1", "192.0.2.10")
+                  .icmp(kIcmpTimeExceeded, 0)
+                  .payload(pq)
+                  .build();
   auto v4 = parseExact(err4);
   EXPECT_EQ(parseIcmpError(err4, v4).drop, DropReason::IcmpUnsupported);
 }

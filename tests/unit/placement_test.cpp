@@ -2,6 +2,8 @@
 // own (counts, published loads, weights, ledger epochs), and through the data path
 // (a placed connection is tracked, stays, is an exception, and falls back to
 // the table's entry when it cannot be tracked).
+#include "spillway/placement.hpp"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,7 +11,6 @@
 
 #include "packet_builder.hpp"
 #include "spillway/flow_exceptions.hpp"
-#include "spillway/placement.hpp"
 #include "spillway/steering.hpp"
 
 namespace spillway {
@@ -93,8 +94,7 @@ class PlacementTest : public ::testing::Test {
   }
   // Publishes backend `index`'s load (in flows), the VIP's total over
   // `backends`, as of flow count `epoch`.
-  void setLoad(std::uint32_t index, double flows, std::uint32_t backends,
-               std::uint64_t epoch = 0) {
+  void setLoad(std::uint32_t index, double flows, std::uint32_t backends, std::uint64_t epoch = 0) {
     loads_->set(index, static_cast<std::uint64_t>(flows * kLoadScale));
     double total = 0;
     for (std::uint32_t i = 1; i <= backends; ++i) total += loads_->flows(i);
@@ -218,9 +218,9 @@ TEST_F(PlacementTest, PlacementsCountUntilAFlowCountHoldsThem) {
     setLoad(1, 0, 4, port - 34000 + 2);
   }
   const PlacementLedger& ledger = steering_->placementLedger();
-  EXPECT_EQ(ledger.backend(1, 4) + ledger.backend(2, 4) + ledger.backend(3, 4) +
-                ledger.backend(4, 4),
-            0u);
+  EXPECT_EQ(
+      ledger.backend(1, 4) + ledger.backend(2, 4) + ledger.backend(3, 4) + ledger.backend(4, 4),
+      0u);
 }
 
 // Weights keep their meaning: no backend takes more than the balance

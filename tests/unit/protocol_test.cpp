@@ -114,14 +114,32 @@ TEST(Protocol, EveryCommandReachesItsCall) {
 TEST(Protocol, CommandListIsTheReference) {
   std::vector<std::string> names;
   for (const CommandSpec& spec : protocolCommands()) names.emplace_back(spec.name);
-  EXPECT_EQ(names, (std::vector<std::string>{"status",          "vip.list",        "vip.show",
-                                             "pool.list",       "pool.show",       "backend.list",
-                                             "backend.add",     "backend.remove",  "backend.drain",
-                                             "backend.undrain", "backend.disable", "backend.enable",
-                                             "backend.weight",  "table.show",      "table.digest",    "flows",
-                                             "stats",           "health",          "events",
-                                             "config.check",    "config.reload",   "config.dump", "config.clear-overrides",
-                                             "lb.drain", "lb.undrain", "lb.status"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"status",
+                                             "vip.list",
+                                             "vip.show",
+                                             "pool.list",
+                                             "pool.show",
+                                             "backend.list",
+                                             "backend.add",
+                                             "backend.remove",
+                                             "backend.drain",
+                                             "backend.undrain",
+                                             "backend.disable",
+                                             "backend.enable",
+                                             "backend.weight",
+                                             "table.show",
+                                             "table.digest",
+                                             "flows",
+                                             "stats",
+                                             "health",
+                                             "events",
+                                             "config.check",
+                                             "config.reload",
+                                             "config.dump",
+                                             "config.clear-overrides",
+                                             "lb.drain",
+                                             "lb.undrain",
+                                             "lb.status"}));
   EXPECT_EQ(findCommand("lb.drain")->access, Access::Write);
   EXPECT_EQ(findCommand("lb.status")->access, Access::Read);
   EXPECT_EQ(findCommand("backend.drain")->access, Access::Write);

@@ -1,6 +1,8 @@
 // Snapshot publication: VIP lookup, QSBR grace periods, and a stress test in
 // which readers use snapshots while the writer publishes and frees thousands
 // of them (run under ASan and TSan by scripts/test).
+#include "spillway/snapshot.hpp"
+
 #include <gtest/gtest.h>
 
 #include <array>
@@ -8,7 +10,6 @@
 #include <thread>
 
 #include "packet_builder.hpp"
-#include "spillway/snapshot.hpp"
 
 namespace spillway {
 namespace {

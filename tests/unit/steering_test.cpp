@@ -1,12 +1,13 @@
 // The per-lcore data path end to end on byte buffers: every verdict, the
 // flow-affinity rules (tracked flows stay, failed backends re-steer only their
 // own flows), ICMP handling, and that every frame is counted exactly once.
+#include "spillway/steering.hpp"
+
 #include <gtest/gtest.h>
 
 #include <map>
 
 #include "packet_builder.hpp"
-#include "spillway/steering.hpp"
 
 namespace spillway {
 namespace {
@@ -101,7 +102,7 @@ TEST_F(SteeringTest, SynIsEncapsulatedToTheMaglevBackend) {
   ASSERT_EQ(r.verdict, Verdict::Forward) << dropReasonName(r.drop);
   EXPECT_EQ(r.backend, snapshot_->vips[0].table.lookup(hash));
   const auto out = parsePacket(f.out(r));
-  ASSERT_TRUE(out.l3Valid);  // the parser takes no IPIP payload: only the outer header counts
+  ASSERT_TRUE(out.l3Valid);     // the parser takes no IPIP payload: only the outer header counts
   EXPECT_EQ(out.key.proto, 4);  // IPIP
   const auto inner = loadAt<Ipv4Header>(f.out(r), 14 + 20);
   EXPECT_EQ(inner.src, test::v4("10.9.0.1"));
@@ -134,9 +135,8 @@ TEST_F(SteeringTest, TrackedFlowsKeepTheirBackendWhenTheTableChanges) {
     first[p] = steer(f).backend;
   }
   // Backend 1 drains: weight 0, tracked flows continue.
-  publish({100, 100, 100, 100},
-          {BackendState::Draining, BackendState::Active, BackendState::Active,
-           BackendState::Active});
+  publish({100, 100, 100, 100}, {BackendState::Draining, BackendState::Active, BackendState::Active,
+                                 BackendState::Active});
   int kept = 0;
   for (auto [p, b] : first) {
     Frame f(syn(p, kTcpAck));
@@ -163,19 +163,25 @@ TEST_F(SteeringTest, SpoofedRstOrFinThenIdleKeepsTheFlowOnItsBackend) {
   for (std::uint16_t p = 3000; p < 3200; ++p) {
     Frame s(syn(p));
     first[p] = steer(s).backend;
-    Frame data(PacketBuilder().ipv4("10.9.0.1", "192.0.2.10").tcp(p, 5000, kTcpAck | kTcpPsh)
-                   .payload(100).build());
+    Frame data(PacketBuilder()
+                   .ipv4("10.9.0.1", "192.0.2.10")
+                   .tcp(p, 5000, kTcpAck | kTcpPsh)
+                   .payload(100)
+                   .build());
     ASSERT_EQ(steer(data).backend, first[p]);
     // The attacker's segment: right 4-tuple, any sequence number.
     Frame spoof(syn(p, p % 2 == 0 ? kTcpRst : std::uint8_t{kTcpFin | kTcpAck}));
     ASSERT_EQ(steer(spoof).verdict, Verdict::Forward);
   }
-  now_ += 600'000;  // ten idle minutes
+  now_ += 600'000;                     // ten idle minutes
   publish({100, 100, 100, 100, 100});  // a backend joins: the table changes
   int moved = 0;
   for (auto [p, b] : first) {
-    Frame data(PacketBuilder().ipv4("10.9.0.1", "192.0.2.10").tcp(p, 5000, kTcpAck | kTcpPsh)
-                   .payload(100).build());
+    Frame data(PacketBuilder()
+                   .ipv4("10.9.0.1", "192.0.2.10")
+                   .tcp(p, 5000, kTcpAck | kTcpPsh)
+                   .payload(100)
+                   .build());
     const auto r = steer(data);
     ASSERT_EQ(r.verdict, Verdict::Forward);
     EXPECT_EQ(r.backend, b) << "port " << p;
@@ -194,8 +200,7 @@ TEST_F(SteeringTest, FailedBackendMovesOnlyItsOwnFlows) {
     first[p] = steer(f).backend;
   }
   publish({100, 100, 100, 100},
-          {BackendState::Active, BackendState::Failed, BackendState::Active,
-           BackendState::Active});
+          {BackendState::Active, BackendState::Failed, BackendState::Active, BackendState::Active});
   std::uint64_t moved = 0;
   for (auto [p, b] : first) {
     Frame f(syn(p, kTcpAck | kTcpPsh));
@@ -248,9 +253,8 @@ TEST_F(SteeringTest, NewConnectionOnAReusedTupleAvoidsADrainingBackend) {
     Frame ack(syn(p, kTcpAck));
     steer(ack);
   }
-  publish({100, 100, 100, 100},
-          {BackendState::Draining, BackendState::Active, BackendState::Active,
-           BackendState::Active});
+  publish({100, 100, 100, 100}, {BackendState::Draining, BackendState::Active, BackendState::Active,
+                                 BackendState::Active});
   for (auto [p, b] : first) {
     Frame ack(syn(p, kTcpAck));
     EXPECT_EQ(steer(ack).backend, b);  // the open connection stays
@@ -288,8 +292,8 @@ TEST_F(SteeringTest, HostTrafficGoesToTheKernel) {
   EXPECT_EQ(steer(ssh).verdict, Verdict::ToKernel);
   // Malformed packets to the host are the kernel's business too, but a
   // fragment or malformed packet to a VIP is dropped with its reason.
-  Frame frag(PacketBuilder().ipv4("10.9.0.1", "192.0.2.10").ipv4Fragment(10, false).tcp(1, 2)
-                 .build());
+  Frame frag(
+      PacketBuilder().ipv4("10.9.0.1", "192.0.2.10").ipv4Fragment(10, false).tcp(1, 2).build());
   const auto r = steer(frag);
   EXPECT_EQ(r.verdict, Verdict::Drop);
   EXPECT_EQ(r.drop, DropReason::Ipv4Fragment);
@@ -321,8 +325,8 @@ TEST_F(SteeringTest, OwnAndLandSourcesAreDroppedAndCounted) {
   // A VIP's address as the source (any VIP: here the IPv6 one too).
   Frame fromVip(PacketBuilder().ipv4("192.0.2.10", "192.0.2.10").tcp(4000, 5000, kTcpSyn).build());
   EXPECT_EQ(steer(fromVip).drop, DropReason::Land);  // "land": source = destination
-  Frame landPorts(PacketBuilder().ipv4("192.0.2.10", "192.0.2.10").tcp(5000, 5000, kTcpSyn)
-                      .build());
+  Frame landPorts(
+      PacketBuilder().ipv4("192.0.2.10", "192.0.2.10").tcp(5000, 5000, kTcpSyn).build());
   EXPECT_EQ(steer(landPorts).drop, DropReason::Land);
   Frame fromVip6(PacketBuilder().ipv6("2001:db8::10", "2001:db8::10").tcp(1, 443, kTcpSyn).build());
   EXPECT_EQ(steer(fromVip6).drop, DropReason::Land);
@@ -388,9 +392,13 @@ TEST_F(SteeringTest, IcmpErrorFollowsTheFlowItQuotes) {
   // The backend's reply VIP:5000 -> client:40000 is quoted by a router.
   auto reply = PacketBuilder().ipv4("192.0.2.10", "10.9.0.1").tcp(5000, 40000).build();
   std::vector<std::uint8_t> quote;
-  for (std::size_t i = 14; i < 14 + 28; ++i) quote.push_back(std::to_integer<std::uint8_t>(reply[i]));
-  Frame err(PacketBuilder().ipv4("198.51.100.1", "192.0.2.10")
-                .icmp(kIcmpDestUnreachable, kIcmpCodeFragNeeded, 1400).payload(quote).build());
+  for (std::size_t i = 14; i < 14 + 28; ++i)
+    quote.push_back(std::to_integer<std::uint8_t>(reply[i]));
+  Frame err(PacketBuilder()
+                .ipv4("198.51.100.1", "192.0.2.10")
+                .icmp(kIcmpDestUnreachable, kIcmpCodeFragNeeded, 1400)
+                .payload(quote)
+                .build());
   const auto r = steer(err);
   ASSERT_EQ(r.verdict, Verdict::Forward) << dropReasonName(r.drop);
   EXPECT_EQ(r.backend, first.backend);
@@ -399,8 +407,11 @@ TEST_F(SteeringTest, IcmpErrorFollowsTheFlowItQuotes) {
 }
 
 TEST_F(SteeringTest, EchoToVipIsAnsweredWhereConfigured) {
-  Frame ping(PacketBuilder().ipv4("10.9.0.1", "192.0.2.10").icmp(kIcmpEchoRequest, 0, 0x10001)
-                 .payload(16).build());
+  Frame ping(PacketBuilder()
+                 .ipv4("10.9.0.1", "192.0.2.10")
+                 .icmp(kIcmpEchoRequest, 0, 0x10001)
+                 .payload(16)
+                 .build());
   const auto r = steer(ping);
   ASSERT_EQ(r.verdict, Verdict::Reply);
   const auto out = parsePacket(ping.out(r));
@@ -408,8 +419,8 @@ TEST_F(SteeringTest, EchoToVipIsAnsweredWhereConfigured) {
   EXPECT_EQ(out.icmpType, kIcmpEchoReply);
   EXPECT_EQ(out.key.src, test::ipBytes("192.0.2.10"));
   EXPECT_EQ(out.key.dst, test::ipBytes("10.9.0.1"));
-  Frame ping6(PacketBuilder().ipv6("2001:db8:9::1", "2001:db8::10").icmp(kIcmp6EchoRequest, 0)
-                  .build());
+  Frame ping6(
+      PacketBuilder().ipv6("2001:db8:9::1", "2001:db8::10").icmp(kIcmp6EchoRequest, 0).build());
   EXPECT_EQ(steer(ping6).drop, DropReason::IcmpUnsupported);  // that VIP does not answer
   expectAllCounted();
 }
@@ -420,8 +431,11 @@ TEST_F(SteeringTest, EchoToVipIsAnsweredWhereConfigured) {
 TEST_F(SteeringTest, IcmpRepliesAreRateLimitedPerSourceAndInTotal) {
   const IcmpRateLimits limits{};
   auto ping = [&](const std::string& src) {
-    Frame f(PacketBuilder().ipv4(src, "192.0.2.10").icmp(kIcmpEchoRequest, 0, 0x10001)
-                .payload(16).build());
+    Frame f(PacketBuilder()
+                .ipv4(src, "192.0.2.10")
+                .icmp(kIcmpEchoRequest, 0, 0x10001)
+                .payload(16)
+                .build());
     return steer(f);
   };
   // One source: its burst, then refusals; a second later, its rate's worth.
@@ -438,8 +452,9 @@ TEST_F(SteeringTest, IcmpRepliesAreRateLimitedPerSourceAndInTotal) {
   now_ += 1'000;
   replied = 0;
   for (int i = 0; i < 300; ++i) {
-    replied += ping("10.8." + std::to_string(i / 250) + "." + std::to_string(i % 250 + 1))
-                   .verdict == Verdict::Reply;
+    replied +=
+        ping("10.8." + std::to_string(i / 250) + "." + std::to_string(i % 250 + 1)).verdict ==
+        Verdict::Reply;
   }
   EXPECT_EQ(replied, static_cast<int>(limits.burst));
   // Too-big packets' "fragmentation needed" replies count against the same buckets.
@@ -447,8 +462,11 @@ TEST_F(SteeringTest, IcmpRepliesAreRateLimitedPerSourceAndInTotal) {
   replied = 0;
   std::uint64_t mtuDrops = 0;
   for (int i = 0; i < 40; ++i) {
-    Frame big(PacketBuilder().ipv4("10.9.0.2", "192.0.2.10").tcp(7000, 5000, kTcpAck)
-                  .payload(1500 - 40).build());
+    Frame big(PacketBuilder()
+                  .ipv4("10.9.0.2", "192.0.2.10")
+                  .tcp(7000, 5000, kTcpAck)
+                  .payload(1500 - 40)
+                  .build());
     const auto r = steer(big);
     replied += r.verdict == Verdict::Reply;
     mtuDrops += r.drop == DropReason::IcmpRateLimited;
@@ -460,8 +478,11 @@ TEST_F(SteeringTest, IcmpRepliesAreRateLimitedPerSourceAndInTotal) {
 }
 
 TEST_F(SteeringTest, TooBigAfterEncapsulationAnswersFragmentationNeeded) {
-  Frame big(PacketBuilder().ipv4("10.9.0.1", "192.0.2.10").tcp(7000, 5000, kTcpAck)
-                .payload(1500 - 40).build());
+  Frame big(PacketBuilder()
+                .ipv4("10.9.0.1", "192.0.2.10")
+                .tcp(7000, 5000, kTcpAck)
+                .payload(1500 - 40)
+                .build());
   const auto r = steer(big);
   ASSERT_EQ(r.verdict, Verdict::Reply);
   const auto out = parsePacket(big.out(r));
@@ -655,8 +676,8 @@ TEST(ExceptionTable, FindsWhatItHoldsAndNothingElse) {
     entries.push_back({i * 0x9e3779b97f4a7c15ULL, static_cast<std::uint32_t>(i % 7 + 1),
                        i % 2 ? FlowState::Established : FlowState::Udp});
   }
-  entries.push_back({0, 0, FlowState::Established});                   // backend 0: skipped
-  entries.push_back({entries[3].hash, 9, FlowState::Closing});          // later one wins
+  entries.push_back({0, 0, FlowState::Established});            // backend 0: skipped
+  entries.push_back({entries[3].hash, 9, FlowState::Closing});  // later one wins
   const ExceptionTable t(entries);
   EXPECT_EQ(t.size(), 5000u);
   for (std::uint64_t i = 0; i < 5000; ++i) {
@@ -693,8 +714,8 @@ TEST(FlowTableWalk, ForEachLiveVisitsExactlyTheLiveEntries) {
   std::size_t live = 0;
   for (std::size_t b = 0; b < t.bucketCount(); b += 100) {
     live += t.forEachLive(21'000, b, 100,
-                          [&](std::uint64_t h, std::uint32_t backend, FlowState s, std::uint32_t idle,
-                              std::uint8_t tag) {
+                          [&](std::uint64_t h, std::uint32_t backend, FlowState s,
+                              std::uint32_t idle, std::uint8_t tag) {
                             EXPECT_EQ(tag, h % 7 == 0 ? 0 : 5);
                             EXPECT_EQ(s, FlowState::Established);
                             EXPECT_EQ(idle, 20'000u);
@@ -709,20 +730,20 @@ TEST(FlowTableWalk, VipTagSurvivesStateChangesAndResteering) {
   FlowTable t(FlowTableConfig{.capacity = 1024});
   ASSERT_EQ(t.insert(77, 3, FlowState::Embryonic, 1000, 31), InsertResult::Inserted);
   EXPECT_EQ(t.insert(78, 3, FlowState::Embryonic, 1000, 32), InsertResult::Invalid);
-  EXPECT_EQ(t.lookupAndTouch(77, 1001, FlowEvent{kTcpAck}), 3u);        // -> Established
+  EXPECT_EQ(t.lookupAndTouch(77, 1001, FlowEvent{kTcpAck}), 3u);  // -> Established
   EXPECT_TRUE(t.updateBackend(77, 9, 1002));
   EXPECT_EQ(t.lookupAndTouch(77, 1003, FlowEvent{kTcpAck | kTcpFin}), 9u);  // -> Ending
   std::size_t seen = 0;
-  t.forEachLive(1004, 0, t.bucketCount(),
-                [&](std::uint64_t h, std::uint32_t b, FlowState s, std::uint32_t idle,
-                    std::uint8_t tag) {
-                  EXPECT_EQ(h, 77u);
-                  EXPECT_EQ(b, 9u);
-                  EXPECT_EQ(s, FlowState::Ending);
-                  EXPECT_EQ(idle, 1u);
-                  EXPECT_EQ(tag, 31);
-                  ++seen;
-                });
+  t.forEachLive(
+      1004, 0, t.bucketCount(),
+      [&](std::uint64_t h, std::uint32_t b, FlowState s, std::uint32_t idle, std::uint8_t tag) {
+        EXPECT_EQ(h, 77u);
+        EXPECT_EQ(b, 9u);
+        EXPECT_EQ(s, FlowState::Ending);
+        EXPECT_EQ(idle, 1u);
+        EXPECT_EQ(tag, 31);
+        ++seen;
+      });
   EXPECT_EQ(seen, 1u);
   // The established timeout applies to Ending, whatever the tag bits.
   const Millis established = t.timeouts().established;

@@ -6,8 +6,8 @@
 
 namespace spillway {
 
-bool isTableException(const ForwardingSnapshot& snapshot, std::uint64_t hash,
-                      std::uint32_t backend, std::uint8_t vipTag) noexcept {
+bool isTableException(const ForwardingSnapshot& snapshot, std::uint64_t hash, std::uint32_t backend,
+                      std::uint8_t vipTag) noexcept {
   if (backend >= snapshot.vipsOfBackend.size()) return true;
   bool any = false;  // a table that could have placed it
   for (const std::uint32_t v : snapshot.vipsOfBackend[backend]) {

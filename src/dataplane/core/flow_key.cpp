@@ -83,12 +83,11 @@ std::uint64_t FlowHasher::hash(const FlowKey& key) const noexcept {
   const auto* src = key.src.data();
   const auto* dst = key.dst.data();
   // Tail word: srcPort, dstPort, proto, version, two zero bytes, little-endian.
-  const std::uint64_t tail = std::uint64_t{key.srcPort.raw[0]} |
-                             (std::uint64_t{key.srcPort.raw[1]} << 8) |
-                             (std::uint64_t{key.dstPort.raw[0]} << 16) |
-                             (std::uint64_t{key.dstPort.raw[1]} << 24) |
-                             (std::uint64_t{key.proto} << 32) |
-                             (std::uint64_t{static_cast<std::uint8_t>(key.version)} << 40);
+  const std::uint64_t tail =
+      std::uint64_t{key.srcPort.raw[0]} | (std::uint64_t{key.srcPort.raw[1]} << 8) |
+      (std::uint64_t{key.dstPort.raw[0]} << 16) | (std::uint64_t{key.dstPort.raw[1]} << 24) |
+      (std::uint64_t{key.proto} << 32) |
+      (std::uint64_t{static_cast<std::uint8_t>(key.version)} << 40);
   SipState s(k0_, k1_);
   if (key.version == IpVersion::V4) {
     std::uint32_t s4, d4;

@@ -99,8 +99,8 @@ L3Result parseIpv4(std::span<const std::byte> f, std::size_t off, PacketView& v)
     r.drop = DropReason::BadIpChecksum;
     return r;
   }
-  r.drop = (frag & (kIpv4FlagMf | kIpv4OffsetMask)) != 0 ? DropReason::Ipv4Fragment
-                                                          : DropReason::None;
+  r.drop =
+      (frag & (kIpv4FlagMf | kIpv4OffsetMask)) != 0 ? DropReason::Ipv4Fragment : DropReason::None;
   return r;
 }
 
@@ -307,8 +307,8 @@ IcmpErrorFlow parseIcmpError(std::span<const std::byte> frame, const PacketView&
   IcmpErrorFlow out;
   // The quote lies between the ICMP header and the end of the outer IP packet.
   const std::size_t quoteStart = std::size_t{view.l4Offset} + sizeof(IcmpHeader);
-  const std::size_t quoteEnd = std::min<std::size_t>(frame.size(),
-                                                     std::size_t{view.l3Offset} + view.l3Length);
+  const std::size_t quoteEnd =
+      std::min<std::size_t>(frame.size(), std::size_t{view.l3Offset} + view.l3Length);
   if (quoteEnd <= quoteStart) return out;
   const auto quote = frame.subspan(quoteStart, quoteEnd - quoteStart);
   out.innerL3Offset = static_cast<std::uint16_t>(quoteStart);

@@ -11,8 +11,7 @@ PlacementLedger::PlacementLedger(std::size_t slots) : slots_(slots) {
 void PlacementLedger::beginEpoch(std::uint64_t n) noexcept {
   if (n <= epoch_) return;
   // Epochs skipped (counts this lcore never saw) start empty too.
-  for (std::uint64_t e = std::max(epoch_ + 1, n + 1 > kEpochs ? n + 1 - kEpochs : 0); e <= n;
-       ++e) {
+  for (std::uint64_t e = std::max(epoch_ + 1, n + 1 > kEpochs ? n + 1 - kEpochs : 0); e <= n; ++e) {
     std::fill_n(byBackend_[e % kEpochs].get(), slots_, 0U);
     byVip_[e % kEpochs].fill(0);
   }
@@ -46,8 +45,8 @@ Placement placeNewFlow(const MaglevTable& table, const VipPlacement& placement,
     return out;
   }
   const std::uint64_t since = placement.loads->epoch();
-  const double total = static_cast<double>(static_cast<std::uint64_t>(placement.load->milliFlows)) /
-                       kLoadScale;
+  const double total =
+      static_cast<double>(static_cast<std::uint64_t>(placement.load->milliFlows)) / kLoadScale;
   const double budget = placement.balanceFactor * (total + ledger.vip(vipTag, since) + 1.0);
   const std::uint32_t wanted =
       std::clamp<std::uint32_t>(placement.candidates, 1, kMaxPlacementCandidates);
@@ -60,7 +59,8 @@ Placement placeNewFlow(const MaglevTable& table, const VipPlacement& placement,
   for (std::uint32_t step = 0; step < walk && seenCount < wanted; ++step) {
     const std::uint32_t b = entries[slot];
     slot = slot + 1 == size ? 0 : slot + 1;
-    if (b == 0 || std::find(seen.begin(), seen.begin() + seenCount, b) != seen.begin() + seenCount) {
+    if (b == 0 ||
+        std::find(seen.begin(), seen.begin() + seenCount, b) != seen.begin() + seenCount) {
       continue;
     }
     seen[seenCount++] = b;

@@ -8,8 +8,8 @@ VipIndex::VipIndex(const std::vector<SnapshotVip>& vips,
                    const std::vector<OwnAddress>& gatewayAddresses) {
   // Each VIP takes a slot, each distinct address one more as a marker, and
   // each gateway address one.
-  const std::size_t wanted = std::bit_ceil(
-      std::max<std::size_t>(4, vips.size() * 4 + gatewayAddresses.size() * 2));
+  const std::size_t wanted =
+      std::bit_ceil(std::max<std::size_t>(4, vips.size() * 4 + gatewayAddresses.size() * 2));
   slots_.assign(wanted, Slot{});
   mask_ = static_cast<std::uint32_t>(wanted - 1);
   auto place = [&](const PackedKey& key, std::uint32_t vip) {

@@ -33,10 +33,9 @@ bool answersEcho(const ForwardingSnapshot& s, const IpBytes& dst, IpVersion vers
 bool isInvalidSource(const FlowKey& k) noexcept {
   const auto b0 = std::to_integer<std::uint8_t>(k.src[0]);
   if (k.version == IpVersion::V4) {
-    const std::uint32_t a = (std::uint32_t{b0} << 24) |
-                            (std::to_integer<std::uint32_t>(k.src[1]) << 16) |
-                            (std::to_integer<std::uint32_t>(k.src[2]) << 8) |
-                            std::to_integer<std::uint32_t>(k.src[3]);
+    const std::uint32_t a =
+        (std::uint32_t{b0} << 24) | (std::to_integer<std::uint32_t>(k.src[1]) << 16) |
+        (std::to_integer<std::uint32_t>(k.src[2]) << 8) | std::to_integer<std::uint32_t>(k.src[3]);
     return a == 0 || a == 0xffffffffu || (a >> 24) == 127 || (a >> 28) == 0xe;
   }
   if (b0 == 0xff) return true;  // multicast
@@ -47,9 +46,8 @@ bool isInvalidSource(const FlowKey& k) noexcept {
 }
 
 bool isEchoRequest(const PacketView& v) noexcept {
-  return v.key.proto == static_cast<std::uint8_t>(IpProto::Icmp)
-             ? v.icmpType == kIcmpEchoRequest
-             : v.icmpType == kIcmp6EchoRequest;
+  return v.key.proto == static_cast<std::uint8_t>(IpProto::Icmp) ? v.icmpType == kIcmpEchoRequest
+                                                                 : v.icmpType == kIcmp6EchoRequest;
 }
 
 }  // namespace
@@ -204,9 +202,8 @@ void Steering::finishVipFrame(const FrameRef& frame, Pending& p, SteerResult& r,
       const SnapshotBackend* b = snapshot.backend(hit.backend);
       const bool bareSyn = (p.view.tcpFlags & (kTcpSyn | kTcpAck)) == kTcpSyn &&
                            p.view.key.proto == static_cast<std::uint8_t>(IpProto::Tcp);
-      const bool newConnection =
-          bareSyn && (hit.state == FlowState::Closing || b == nullptr ||
-                      b->state != BackendState::Active);
+      const bool newConnection = bareSyn && (hit.state == FlowState::Closing || b == nullptr ||
+                                             b->state != BackendState::Active);
       if (b != nullptr && keepsTrackedFlows(b->state) && !newConnection) {
         backend = hit.backend;
         byException = true;
