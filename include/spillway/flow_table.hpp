@@ -58,7 +58,12 @@
 // its slot to any new Established/Udp/Other flow at once and to a new
 // handshake after the closing timeout (10 s) of silence, and a SYN reusing
 // the tuple reuses it; so lingering closed flows never cost a live or new
-// flow a slot. To push out a live flow after a forged RST an attacker must
+// flow a slot. Counted flows (countByBackend: what a drain waits for, what
+// placement balances) leave out an Ending flow silent past the closing
+// timeout, so a drain completes as soon after its flows' FINs as before; an
+// Ending flow that speaks again after its backend was drained away is
+// re-steered (the one case a forged RST still costs, and only on a backend
+// being drained or removed). To push out a live flow after a forged RST an attacker must
 // fill both its buckets, which the keyed hash hides: in practice the whole
 // table. Cost per packet: one more compare in the transition (the data bit
 // comes from the parser's TCP header length).
@@ -216,8 +221,9 @@ class FlowTable {
   std::size_t sweep(Millis now, std::size_t maxBuckets) noexcept;
 
   // Adds, for every live entry, 1 to counts[backend] (indices beyond the
-  // span are skipped); returns the number of live entries. Walks the whole
-  // table: ~memoryBytes() of reads.
+  // span are skipped); returns the number of live entries. An Ending entry
+  // idle past the closing timeout does not count (the design note). Walks
+  // the whole table: ~memoryBytes() of reads.
   std::size_t countByBackend(std::span<std::uint32_t> counts, Millis now) const noexcept;
   // The same over buckets [firstBucket, firstBucket + bucketLimit), so the
   // owner lcore can count a large table a slice per loop iteration.

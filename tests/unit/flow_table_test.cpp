@@ -117,10 +117,16 @@ class Oracle {
         map_.begin(), map_.end(), [&](const auto& kv) { return live(kv.second, now); }));
   }
 
+  // What countByBackend counts: live, but not an Ending flow silent past
+  // the closing timeout.
+  std::size_t countedCount(Millis now) const {
+    return static_cast<std::size_t>(std::count_if(
+        map_.begin(), map_.end(), [&](const auto& kv) { return counted(kv.second, now); }));
+  }
   std::vector<std::uint32_t> countByBackend(std::size_t size, Millis now) const {
     std::vector<std::uint32_t> counts(size, 0);
     for (const auto& [k, e] : map_) {
-      if (live(e, now) && e.backend < size) ++counts[e.backend];
+      if (counted(e, now) && e.backend < size) ++counts[e.backend];
     }
     return counts;
   }
@@ -153,6 +159,9 @@ class Oracle {
     return 0;
   }
   bool live(const Entry& e, Millis now) const { return now - e.stamp <= timeout(e.state); }
+  bool counted(const Entry& e, Millis now) const {
+    return live(e, now) && !(e.state == FlowState::Ending && now - e.stamp > timeouts_.closing);
+  }
 
   FlowTimeouts timeouts_;
   std::unordered_map<std::uint64_t, Entry> map_;
@@ -302,7 +311,7 @@ TEST(FlowTable, DifferentialAgainstUnorderedMapOracle) {
       if (n == table.bucketCount()) {
         ASSERT_EQ(table.counters().occupancy, oracle.liveCount(now)) << "op " << op;
         std::vector<std::uint32_t> counts(65, 0);
-        ASSERT_EQ(table.countByBackend(counts, now), oracle.liveCount(now));
+        ASSERT_EQ(table.countByBackend(counts, now), oracle.countedCount(now));
         ASSERT_EQ(counts, oracle.countByBackend(65, now)) << "op " << op;
       }
     }
@@ -788,6 +797,28 @@ TEST(FlowTable, ClosedFlowLingersButYieldsItsSlot) {
   for (std::uint32_t tag = 3; tag <= 8; ++tag) {
     EXPECT_EQ(table.lookup(craftedHash(4, 6, tag), later), tag);
   }
+}
+
+// A closed flow lingers, but counts (what a drain waits for) leave it out
+// once it has been silent past the closing timeout: a drain completes as
+// soon after its flows' FINs as it did before Ending existed.
+TEST(FlowTable, EndedFlowsLeaveTheCountsAfterTheClosingTimeout) {
+  FlowTable table = smallTable();
+  const FlowTimeouts& to = table.timeouts();
+  const Millis t0 = 50'000;
+  ASSERT_EQ(table.insert(craftedHash(1, 2, 1), 1, FlowState::Established, t0),
+            InsertResult::Inserted);
+  ASSERT_EQ(table.insert(craftedHash(1, 2, 2), 1, FlowState::Established, t0),
+            InsertResult::Inserted);
+  ASSERT_EQ(table.lookupAndTouch(craftedHash(1, 2, 1), t0, tcp(kTcpFin | kTcpAck)), 1u);
+  std::array<std::uint32_t, 4> counts{};
+  EXPECT_EQ(table.countByBackend(counts, t0 + to.closing), 2u);
+  EXPECT_EQ(counts[1], 2u);
+  counts = {};
+  const Millis later = t0 + to.closing + 1;
+  EXPECT_EQ(table.countByBackend(counts, later), 1u);
+  EXPECT_EQ(counts[1], 1u);
+  EXPECT_EQ(table.lookup(craftedHash(1, 2, 1), later), 1u);  // still steered to its backend
 }
 
 TEST(FlowTable, BatchLookupMatchesSingleLookups) {

@@ -506,6 +506,12 @@ std::size_t FlowTable::countByBackend(std::span<std::uint32_t> counts, Millis no
     const Bucket& bucket = buckets_[b];
     for (unsigned i = 0; i < kSlotsPerBucket; ++i) {
       if (bucket.fingerprint[i] == 0 || expired(bucket, i, now32)) continue;
+      // An Ending flow silent past the closing timeout has ended as far as
+      // counts go (drains complete, placement's load): see the design note.
+      if (stateOf(bucket.meta[i]) == FlowState::Ending &&
+          static_cast<std::uint32_t>(now32 - bucket.stamp[i]) > timeouts_.closing) {
+        continue;
+      }
       ++live;
       const std::uint32_t backend = bucket.meta[i] & kBackendMask;
       if (backend < counts.size()) ++counts[backend];
