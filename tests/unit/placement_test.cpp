@@ -12,6 +12,7 @@
 #include "packet_builder.hpp"
 #include "spillway/flow_exceptions.hpp"
 #include "spillway/steering.hpp"
+#include "steering_frame.hpp"
 
 namespace spillway {
 namespace {
@@ -19,18 +20,10 @@ namespace {
 using test::PacketBuilder;
 
 constexpr std::uint64_t kSeed = 0x5eed;
-constexpr std::size_t kHeadroom = 128;
+constexpr std::size_t kHeadroom = test::kFrameHeadroom;
 constexpr std::uint32_t kTableSize = 1009;
 
-struct Frame {
-  std::vector<std::byte> storage;
-  FrameRef ref;
-
-  explicit Frame(const std::vector<std::byte>& bytes) : storage(kHeadroom + bytes.size() + 64) {
-    std::copy(bytes.begin(), bytes.end(), storage.begin() + kHeadroom);
-    ref = FrameRef{storage, kHeadroom, bytes.size()};
-  }
-};
+using test::Frame;
 
 // One VIP (192.0.2.10, TCP, all ports) over backends 1..n with the given
 // weights (0: not in the table, as a draining backend), placing by bytes.

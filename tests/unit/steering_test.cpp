@@ -8,6 +8,7 @@
 #include <map>
 
 #include "packet_builder.hpp"
+#include "steering_frame.hpp"
 
 namespace spillway {
 namespace {
@@ -15,20 +16,9 @@ namespace {
 using test::PacketBuilder;
 
 constexpr std::uint64_t kSeed = 0x5eed;
-constexpr std::size_t kHeadroom = 128;
+constexpr std::size_t kHeadroom = test::kFrameHeadroom;
 
-struct Frame {
-  std::vector<std::byte> storage;
-  FrameRef ref;
-
-  explicit Frame(const std::vector<std::byte>& bytes) : storage(kHeadroom + bytes.size() + 64) {
-    std::copy(bytes.begin(), bytes.end(), storage.begin() + kHeadroom);
-    ref = FrameRef{storage, kHeadroom, bytes.size()};
-  }
-  [[nodiscard]] std::span<const std::byte> out(const SteerResult& r) const {
-    return std::span<const std::byte>(storage).subspan(r.dataOffset, r.length);
-  }
-};
+using test::Frame;
 
 // A snapshot with VIP 192.0.2.10 TCP (all ports) and 2001:db8::10 TCP 443
 // over backends 1..n (10.0.1.<i>, IPIP; 2001:db8:1::<i>, IPv6 outer).
