@@ -314,7 +314,7 @@ bool isUrlPath(std::string_view s) {
   return std::all_of(s.begin(), s.end(), [](char c) { return c > 0x20 && c < 0x7f; });
 }
 
-// A POSIX group name, as groupadd accepts it.
+// A POSIX group (or user) name, as groupadd and useradd accept it.
 bool isGroupName(std::string_view s) {
   if (s.empty() || s.size() > 32 || s[0] == '-') return false;
   return std::all_of(s.begin(), s.end(), [](char c) {
@@ -1477,6 +1477,15 @@ void Loader::loadControl(const toml::table& root, std::set<std::string>& used) {
       s.fail("state_dir", "must be an absolute path, or \"\" to keep no state across restarts");
     } else {
       c.stateDir = *v;
+    }
+  }
+  if (auto v = s.string("user")) {
+    if (!v->empty() && !isGroupName(*v)) {
+      s.fail("user",
+             "not a user name (letters, digits, '_', '-', '.', at most 32, not starting with "
+             "'-'); \"\" to stay root");
+    } else {
+      c.user = *v;
     }
   }
   s.finish();

@@ -221,6 +221,10 @@ struct ControlConfig {
   // journal, the flow-exception checkpoint and the last published weights.
   // Absolute; "" keeps nothing (every start is a fresh start).
   std::string stateDir = "/var/lib/spillway";
+  // After start-up (EAL, ports, sockets), spillwayd started as root runs as
+  // this user with only the capabilities it still needs (spillwayd/privileges.hpp).
+  // "" stays root. Start-up only: a reload keeps the running one.
+  std::string user;
 };
 
 // BGP announcement of the VIPs ([announce]; control/announcer.hpp): a TAP
