@@ -437,9 +437,8 @@ class Estate:
             with os.fdopen(fd, "w") as f:
                 f.write(os.urandom(32).hex() + "\n")
             if self.run_as:
-                # Readable by the user spillwayd runs as (a reload reads it).
-                os.chown(self.tier_key, 0, self.run_as[1])
-                os.chmod(self.tier_key, 0o640)
+                # The user spillwayd runs as owns it (0600): a reload reads it.
+                os.chown(self.tier_key, self.run_as[0], self.run_as[1])
             with open(self.tier_file, "w") as f:
                 f.write("# The drill's tier: NAME SOCKET\n")
                 for i in self.instances.values():
