@@ -774,6 +774,24 @@ void Loader::loadDataplane(const toml::table& root, std::set<std::string>& used)
     if (auto v = ts.seconds("other")) d.timeouts.other = *v;
     ts.finish();
   }
+  if (const toml::table* it = s.table("icmp_limits")) {
+    // The ICMP replies a worker builds itself (echo replies, frag-needed,
+    // packet-too-big): a bucket for all of them and one per source.
+    Section is(*this, *it, "dataplane.icmp_limits");
+    IcmpRateLimits& l = d.icmpLimits;
+    constexpr std::int64_t kMaxRate = 1'000'000;
+    constexpr std::int64_t kMaxIcmpBurst = 4'000'000;  // the bucket's 32-bit milli-tokens
+    if (auto v = is.integer("per_second", 1, kMaxRate))
+      l.perSecond = static_cast<std::uint32_t>(*v);
+    if (auto v = is.integer("burst", 1, kMaxIcmpBurst)) l.burst = static_cast<std::uint32_t>(*v);
+    if (auto v = is.integer("per_source_per_second", 1, kMaxRate)) {
+      l.perSourcePerSecond = static_cast<std::uint32_t>(*v);
+    }
+    if (auto v = is.integer("per_source_burst", 1, kMaxIcmpBurst)) {
+      l.perSourceBurst = static_cast<std::uint32_t>(*v);
+    }
+    is.finish();
+  }
   s.finish();
 }
 

@@ -28,6 +28,7 @@
 #include "spillway/encap.hpp"
 #include "spillway/flow_key.hpp"
 #include "spillway/flow_table.hpp"
+#include "spillway/icmp_rate_limit.hpp"
 #include "spillway/maglev.hpp"
 #include "spillway/snapshot.hpp"
 #include "spillway/steering.hpp"
@@ -81,6 +82,7 @@ struct DataplaneConfig {
   std::uint32_t txDrainUs = kDefaultTxDrainUs;
   std::uint32_t idleSleepUs = 0;  // 0: workers poll without pause
   FlowTimeouts timeouts{};
+  IcmpRateLimits icmpLimits{};  // [dataplane.icmp_limits], per worker
 };
 
 enum class PortRole : std::uint8_t {
