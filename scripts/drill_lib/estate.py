@@ -73,8 +73,9 @@ class Tools:
         self.spillwayctl = os.path.join(build, "src", "control", "spillwayctl")
         self.delayline = os.path.join(build, "tests", "tools", "spillway-delayline")
         self.flowcheck = os.path.join(build, "tests", "tools", "spillway-flowcheck")
+        self.synflood = os.path.join(build, "tests", "tools", "spillway-synflood")
         missing = [p for p in (self.spillwayd, self.decap, self.spillwayctl, self.delayline,
-                               self.flowcheck) if not os.access(p, os.X_OK)]
+                               self.flowcheck, self.synflood) if not os.access(p, os.X_OK)]
         if missing:
             raise DrillError("not built: " + ", ".join(missing))
 
@@ -226,6 +227,11 @@ class Estate:
             subprocess.run([TOPOLOGY, "down", "--prefix", self.prefix], capture_output=True)
         for inst in self.instances.values():
             shutil.rmtree(f"/var/run/dpdk/{inst.file_prefix}", ignore_errors=True)
+
+    def mac(self, host):
+        """eth0's MAC address in a host's namespace."""
+        info = json.loads(self.run(["ip", "-j", "link", "show", "eth0"], ns=self.ns(host)).stdout)
+        return info[0]["address"]
 
     # -- topology ----------------------------------------------------------------
     def topology_up(self):

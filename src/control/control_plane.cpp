@@ -1875,6 +1875,32 @@ std::string ControlPlane::metricsText() {
         const std::string lcore = std::to_string(w["lcore"].get<unsigned>());
         m.counter("spillway_lcore_rx_packets_total", "Frames received, per worker lcore.",
                   {{"lcore", lcore}}, w["rx_packets"].get<double>());
+        m.counter("spillway_flow_embryonic_rejected_total",
+                  "Handshake (SYN) flow inserts refused: both buckets full, per lcore.",
+                  {{"lcore", lcore}}, w["flow_embryonic_rejected"].get<double>());
+        m.counter("spillway_flow_syn_flood_inserts_total",
+                  "Handshake flow inserts made in SYN-flood mode (no cuckoo step), per lcore.",
+                  {{"lcore", lcore}}, w["flow_syn_flood_inserts"].get<double>());
+      }
+    }
+    if (s.contains("ports")) {
+      for (const Json& p : s["ports"]) {
+        const std::string name = p["name"].get<std::string>();
+        m.counter("spillway_port_rx_missed_total",
+                  "Frames the port's driver missed (receive ring full), before any worker.",
+                  {{"port", name}}, p["rx_missed"].get<double>());
+        m.counter("spillway_port_rx_errors_total", "Receive errors the port's driver counted.",
+                  {{"port", name}}, p["rx_errors"].get<double>());
+        m.counter("spillway_port_rx_no_mbuf_total",
+                  "Frames the port's driver could not take for want of an mbuf.", {{"port", name}},
+                  p["rx_no_mbuf"].get<double>());
+      }
+    }
+    if (s.contains("kernel_reassembly")) {
+      for (const char* k : {"requests", "ok", "failed", "timeouts"}) {
+        m.counter("spillway_kernel_reassembly_total",
+                  "The kernel's IPv4 reassembly in spillwayd's namespace (af_packet ports).",
+                  {{"result", k}}, s["kernel_reassembly"][k].get<double>());
       }
     }
   }
