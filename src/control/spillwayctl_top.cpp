@@ -17,6 +17,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "control/cli_server.hpp"
@@ -63,6 +64,12 @@ std::string text(const Json& v) {
   if (v.is_boolean()) return v.get<bool>() ? "yes" : "no";
   if (v.is_number_float()) return printf1("%.3g", v.get<double>());
   return v.dump();
+}
+
+// A boolean field that may be missing or null.
+bool flag(const Json& o, const char* key) {
+  const auto it = o.find(key);
+  return it != o.end() && it->is_boolean() && it->get<bool>();
 }
 
 std::string field(const Json& o, const char* key) {
@@ -205,19 +212,19 @@ std::map<std::string, Rates> ratesOf(const Sample& now, const Sample* prev) {
   if (prev == nullptr || !now.stats.is_object() || !prev->stats.is_object()) return out;
   const double seconds = std::chrono::duration<double>(now.at - prev->at).count();
   if (seconds <= 0) return out;
-  std::map<std::string, const Json*> before;
+  std::map<std::string, std::pair<std::uint64_t, std::uint64_t>> before;  // packets, bytes
   for (const Json& b : prev->stats.value("backends", Json::array())) {
-    before[b.value("name", "")] = &b;
+    before[b.value("name", "")] = {b.value("packets", std::uint64_t{0}),
+                                   b.value("bytes", std::uint64_t{0})};
   }
   for (const Json& b : now.stats.value("backends", Json::array())) {
     const auto it = before.find(b.value("name", ""));
     if (it == before.end()) continue;
-    const auto delta = [&](const char* key) {
-      const auto a = it->second->value(key, std::uint64_t{0});
-      const auto z = b.value(key, std::uint64_t{0});
+    const auto perSecond = [&](std::uint64_t a, std::uint64_t z) {
       return z >= a ? static_cast<double>(z - a) / seconds : 0.0;
     };
-    out[b.value("name", "")] = Rates{delta("packets"), delta("bytes")};
+    out[it->first] = Rates{perSecond(it->second.first, b.value("packets", std::uint64_t{0})),
+                           perSecond(it->second.second, b.value("bytes", std::uint64_t{0}))};
   }
   return out;
 }
@@ -229,7 +236,7 @@ std::vector<std::string> render(const TopOptions& options, const Sample& s, cons
   std::string head = "spillway top  " + options.socketPath + "  generation " +
                      field(st, "generation") + "  up " + duration(st.value("uptime_ms", 0.0)) +
                      "  backends " + field(st, "backends");
-  if (st.value("warmup", false)) head += "  WARM-UP";
+  if (flag(st, "warmup")) head += "  WARM-UP";
   const std::time_t t = std::time(nullptr);
   char clock[16];
   std::strftime(clock, sizeof clock, "%H:%M:%S", std::localtime(&t));
@@ -243,8 +250,8 @@ std::vector<std::string> render(const TopOptions& options, const Sample& s, cons
     std::string state;
     for (const Json& p : st.value("policy", Json::array())) {
       if (p.value("vip", "") != v.value("name", "")) continue;
-      if (p.value("panic", false)) state = "PANIC";
-      if (p.value("empty", false)) state = "NO BACKEND";
+      if (flag(p, "panic")) state = "PANIC";
+      if (flag(p, "empty")) state = "NO BACKEND";
     }
     for (const Json& p : v.value("pools", Json::array())) {
       pools.add({v.value("name", ""), field(p, "pool"), field(p, "priority"),
@@ -266,14 +273,13 @@ std::vector<std::string> render(const TopOptions& options, const Sample& s, cons
     const Json gpu = b.value("gpu_utilization", Json());
     const Json queue = b.value("queue_depth", Json());
     const Json rtt = b.value("srtt_ms", b.value("rtt_ms", Json()));
-    backends.add({name, field(b, "pool"),
-                  field(b, "state") + (b.value("saturated", false) ? " (saturated)" : ""),
-                  field(b, "health"), field(b, "live_flows"),
-                  r == rates.end() ? "-" : human(r->second.pps),
-                  r == rates.end() ? "-" : human(r->second.bps),
-                  gpu.is_number() ? printf1("%.0f%%", gpu.get<double>()) : "-",
-                  queue.is_number() ? printf1("%.1f", queue.get<double>()) : "-",
-                  rtt.is_number() ? printf1("%.2f", rtt.get<double>()) : "-"});
+    backends.add(
+        {name, field(b, "pool"), field(b, "state") + (flag(b, "saturated") ? " (saturated)" : ""),
+         field(b, "health"), field(b, "live_flows"), r == rates.end() ? "-" : human(r->second.pps),
+         r == rates.end() ? "-" : human(r->second.bps),
+         gpu.is_number() ? printf1("%.0f%%", gpu.get<double>()) : "-",
+         queue.is_number() ? printf1("%.1f", queue.get<double>()) : "-",
+         rtt.is_number() ? printf1("%.2f", rtt.get<double>()) : "-"});
   }
   for (auto& l : backends.lines()) out.push_back(std::move(l));
   out.emplace_back();
