@@ -153,6 +153,10 @@ std::vector<HostCheck> runHostChecks(const Config& config, const HostProbe& host
     for (const std::string& name : {p.kernelInterface, devargsInterface(p.devargs)}) {
       if (name.empty() || !interfaces.insert(name).second) continue;
       const std::string what = "port " + p.name + ": interface " + name;
+      if (p.exception == ExceptionMode::Tap && name == p.kernelInterface) {
+        out.push_back(ok(what + ": the exception tap, created at start"));
+        continue;
+      }
       if (host.interfaceExists(name)) {
         out.push_back(ok(what + " exists"));
       } else {
