@@ -383,17 +383,17 @@ int runTop(const TopOptions& options) {
   Session session(options);
   std::optional<Sample> prev;
   std::string error;
+  const auto connectFailed = [&] {
+    std::cerr << "spillwayctl: top: " << error << '\n'
+              << "spillwayctl: point it at spillwayd's [control] socket (or its "
+                 "--control-socket) with --socket PATH or SPILLWAY_SOCKET=PATH\n";
+    return kExitConnect;
+  };
   if (options.once) {
     Sample first, second;
-    if (!session.sample(first, error)) {
-      std::cerr << "spillwayctl: top: " << error << '\n';
-      return kExitConnect;
-    }
+    if (!session.sample(first, error)) return connectFailed();
     std::this_thread::sleep_for(std::chrono::duration<double>(options.intervalSeconds));
-    if (!session.sample(second, error)) {
-      std::cerr << "spillwayctl: top: " << error << '\n';
-      return kExitConnect;
-    }
+    if (!session.sample(second, error)) return connectFailed();
     for (const std::string& l : render(options, second, &first, session.events())) {
       std::cout << l << '\n';
     }
