@@ -46,6 +46,10 @@ SEED = "0x0d7111d7111d7111"
 ROUTER_ADDR = "10.99.0.1"
 TIER_PORT = 7900
 # Actions that stop a tier instance (the primary is one they spare).
+# Drills run spillwayd as production does: started as root, then the user
+# scripts/bootstrap creates (README "Privileges"). SPILLWAY_DRILL_USER=""
+# keeps it root.
+RUN_AS_USER = os.environ.get("SPILLWAY_DRILL_USER", "spillway")
 INSTANCE_STOPS = ("kill-instance", "stop-instance", "lb-drain")
 
 
@@ -107,7 +111,10 @@ class Instance:
         self.sock = os.path.join(work, f"spillway{tag and '-' + name}.sock")
         self.ctl = Ctl(self.sock)
         self.config = os.path.join(work, f"spillway{tag and '-' + name}.toml")
-        self.state = os.path.join(work, f"state{tag and '-' + name}")
+        # What spillwayd writes while running (its statistics and its state
+        # directory) lives in a folder of the user it runs as.
+        self.run_dir = os.path.join(work, f"run{tag and '-' + name}")
+        self.state = os.path.join(self.run_dir, "state")
         self.files = f"{tag and name + '-'}"  # prefix of its numbered log/stats files
         self.proc = None
         self.starts = 0
@@ -124,6 +131,15 @@ class Estate:
         self.sc = scenario
         self.work = work
         self.prefix = f"swd{os.getpid() % 100000}"
+        self.run_as = None  # (uid, gid) of RUN_AS_USER
+        if RUN_AS_USER and os.geteuid() == 0:
+            import pwd
+            try:
+                pw = pwd.getpwnam(RUN_AS_USER)
+            except KeyError:
+                raise DrillError(f"no user {RUN_AS_USER!r} for spillwayd to run as: run "
+                                 "scripts/bootstrap (or SPILLWAY_DRILL_USER=\"\" to keep root)")
+            self.run_as = (pw.pw_uid, pw.pw_gid)
         self.procs = []
         self.up = False
         self.backends = {}  # name -> {"ns", "address", "pool", "servers": [Popen]}
@@ -421,6 +437,9 @@ class Estate:
             fd = os.open(self.tier_key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w") as f:
                 f.write(os.urandom(32).hex() + "\n")
+            if self.run_as:
+                # The user spillwayd runs as owns it (0600): a reload reads it.
+                os.chown(self.tier_key, self.run_as[0], self.run_as[1])
             with open(self.tier_file, "w") as f:
                 f.write("# The drill's tier: NAME SOCKET\n")
                 for i in self.instances.values():
@@ -443,11 +462,17 @@ class Estate:
             # A drill's first daemon starts fresh: the journal and checkpoint
             # of an earlier run in the same --out folder are not this estate's.
             shutil.rmtree(inst.state, ignore_errors=True)
-        inst.stats = os.path.join(self.work, f"stats-{inst.files}{tag}.json")
+        os.makedirs(inst.run_dir, exist_ok=True)
+        if self.run_as:
+            os.chown(inst.run_dir, self.run_as[0], self.run_as[1])
+            # The user reaches its folder and reads the configuration.
+            os.chmod(self.work, os.stat(self.work).st_mode | 0o005)
+        inst.stats = os.path.join(inst.run_dir, f"stats-{inst.files}{tag}.json")
         inst.started_at = time.time()
+        user = ["--user", RUN_AS_USER] if self.run_as else []
         inst.proc = self.spawn(
             [self.tools.spillwayd, "--no-huge", "-m", "512", "--file-prefix", inst.file_prefix,
-             "--", "--config", inst.config, "--stats-file", inst.stats,
+             "--", "--config", inst.config, "--stats-file", inst.stats] + user + [
              "--stats-interval-ms", "100", "--control-socket", inst.sock,
              "--metrics-listen", "", "--quiet", "--state-dir", inst.state],
             ns=inst.ns, log_name=f"spillwayd-{inst.files}{tag}.log",

@@ -1657,6 +1657,7 @@ std::optional<ApiError> ControlPlane::commitApply(ApplyPlan& plan, const std::st
                  {"overrides_dropped", plan.dropped}};
 
   plan.next.control.stateDir = config_.control.stateDir;  // the journal stays where it is
+  plan.next.control.user = config_.control.user;          // privileges are dropped once
   fileConfig_ = std::move(plan.file);
   reconfigure(std::move(plan.next), now_, cause);
   for (std::uint64_t id : plan.retire) {

@@ -56,7 +56,7 @@ int main(int argc, char** argv) {
                  "stop once no packet arrived for this long after the first (tests, replays)");
   cli.add_option("--run-for-ms", options.runForMs, "stop after this long");
   cli.add_flag("--quiet,-q", options.quiet, "no progress messages on stderr");
-  std::string controlSocket, metricsListen, stateDir;
+  std::string controlSocket, metricsListen, stateDir, user;
   auto* socketOpt = cli.add_option("--control-socket", controlSocket,
                                    "CLI socket path (overrides [control] socket)");
   auto* metricsOpt = cli.add_option("--metrics-listen", metricsListen,
@@ -64,6 +64,9 @@ int main(int argc, char** argv) {
   auto* stateOpt = cli.add_option("--state-dir", stateDir,
                                   "journal and checkpoint directory, \"\" for none (overrides "
                                   "[control] state_dir)");
+  auto* userOpt = cli.add_option("--user", user,
+                                 "after start-up run as this user, \"\" to stay root "
+                                 "(overrides [control] user)");
   std::vector<std::string> reversed(app.rbegin(), app.rend());
   try {
     cli.parse(reversed);
@@ -120,6 +123,7 @@ int main(int argc, char** argv) {
   }
   options.ealArgs = eal;
   if (socketOpt->count() > 0) options.controlSocket = controlSocket;
+  if (userOpt->count() > 0) options.user = user;
   if (metricsOpt->count() > 0) options.metricsListen = metricsListen;
   if (stateOpt->count() > 0) {
     if (!stateDir.empty() && stateDir[0] != '/') {

@@ -307,12 +307,15 @@ class Estate:
             self.config = path
         return path
 
-    def start_lb(self, tag, metrics_listen="", host="lb", config=None):
+    def start_lb(self, tag, metrics_listen="", host="lb", config=None, user=None,
+                 run_dir=None):
         """spillwayd in `host`'s namespace; another host than "lb" (a tier
         instance) gets its own EAL file prefix, socket (self.socket(host))
-        and state directory."""
+        and state directory. With `user` it runs as that user after start-up
+        (--user), writing its statistics and state under `run_dir`."""
         own = "" if host == "lb" else f"-{host}"
-        stats = os.path.join(self.work, f"stats-{tag}.json")
+        run_dir = run_dir or self.work
+        stats = os.path.join(run_dir, f"stats-{tag}.json")
         stdout = os.path.join(self.work, f"final-{tag}.json")
         stderr = os.path.join(self.work, f"spillwayd-{tag}.log")
         p = self.spawn([self.spillwayd, "--no-huge", "-m", "512", "--file-prefix",
@@ -320,9 +323,10 @@ class Estate:
                         "--", "--config", config or self.config, "--stats-file", stats,
                         "--stats-interval-ms", "100",
                         "--control-socket", self.socket(host),
-                        "--state-dir", os.path.join(self.work, "state" + own),
+                        "--state-dir", os.path.join(run_dir, "state" + own),
                         ] + (["--metrics-listen", metrics_listen] if metrics_listen is not None
-                             else []), ns=self.ns(host), stdout=stdout,
+                             else []) + (["--user", user] if user is not None else []),
+                       ns=self.ns(host), stdout=stdout,
                        stderr=stderr)
         return Lb(p, stats, stdout, stderr)
 
