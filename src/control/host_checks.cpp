@@ -2,6 +2,7 @@
 
 #include <grp.h>
 #include <net/if.h>
+#include <pwd.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -19,6 +20,13 @@ class SystemHostProbe final : public HostProbe {
     group entry{};
     group* found = nullptr;
     return ::getgrnam_r(name.c_str(), &entry, buffer.data(), buffer.size(), &found) == 0 &&
+           found != nullptr;
+  }
+  bool userExists(const std::string& name) const override {
+    std::vector<char> buffer(16384);
+    passwd entry{};
+    passwd* found = nullptr;
+    return ::getpwnam_r(name.c_str(), &entry, buffer.data(), buffer.size(), &found) == 0 &&
            found != nullptr;
   }
   bool interfaceExists(const std::string& name) const override {
@@ -125,6 +133,16 @@ std::vector<HostCheck> runHostChecks(const Config& config, const HostProbe& host
     out.push_back(ok("privileges: running as root"));
   }
 
+  if (c.user.empty()) {
+    out.push_back(ok("[control] user unset: spillwayd stays root"));
+  } else if (host.userExists(c.user)) {
+    out.push_back(ok("[control] user \"" + c.user + "\": the user exists"));
+  } else {
+    out.push_back(failed("[control] user \"" + c.user + "\": no such user",
+                         "create it (useradd --system --user-group --no-create-home --shell "
+                         "/usr/sbin/nologin " +
+                             c.user + ") or set [control] user = \"\""));
+  }
   if (c.socketGroup.empty()) {
     out.push_back(ok("[control] socket_group unset: the socket belongs to spillwayd's group"));
   } else if (host.groupExists(c.socketGroup)) {

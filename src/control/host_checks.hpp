@@ -28,11 +28,12 @@ struct HostCheck {
 };
 
 // What the checks may ask of the host. The system one (systemHostProbe())
-// uses getgrnam_r, if_nametoindex, stat and access.
+// uses getgrnam_r, getpwnam_r, if_nametoindex, stat and access.
 class HostProbe {
  public:
   virtual ~HostProbe() = default;
   [[nodiscard]] virtual bool groupExists(const std::string& name) const = 0;
+  [[nodiscard]] virtual bool userExists(const std::string& name) const = 0;
   [[nodiscard]] virtual bool interfaceExists(const std::string& name) const = 0;
   // The nearest existing directory at or above `path` (for a path that
   // start-up creates), or nullopt when none (a relative path's root).

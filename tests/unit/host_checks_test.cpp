@@ -12,6 +12,7 @@ namespace {
 
 struct FakeHost final : HostProbe {
   std::set<std::string> groups{"root"};
+  std::set<std::string> users{"root"};
   std::set<std::string> interfaces{"eth0"};
   std::set<std::string> dirs{"/", "/run", "/var", "/var/lib"};
   std::set<std::string> readOnly;
@@ -19,6 +20,7 @@ struct FakeHost final : HostProbe {
   std::optional<unsigned long> hugepages = 512;
 
   bool groupExists(const std::string& name) const override { return groups.count(name) != 0; }
+  bool userExists(const std::string& name) const override { return users.count(name) != 0; }
   bool interfaceExists(const std::string& name) const override {
     return interfaces.count(name) != 0;
   }
@@ -95,15 +97,19 @@ TEST(HostChecks, EverythingThereIsOk) {
 TEST(HostChecks, MissingGroupInterfaceAndReadOnlyStateDirFailWithTheNextStep) {
   FakeHost host;
   host.readOnly.insert("/var/lib");
-  const auto checks =
-      runHostChecks(estate("socket_group = \"spillway\"\nstate_dir = \"/var/lib/spillway\"",
-                           "devargs = \"net_af_packet0,iface=veth9\""),
-                    host);
+  const auto checks = runHostChecks(
+      estate("socket_group = \"spillway\"\nuser = \"spillway\"\nstate_dir = \"/var/lib/spillway\"",
+             "devargs = \"net_af_packet0,iface=veth9\""),
+      host);
   EXPECT_TRUE(anyFailed(checks));
   const HostCheck* group = find(checks, "socket_group");
   ASSERT_NE(group, nullptr);
   EXPECT_EQ(group->outcome, HostCheckOutcome::Failed);
   EXPECT_NE(group->detail.find("groupadd --system spillway"), std::string::npos);
+  const HostCheck* user = find(checks, "[control] user");
+  ASSERT_NE(user, nullptr);
+  EXPECT_EQ(user->outcome, HostCheckOutcome::Failed);
+  EXPECT_NE(user->detail.find("useradd --system"), std::string::npos);
   const HostCheck* iface = find(checks, "interface veth9");
   ASSERT_NE(iface, nullptr);
   EXPECT_EQ(iface->outcome, HostCheckOutcome::Failed);
