@@ -63,6 +63,7 @@ struct DataplaneCounters {
     std::uint64_t forwarded = 0;
     std::uint64_t newFlows = 0;
     std::uint64_t flowTableOccupancy = 0;
+    bool synFlood = false;                 // its flow table is in SYN-flood mode
     std::uint64_t snapshotGeneration = 0;  // the one it last used
     std::uint64_t idleSleeps = 0;          // pauses of an idle-sleeping worker
     // Its flow table (flow_table.hpp, FlowTableCounters): handshake inserts

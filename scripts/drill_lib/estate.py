@@ -432,7 +432,8 @@ class Estate:
         with open(tmp, "w") as f:
             f.write("\n".join(lines))
         os.replace(tmp, inst.config)
-        self.run([self.tools.spillwayd, "--check-config", inst.config])
+        # In the instance's namespace: the host checks look for its interfaces.
+        self.run([self.tools.spillwayd, "--check-config", inst.config], ns=inst.ns)
 
     def tier_lines(self, inst):
         """A tier instance's own sections: it announces its VIPs to the

@@ -386,6 +386,15 @@ void ControlPlane::collectFlows(Millis now) {
 }
 
 bool ControlPlane::tick(Millis now) {
+  constexpr Millis kRoundGapWindowMs = 30'000;
+  ++rounds_;
+  if (lastRound_ && now > *lastRound_) roundGapMax_ = std::max(roundGapMax_, now - *lastRound_);
+  lastRound_ = now;
+  if (now - roundWindowStart_ >= kRoundGapWindowMs) {
+    roundGapMaxPrevious_ = roundGapMax_;
+    roundGapMax_ = 0;
+    roundWindowStart_ = now;
+  }
   now_ = now;
   health_.poll(now);
   for (const HealthTransition& t : health_.takeTransitions()) {
@@ -624,6 +633,7 @@ ApiResult ControlPlane::status() {
   const BackendIndexStats ix = builder_.indexStats();
   return Json{{"generation", generation_},
               {"uptime_ms", now_ - started_},
+              {"now_ms", now_},  // the clock of events' time_ms
               {"worker_lcores", config_.dataplane.lcores},
               {"vips", config_.vips.size()},
               {"pools", config_.pools.size()},
@@ -847,16 +857,21 @@ ApiResult ControlPlane::tableShow(const std::string& vip) {
   return Json{{"generation", generation_}, {"tables", out}};
 }
 
-ApiResult ControlPlane::tableDigest(const std::string& vip, std::optional<std::uint32_t> chunk) {
+std::vector<std::uint64_t> ControlPlane::tableIds(const std::string& vip) const {
   std::map<std::uint32_t, std::uint64_t> idOf;  // backend index -> id
   for (const BackendConfig& b : config_.backends) idOf[builder_.indexOf(b.id)] = b.id;
+  std::vector<std::uint64_t> ids;
+  if (const MaglevTable* t = builder_.currentTable(vip)) {
+    for (const std::uint32_t e : t->entries()) ids.push_back(e == 0 ? 0 : idOf[e]);
+  }
+  return ids;
+}
+
+ApiResult ControlPlane::tableDigest(const std::string& vip, std::optional<std::uint32_t> chunk) {
   Json tables = Json::array();
   for (const VipConfig& v : config_.vips) {
     if (!vip.empty() && v.name != vip) continue;
-    std::vector<std::uint64_t> ids;
-    if (const MaglevTable* t = builder_.currentTable(v.name)) {
-      for (const std::uint32_t e : t->entries()) ids.push_back(e == 0 ? 0 : idOf[e]);
-    }
+    const std::vector<std::uint64_t> ids = tableIds(v.name);
     if (!chunk) {
       tables.push_back(tableDigestJson(v.name, ids));
       continue;
@@ -1720,6 +1735,11 @@ std::string ControlPlane::metricsText() {
   }
   m.gauge("spillway_warmup", "1 while the start-up tables are held (warm-up).", {},
           warmup_ ? 1 : 0);
+  m.counter("spillway_control_loop_rounds_total", "Rounds of the control loop.", {},
+            static_cast<double>(rounds_));
+  m.gauge("spillway_control_loop_max_gap_seconds",
+          "Longest time between two control-loop rounds over the last 30 to 60 s.", {},
+          static_cast<double>(std::max(roundGapMax_, roundGapMaxPrevious_)) / 1000.0);
   {
     const auto outcome = announce_ ? std::optional(announce_->outcome()) : std::nullopt;
     appendAnnounceMetrics(m, outcome ? &*outcome : nullptr,
@@ -1766,6 +1786,30 @@ std::string ControlPlane::metricsText() {
     if (d == decisions_.end()) continue;
     m.gauge("spillway_vip_panic", "1 when the VIP is in panic mode.", {{"vip", v.name}},
             d->second.panic ? 1 : 0);
+    {
+      std::uint32_t active = 0;
+      std::optional<std::uint32_t> first;  // the first priority level
+      for (const PoolDecision& p : d->second.pools) {
+        active += p.active;
+        first = std::min(first.value_or(p.priority), p.priority);
+      }
+      double spilled = 0;
+      for (const PoolDecision& p : d->second.pools) {
+        if (p.priority != first) spilled += p.share;
+      }
+      m.gauge("spillway_vip_active_backends",
+              "Backends in state active in the VIP's pools (0: new flows have nowhere to go).",
+              {{"vip", v.name}}, active);
+      m.gauge("spillway_vip_spilled_share",
+              "Share of the VIP's new flows sent past its first priority level (spillover).",
+              {{"vip", v.name}}, spilled);
+      // The low 48 bits of `tier status`'s fingerprint: exact in a double, and
+      // equal on instances whose tables are equal.
+      const std::vector<std::uint64_t> ids = tableIds(v.name);
+      m.gauge("spillway_vip_table_fingerprint",
+              "Low 48 bits of the VIP's Maglev table fingerprint (tier status).", {{"vip", v.name}},
+              static_cast<double>(tableHash(ids, ids.size()) & ((std::uint64_t{1} << 48) - 1)));
+    }
     for (const PoolDecision& p : d->second.pools) {
       m.gauge("spillway_pool_new_flow_share", "Share of the VIP's new flows sent to the pool.",
               {{"vip", v.name}, {"pool", p.name}}, p.share);
@@ -1801,6 +1845,17 @@ std::string ControlPlane::metricsText() {
     for (const char* s : {"active", "draining", "disabled", "failed", "removed"}) {
       m.gauge("spillway_backend_state", "1 for the backend's current state.",
               {{"backend", b.name}, {"pool", b.pool}, {"state", s}}, state == s ? 1 : 0);
+    }
+    if (auto h = health_.status(b.id); h && h->lastProbe) {
+      m.gauge("spillway_backend_health_up", "1 when the backend passes its health checks.",
+              {{"backend", b.name}, {"pool", b.pool}}, h->up ? 1 : 0);
+      m.counter("spillway_backend_health_failures_total", "Health probes that failed.",
+                {{"backend", b.name}, {"pool", b.pool}}, static_cast<double>(h->failures));
+    }
+    if (auto l = scraper_.status(b.id); l && l->lastAttempt) {
+      m.gauge("spillway_backend_load_scrape_up",
+              "1 when the latest scrape of the backend's load exporter worked.",
+              {{"backend", b.name}, {"pool", b.pool}}, l->lastError.empty() ? 1 : 0);
     }
     if (auto h = health_.status(b.id); h && h->rtt) {
       m.gauge("spillway_backend_rtt_seconds", "Smoothed health-check round trip (SRTT).",
@@ -1881,6 +1936,14 @@ std::string ControlPlane::metricsText() {
         m.counter("spillway_flow_syn_flood_inserts_total",
                   "Handshake flow inserts made in SYN-flood mode (no cuckoo step), per lcore.",
                   {{"lcore", lcore}}, w["flow_syn_flood_inserts"].get<double>());
+        m.gauge("spillway_flow_table_entries",
+                "Flow-table slots in use (live flows and expired ones not yet reclaimed).",
+                {{"lcore", lcore}}, w["flow_table_occupancy"].get<double>());
+        m.gauge("spillway_flow_table_capacity", "Flow-table capacity (flows) of the lcore.",
+                {{"lcore", lcore}}, static_cast<double>(config_.dataplane.flowCapacity));
+        m.gauge("spillway_flow_table_syn_flood",
+                "1 while the lcore's flow table is in SYN-flood mode (handshakes fill it).",
+                {{"lcore", lcore}}, w.value("syn_flood", false) ? 1 : 0);
       }
     }
     if (s.contains("ports")) {

@@ -31,6 +31,7 @@ Json statsDocument(const DataplaneCounters& c, const Config& config, const Snaps
                        {"forwarded", l.forwarded},
                        {"new_flows", l.newFlows},
                        {"flow_table_occupancy", l.flowTableOccupancy},
+                       {"syn_flood", l.synFlood},
                        {"snapshot_generation", l.snapshotGeneration},
                        {"idle_sleeps", l.idleSleeps},
                        {"flow_embryonic_rejected", l.embryonicRejected},

@@ -339,8 +339,8 @@ DataplaneCounters DpdkDataplane::counters() const {
     }
     c.lcores.push_back(DataplaneCounters::Lcore{
         w->config().lcore, s.rxPackets.read(), s.forwarded.read(), s.newFlows.read(),
-        w->flowTable().occupancy, wc.snapshotGeneration.read(), wc.idleSleeps.read(),
-        w->flowTable().embryonicRejected, w->flowTable().relocationsSkipped,
+        w->flowTable().occupancy, w->flowTable().synFlood != 0, wc.snapshotGeneration.read(),
+        wc.idleSleeps.read(), w->flowTable().embryonicRejected, w->flowTable().relocationsSkipped,
         w->flowTable().evictions});
   }
   bool afPacket = false;

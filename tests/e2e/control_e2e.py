@@ -712,6 +712,75 @@ def affinity(e, ctl_exe, kill):
     return f"{HELD - len(bad)} of {HELD} held flows kept ({len(moved)} moved); outage {gap:.2f} s"
 
 
+def test_top(e, ctl_exe):
+    """spillwayctl top in a real terminal (tmux, 160x50): pools, backends and
+    events on screen, refreshed (a killed backend shows as failed, with its
+    event, without a key pressed), q quits and restores the terminal; --once
+    prints the same view as plain text."""
+    lb, ctl = start_estate(e, ctl_exe, 3, 2, pool_tables={"onprem": HEALTH_TCP,
+                                                          "cloud": HEALTH_TCP})
+    wait_until("every backend active", lambda: all(
+        b.get("state") == "active" for b in ctl.backends().values()), 10)
+    servers = dict(zip([b[0] for b in e.backends], e.procs[:len(e.backends)]))
+    sock = os.path.join(e.work, "spillway.sock")
+    tmux = ["tmux", "-L", "spillway-top-" + str(os.getpid())]
+    e.run(tmux + ["-f", "/dev/null", "new-session", "-d", "-s", "top", "-x", "160", "-y", "50",
+                  f"printf 'shell before top\\n'; {ctl_exe} --socket {sock} top; "
+                  "echo top-exited-$?; sleep 60"])
+    try:
+        def pane():
+            return e.run(tmux + ["capture-pane", "-p", "-t", "top"]).stdout
+
+        def shows(*words):
+            return lambda: all(w in pane() for w in words)
+        wait_until("top's view: pools, backends, events", shows(
+            "POOLS", "BACKENDS", "EVENTS", "nccl", "onprem", "cloud", "onprem1", "cloud2",
+            "active"), 10)
+        screen = pane()
+        log("top, first screen:\n" + screen)
+        e.check("top: the alternate screen (the shell's line is not on it)",
+                "shell before top" not in screen, screen[:300])
+        e.check("top: a row per backend with its pool and state", all(
+            any(name in line and pool in line and "active" in line
+                for line in screen.splitlines())
+            for name, pool in [("onprem1", "onprem"), ("onprem3", "onprem"),
+                               ("cloud1", "cloud")]), screen)
+        victim = "onprem2"
+        servers[victim].kill()
+        e.stop(servers[victim])
+
+        def victim_failed():
+            text = pane()
+            row = [line for line in text.splitlines() if line.strip().startswith(victim + " ")]
+            return (row and "failed" in row[0] and any(
+                victim in line and "-> failed" in line for line in text.splitlines()))
+        wait_until(f"top refreshed on its own: {victim} failed, with its event", victim_failed,
+                   15, interval=0.2)
+        screen = pane()
+        log("top, after the kill:\n" + screen)
+        e.check("top: refreshed without a key (the failure and its event shown)", True)
+        e.run(tmux + ["send-keys", "-t", "top", "q"])
+        wait_until("top quit on q", shows("top-exited-0"), 5)
+        after = pane()
+        e.check("top: q restores the terminal (the shell's screen is back)",
+                "shell before top" in after and "BACKENDS" not in after, after[:400])
+    finally:
+        e.run(tmux + ["kill-server"], check=False)
+
+    r = subprocess.run([ctl_exe, "--socket", sock, "top", "--once", "--interval", "0.5"],
+                       capture_output=True, text=True, timeout=30)
+    e.check("top --once: plain text (no escape sequences) with pools, backends and events",
+            r.returncode == 0 and "\x1b" not in r.stdout and all(
+                w in r.stdout for w in ("POOLS", "BACKENDS", "EVENTS", "onprem2", "failed")),
+            f"exit {r.returncode}: {r.stdout[-600:]}{r.stderr[-300:]}")
+    r = subprocess.run([ctl_exe, "--socket", sock + ".nope", "top", "--once"],
+                       capture_output=True, text=True, timeout=30)
+    e.check("top --once on a wrong socket: exit 3, says how to point at the right one",
+            r.returncode == 3 and "--socket" in r.stderr, f"exit {r.returncode}: {r.stderr}")
+    e.stop_lb(lb)
+    return "top shown, refreshed and quit in tmux"
+
+
 RUN_AS = "spillway"  # scripts/bootstrap creates it
 CAP_NET_RAW = 13
 
@@ -852,6 +921,7 @@ def test_privileges(e, ctl_exe):
 
 
 TESTS = {"health": ("e2e-control-health", test_health),
+         "top": ("e2e-control-top", test_top),
          "spillover": ("e2e-control-spillover", test_spillover),
          "cli": ("e2e-control-cli", test_cli),
          "restart": ("e2e-control-restart", test_restart),

@@ -306,7 +306,8 @@ class Estate:
         with open(path, "w") as f:
             f.write("\n".join(lines))
         if check:
-            self.run([self.spillwayd, "--check-config", path])
+            # In the gateway's namespace: the host checks look for its interface.
+            self.run([self.spillwayd, "--check-config", path], ns=self.ns("lb"))
         if main:
             self.config = path
         return path
