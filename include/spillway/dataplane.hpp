@@ -77,7 +77,8 @@ struct DataplaneCounters {
   // What each port's driver counted before the workers saw a frame
   // (rte_eth_stats): frames it missed (ring full: imissed), receive errors,
   // and mbuf allocation failures. The af_packet PMD of DPDK 22.11 reports
-  // none of them (its socket's drops stay in the kernel: PACKET_STATISTICS).
+  // none of them (its socket's drops stay in the kernel: PACKET_STATISTICS);
+  // for such a port rxMissed adds them (packet_socket_drops.hpp).
   struct Port {
     std::string name;
     std::string driver;

@@ -443,9 +443,9 @@ class Estate:
             fd = os.open(self.tier_key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w") as f:
                 f.write(os.urandom(32).hex() + "\n")
-            if self.run_as:
-                # The user spillwayd runs as owns it (0600): a reload reads it.
-                os.chown(self.tier_key, self.run_as[0], self.run_as[1])
+        if self.run_as:
+            # The user spillwayd runs as owns it (0600): a reload reads it.
+            os.chown(self.tier_key, self.run_as[0], self.run_as[1])
             with open(self.tier_file, "w") as f:
                 f.write("# The drill's tier: NAME SOCKET\n")
                 for i in self.instances.values():

@@ -117,11 +117,21 @@ std::unique_ptr<DpdkDataplane> DpdkDataplane::open(const Options& options, std::
     return nullptr;
   }
   dp->portsOpen_ = true;
+  for (const auto& p : dp->ports_.ports()) {
+    dp->packetDrops_.push_back(p.driver == "net_af_packet"
+                                   ? PacketSocketDrops::find(afPacketInterface(p.spec.devargs))
+                                   : PacketSocketDrops{});
+  }
   dp->xdpInterfaces_ = xdpInterfaces;
   for (const auto& p : dp->ports_.ports()) {
     log("port " + p.spec.name + " is DPDK port " + std::to_string(p.portId) + " (" + p.driver +
         ")" + (p.hasTap ? ", exception tap " + p.spec.tapName : ""));
     if (!p.note.empty()) log("port " + p.spec.name + ": " + p.note);
+  }
+  for (std::size_t i = 0; i < dp->packetDrops_.size(); ++i) {
+    if (dp->ports_.ports()[i].driver != "net_af_packet") continue;
+    log("port " + dp->ports_.ports()[i].spec.name + ": ring drops read from " +
+        std::to_string(dp->packetDrops_[i].sockets()) + " packet socket(s)");
   }
   for (const auto& ifname : xdpInterfaces) {
     if (ifname.empty()) continue;
@@ -344,7 +354,9 @@ DataplaneCounters DpdkDataplane::counters() const {
         w->flowTable().evictions});
   }
   bool afPacket = false;
-  for (const OpenPort& p : ports_.ports()) {
+  const std::lock_guard lock(packetDropsMutex_);
+  for (std::size_t i = 0; i < ports_.ports().size(); ++i) {
+    const OpenPort& p = ports_.ports()[i];
     DataplaneCounters::Port port{p.spec.name, p.driver};
     rte_eth_stats st{};
     if (rte_eth_stats_get(p.portId, &st) == 0) {
@@ -353,6 +365,8 @@ DataplaneCounters DpdkDataplane::counters() const {
       port.rxErrors = st.ierrors;
       port.rxNoMbuf = st.rx_nombuf;
     }
+    // The af_packet ring's drops, which the PMD does not read.
+    if (i < packetDrops_.size()) port.rxMissed += packetDrops_[i].read();
     c.ports.push_back(std::move(port));
     afPacket = afPacket || p.driver == "net_af_packet";
   }

@@ -19,11 +19,13 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "ports.hpp"
 #include "spillway/dataplane.hpp"
+#include "spillway/packet_socket_drops.hpp"
 #include "spillway/rcu.hpp"
 #include "worker.hpp"
 #include "xdp_vip_map.hpp"
@@ -97,6 +99,10 @@ class DpdkDataplane final : public Dataplane {
   std::atomic<bool> stop_{false};
   bool running_ = false;
   bool portsOpen_ = false;
+  // By port: the af_packet PMD's sockets, whose ring drops rx_missed adds
+  // (packet_socket_drops.hpp); counters() may run on any control thread.
+  mutable std::mutex packetDropsMutex_;
+  mutable std::vector<PacketSocketDrops> packetDrops_;
 
   std::vector<ExportProgress> exportProgress_;
   std::vector<ExportedFlow> exportFlows_;

@@ -177,20 +177,27 @@ std::optional<std::string> checkRunAsPaths(const Config& config, const DaemonOpt
     const std::string dir = std::filesystem::path(options.statsFile).parent_path().string();
     if (auto e = writable(dir.empty() ? "." : dir, "the --stats-file directory")) return e;
   }
-  const auto readable = [&](const std::string& file,
-                            const std::string& what) -> std::optional<std::string> {
+  const auto readable = [&](const std::string& file, const std::string& what,
+                            const std::string& fix) -> std::optional<std::string> {
     if (::access(file.c_str(), R_OK) == 0) return std::nullopt;
     if (const std::string closed = closedAbove(file); !closed.empty()) {
       return what + " " + file + " is out of reach of " + who + ", so `config reload` would " +
              "fail: it cannot enter " + closed + " (chmod o+x " + closed + ")";
     }
     return what + " " + file + " is not readable by " + who +
-           ", so `config reload` would fail: " + errnoText(errno) + " (chgrp " + user.name + " " +
-           file + " && chmod g+r " + file + ")";
+           ", so `config reload` would fail: " + errnoText(errno) + " (" + fix + ")";
   };
-  if (auto e = readable(options.configPath, "the configuration")) return e;
-  if (!config.tier.secretFile.empty()) {
-    if (auto e = readable(config.tier.secretFile, "[tier] secret_file")) return e;
+  const std::string& file = options.configPath;
+  if (auto e = readable(file, "the configuration",
+                        "chgrp " + user.name + " " + file + " && chmod g+r " + file)) {
+    return e;
+  }
+  // The secret stays readable by its owner only: the user must own it.
+  const std::string& secret = config.tier.secretFile;
+  if (!secret.empty()) {
+    if (auto e = readable(secret, "[tier] secret_file", "chown " + user.name + ": " + secret)) {
+      return e;
+    }
   }
   return std::nullopt;
 }

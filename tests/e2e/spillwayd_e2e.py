@@ -47,7 +47,9 @@ names the backend in its first line).
                 fanout has the kernel reassemble them, so a datagram longer
                 than the MTU must count as ipv4_fragment (not
                 bad_total_length) and incomplete ones must show in the
-                exported kernel_reassembly counters (ipfrag_time 1 s).
+                exported kernel_reassembly counters (ipfrag_time 1 s); then,
+                with spillwayd stopped (SIGSTOP), 3,000 frames overflow the
+                PMD's ring: the kernel's drops must be the port's rx_missed.
   crash-af-xdp  AF_XDP mode, `kill -9`, start again: the killed instance's
                 XDP program stays on the gateway's port; the new instance
                 must detach it (and log that), come up and forward on the
@@ -255,7 +257,7 @@ class Estate:
 
     def write_config(self, answer_ping=True, addresses=None, extra_vips=(), mtu=1600,
                      priorities=None, pool_tables=None, extra=(), only=None, weights=None,
-                     path=None, check=True, lb_addr=LB_ADDR):
+                     path=None, check=True, lb_addr=LB_ADDR, host="lb"):
         """The gateway's configuration. addresses: backend name -> tunnel
         address (default: its IPv4 fabric address); extra_vips: [[vip]]
         tables as lists of lines. For the control-plane tests
@@ -307,7 +309,8 @@ class Estate:
             f.write("\n".join(lines))
         if check:
             # In the gateway's namespace: the host checks look for its interface.
-            self.run([self.spillwayd, "--check-config", path], ns=self.ns("lb"))
+            # In the gateway's namespace: the host checks look for its interfaces.
+            self.run([self.spillwayd, "--check-config", path], ns=self.ns(host))
         if main:
             self.config = path
         return path
@@ -939,6 +942,15 @@ def test_pmtu(e):
 # Sent from the client's namespace by test_fragments: `whole` UDP datagrams
 # of 3000 bytes in three fragments each, and `lone` first fragments (MF set)
 # whose rest never comes.
+# argv: gateway MAC, VIP, count: UDP frames to the VIP as fast as scapy goes.
+RING_FILLER = r"""
+import sys
+from scapy.all import Ether, IP, UDP, Raw, sendp
+mac, vip, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+sendp(Ether(dst=mac) / IP(dst=vip) / UDP(sport=4000, dport=9999) / Raw(b"x" * 64),
+      iface="eth0", count=count, verbose=False)
+"""
+
 FRAGMENT_SENDER = r"""
 import sys
 from scapy.all import Ether, IP, UDP, Raw, fragment, sendp, conf
@@ -1005,10 +1017,40 @@ def test_fragments(e):
             "incomplete ones' timeouts",
             got["requests"] == 3 * whole + lone and got["ok"] == whole and
             got["timeouts"] == lone and got["failed"] >= lone, f"{got}")
+
+    # The af_packet ring: with the process stopped, frames past the ring's
+    # 512 slots are dropped by the kernel, which counts them only in the
+    # socket's PACKET_STATISTICS; spillwayd adds them to the port's rx_missed.
+    def port(st):
+        return next((p for p in st.get("ports", []) if p["name"] == "fabric"), {})
+    sent = 3000
+    before = wait_until("statistics", lb.read_stats, 10)
+    os.kill(lb.proc.pid, signal.SIGSTOP)
+    try:
+        r = e.run([PY, "-c", RING_FILLER, e.mac("lb"), VIP_NCCL, str(sent)], ns=e.ns("client"),
+                  check=False)
+    finally:
+        os.kill(lb.proc.pid, signal.SIGCONT)
+    e.check("scapy sent the frames", r.returncode == 0, r.stderr.strip()[-300:])
+
+    def counted():
+        st = lb.read_stats()
+        if not st or st["rx_packets"] == before["rx_packets"]:
+            return None
+        return st if port(st).get("rx_missed", 0) > port(before).get("rx_missed", 0) else None
+    try:
+        after = wait_until("the ring's drops counted", counted, 10)
+    except Fail:
+        after = lb.read_stats()
+    missed = port(after).get("rx_missed", 0) - port(before).get("rx_missed", 0)
+    rx = after["rx_packets"] - before["rx_packets"]
+    e.check(f"{sent} frames into a stopped spillwayd: the ring's drops are the port's rx_missed",
+            sent - 600 <= missed <= sent + 50 and rx + missed >= sent,
+            f"rx_missed +{missed}, rx_packets +{rx}")
     rc, _, final = e.stop_lb(lb)
     log(f"spillwayd: rx {final and final['rx_packets']}, drops {final and final['drops']}, "
         f"kernel_reassembly {final and final.get('kernel_reassembly')}")
-    return f"ipv4_fragment +{frag}, kernel reassembly {got}"
+    return f"ipv4_fragment +{frag}, kernel reassembly {got}, ring drops {missed} of {sent}"
 
 
 def test_distribution_af_xdp(e):

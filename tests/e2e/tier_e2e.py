@@ -74,7 +74,7 @@ def test_announce(e, ctl_exe):
     (lb1, _, addr1), (lb2, _, addr2) = e.instances
     lbs, ctls = {}, {}
     for name, _, addr in e.instances:
-        path = e.write_config(path=os.path.join(e.work, f"{name}.toml"), lb_addr=addr,
+        path = e.write_config(path=os.path.join(e.work, f"{name}.toml"), lb_addr=addr, host=name,
                               extra_vips=[SOLO], pool_tables={"onprem": HEALTH, "cloud": HEALTH},
                               extra=ANNOUNCE)
         lbs[name] = e.start_lb(name, host=name, config=path)
