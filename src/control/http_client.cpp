@@ -119,12 +119,10 @@ HttpExchange::~HttpExchange() {
   closeSocket();
 }
 
-void HttpExchange::start(const HttpRequest& request, int epollFd, std::uint64_t tag) noexcept {
+void HttpExchange::reset(const HttpRequest& request) noexcept {
   closeSocket();
   try {
     request_ = request;
-    epollFd_ = epollFd;
-    tag_ = tag;
     state_ = State::Connecting;
     connected_ = false;
     peerClosed_ = false;
@@ -147,8 +145,15 @@ void HttpExchange::start(const HttpRequest& request, int epollFd, std::uint64_t 
     }
   } catch (...) {
     fail("out of memory");
-    return;
   }
+}
+
+void HttpExchange::start(const HttpRequest& request, int epollFd, std::uint64_t tag) noexcept {
+  closeSocket();  // from the epoll fd it was registered with
+  epollFd_ = epollFd;
+  tag_ = tag;
+  reset(request);
+  if (state_ == State::Failed) return;
 
   const SocketAddress addr(request_.address, request_.port);
   fd_ = ::socket(addr.family(), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -285,12 +290,61 @@ void HttpExchange::sendSome() noexcept {
   setInterest(EPOLLIN | EPOLLRDHUP);
 }
 
+void HttpExchange::startDetached(const HttpRequest& request) noexcept {
+  closeSocket();
+  epollFd_ = -1;
+  tag_ = 0;
+  reset(request);
+  if (state_ == State::Failed) return;
+  connected_ = true;
+  if (request_.mode == HttpExchangeMode::ConnectOnly) {
+    state_ = State::Done;
+    return;
+  }
+  sent_ = out_.size();
+  state_ = State::Receiving;
+}
+
+void HttpExchange::feed(std::string_view bytes, std::size_t piece) noexcept {
+  piece = std::max<std::size_t>(piece, 1);
+  while (state_ == State::Receiving && !bytes.empty()) {
+    const std::size_t n = std::min({bytes.size(), piece, receiveRoom()});
+    received(bytes.data(), n);
+    bytes.remove_prefix(n);
+  }
+}
+
+void HttpExchange::feedEnd() noexcept {
+  if (state_ == State::Receiving) receivedEnd();
+}
+
+std::size_t HttpExchange::receiveRoom() const noexcept {
+  return request_.maxResponseBytes + 1 - std::min(in_.size(), request_.maxResponseBytes);
+}
+
+void HttpExchange::received(const char* data, std::size_t size) noexcept {
+  try {
+    in_.append(data, size);
+  } catch (...) {
+    fail("out of memory");
+    return;
+  }
+  parseResponse(false);
+  if (state_ == State::Receiving && in_.size() > request_.maxResponseBytes) {
+    fail("response larger than " + std::to_string(request_.maxResponseBytes) + " bytes");
+  }
+}
+
+void HttpExchange::receivedEnd() noexcept {
+  peerClosed_ = true;
+  parseResponse(true);
+  if (state_ == State::Receiving) fail("connection closed early");
+}
+
 void HttpExchange::receiveSome() noexcept {
   char buffer[16 * 1024];
   while (state_ == State::Receiving) {
-    const std::size_t room =
-        request_.maxResponseBytes + 1 - std::min(in_.size(), request_.maxResponseBytes);
-    const ssize_t n = ::recv(fd_, buffer, std::min(sizeof buffer, room), 0);
+    const ssize_t n = ::recv(fd_, buffer, std::min(sizeof buffer, receiveRoom()), 0);
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
@@ -298,22 +352,10 @@ void HttpExchange::receiveSome() noexcept {
       return;
     }
     if (n == 0) {
-      peerClosed_ = true;
-      parseResponse(true);
-      if (state_ == State::Receiving) fail("connection closed early");
+      receivedEnd();
       return;
     }
-    try {
-      in_.append(buffer, static_cast<std::size_t>(n));
-    } catch (...) {
-      fail("out of memory");
-      return;
-    }
-    parseResponse(false);
-    if (state_ == State::Receiving && in_.size() > request_.maxResponseBytes) {
-      fail("response larger than " + std::to_string(request_.maxResponseBytes) + " bytes");
-      return;
-    }
+    received(buffer, static_cast<std::size_t>(n));
   }
 }
 

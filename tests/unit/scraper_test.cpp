@@ -14,6 +14,7 @@
 #include <cmath>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "control/http_client.hpp"
 #include "loopback_servers.hpp"
@@ -202,6 +203,78 @@ TEST(LoadScraper, UtilisationOutsideZeroToHundredIsNotAReading) {
   ASSERT_TRUE(scraper.ingest(1, 2000, dcgm({100, 0}, 2.0)));  // a reading of 50
   EXPECT_EQ(scraper.status(1)->lastError, "");
   EXPECT_GT(scraper.load(1, 2000).gpuUtilization.value(), 40.0);  // smoothed toward 50
+}
+
+// Out-of-range values are counted per metric on every scrape, but raise one
+// notice (one event) until the metric reports an in-range value again.
+TEST(LoadScraper, OutOfRangeIsCountedAndNoticedOnce) {
+  LoadScraper scraper;
+  scraper.setTargets({target(1, source())});
+  ASSERT_TRUE(scraper.ingest(1, 0, dcgm({40}, 2.0)));
+  EXPECT_TRUE(scraper.takeNotices().empty());
+  EXPECT_EQ(scraper.status(1)->gpuOutOfRange, 0u);
+
+  for (Millis t : {1000, 2000, 3000}) {
+    ASSERT_TRUE(scraper.ingest(1, t, dcgm({250}, 2.0)));
+  }
+  EXPECT_EQ(scraper.status(1)->gpuOutOfRange, 3u);
+  EXPECT_EQ(scraper.status(1)->queueOutOfRange, 0u);
+  std::vector<ScrapeNotice> notices = scraper.takeNotices();
+  ASSERT_EQ(notices.size(), 1u);
+  EXPECT_EQ(notices[0].id, 1u);
+  EXPECT_EQ(notices[0].backend, "b1");
+  EXPECT_EQ(notices[0].time, 1000);
+  EXPECT_NE(notices[0].text.find("DCGM_FI_DEV_GPU_UTIL is not a utilisation (250.000000"),
+            std::string::npos)
+      << notices[0].text;
+  EXPECT_TRUE(scraper.takeNotices().empty());
+
+  // The queue has its own count and its own notice.
+  ASSERT_TRUE(scraper.ingest(1, 4000, dcgm({250}, -4.0)));
+  ASSERT_TRUE(
+      scraper.ingest(1, 5000, "DCGM_FI_DEV_GPU_UTIL 300\nvllm:num_requests_waiting +Inf\n"));
+  EXPECT_EQ(scraper.status(1)->gpuOutOfRange, 5u);
+  EXPECT_EQ(scraper.status(1)->queueOutOfRange, 2u);
+  notices = scraper.takeNotices();
+  ASSERT_EQ(notices.size(), 1u);
+  EXPECT_EQ(notices[0].time, 4000);
+  EXPECT_NE(notices[0].text.find("vllm:num_requests_waiting is not a queue depth"),
+            std::string::npos)
+      << notices[0].text;
+
+  // A good GPU value re-arms the GPU notice only; counts stay.
+  ASSERT_TRUE(scraper.ingest(1, 6000, dcgm({50}, -4.0)));
+  EXPECT_TRUE(scraper.takeNotices().empty());
+  ASSERT_TRUE(scraper.ingest(1, 7000, dcgm({101}, -4.0)));
+  notices = scraper.takeNotices();
+  ASSERT_EQ(notices.size(), 1u);
+  EXPECT_EQ(notices[0].time, 7000);
+  EXPECT_NE(notices[0].text.find("DCGM_FI_DEV_GPU_UTIL"), std::string::npos);
+  EXPECT_EQ(scraper.status(1)->gpuOutOfRange, 6u);
+  EXPECT_EQ(scraper.status(1)->queueOutOfRange, 4u);
+
+  // A re-added target starts over: counts at 0, notices armed.
+  scraper.setTargets({});
+  scraper.setTargets({target(1, source())});
+  EXPECT_EQ(scraper.status(1)->gpuOutOfRange, 0u);
+  ASSERT_TRUE(scraper.ingest(1, 8000, dcgm({101}, 2.0)));
+  EXPECT_EQ(scraper.takeNotices().size(), 1u);
+  EXPECT_EQ(scraper.status(1)->gpuOutOfRange, 1u);
+}
+
+// A rejected text or a missing metric neither counts as out of range nor
+// re-arms the notice.
+TEST(LoadScraper, MissingOrRejectedTextDoesNotRearmTheNotice) {
+  LoadScraper scraper;
+  scraper.setTargets({target(1, source())});
+  ASSERT_TRUE(scraper.ingest(1, 0, dcgm({250}, 2.0)));
+  EXPECT_EQ(scraper.takeNotices().size(), 1u);
+  EXPECT_FALSE(scraper.ingest(1, 1000, "DCGM_FI_DEV_GPU_UTIL{ 1\n"));
+  ASSERT_TRUE(scraper.ingest(1, 2000, "other_metric 1\n"));
+  EXPECT_EQ(scraper.status(1)->gpuOutOfRange, 1u);
+  ASSERT_TRUE(scraper.ingest(1, 3000, dcgm({250}, 2.0)));
+  EXPECT_TRUE(scraper.takeNotices().empty());
+  EXPECT_EQ(scraper.status(1)->gpuOutOfRange, 2u);
 }
 
 TEST(LoadScraper, NoQueueMetricConfiguredMeansNoQueueSignal) {
