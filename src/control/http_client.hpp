@@ -136,6 +136,7 @@ class HttpExchange {
   std::size_t sent_ = 0;
   std::string in_;
   std::size_t headerEnd_ = 0;  // offset of the body in in_, once headers are parsed
+  std::size_t scanFrom_ = 0;   // where the search for the status line / head's end resumes
   bool headersParsed_ = false;
   bool chunked_ = false;
   bool hasContentLength_ = false;

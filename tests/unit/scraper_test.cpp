@@ -102,6 +102,72 @@ TEST(HttpClient, StatusLine) {
   EXPECT_EQ(parseHttpStatusLine(""), -1);
 }
 
+// A response without a socket (HttpExchange::startDetached), fed in pieces
+// of `piece` bytes and then closed.
+struct Fed {
+  HttpExchange::State state;
+  int status;
+  std::string body;
+  std::string error;
+};
+Fed feedResponse(std::string_view response, std::size_t piece,
+                 HttpExchangeMode mode = HttpExchangeMode::FullResponse,
+                 std::size_t bound = std::size_t{1} << 20) {
+  HttpRequest request;
+  request.mode = mode;
+  request.address = loopback();
+  request.port = 9400;
+  request.maxResponseBytes = bound;
+  HttpExchange x;
+  x.startDetached(request);
+  x.feed(response, piece);
+  x.feedEnd();
+  return Fed{x.state(), x.status(), std::string(x.body()), x.error()};
+}
+
+// However a response is split into reads, it comes to the same: a head or a
+// status line whose end arrives in another read than its start, and lines
+// over their limit, which are refused whether their CRLF came in the same
+// read or not (a 1,500-byte chunk-size line used to pass when it arrived in
+// one read).
+TEST(HttpClient, ResponsesSplitAnyWayParseTheSame) {
+  const std::string chunked = test::httpChunked(std::string(3000, 'm'), 700);
+  const std::string longSizeLine = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4;" +
+                                   std::string(1500, 'e') + "\r\nabcd\r\n0\r\n\r\n";
+  const std::string longTrailer =
+      "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+      "4\r\nabcd\r\n0\r\nX-T: " +
+      std::string(1500, 't') + "\r\n\r\n";
+  for (const std::size_t piece :
+       {std::size_t{1}, std::size_t{2}, std::size_t{3}, std::size_t{7}, std::size_t{1} << 20}) {
+    const Fed ok = feedResponse(test::httpOk("hello") + "trailing", piece);
+    EXPECT_EQ(ok.state, HttpExchange::State::Done) << piece << ": " << ok.error;
+    EXPECT_EQ(ok.body, "hello") << piece;
+    const Fed c = feedResponse(chunked, piece);
+    EXPECT_EQ(c.state, HttpExchange::State::Done) << piece << ": " << c.error;
+    EXPECT_EQ(c.body, std::string(3000, 'm')) << piece;
+    const Fed status =
+        feedResponse("HTTP/1.1 503 Busy\r\nX: y\r\n", piece, HttpExchangeMode::StatusLine);
+    EXPECT_EQ(status.status, 503) << piece;
+    const Fed line = feedResponse(longSizeLine, piece);
+    EXPECT_EQ(line.state, HttpExchange::State::Failed) << piece;
+    EXPECT_EQ(line.error, "chunk size line too long") << piece;
+    const Fed trailer = feedResponse(longTrailer, piece);
+    EXPECT_EQ(trailer.state, HttpExchange::State::Failed) << piece;
+    EXPECT_EQ(trailer.error, "trailer line too long") << piece;
+  }
+}
+
+// A chunk size past the bound is "too large", not "malformed", however many
+// digits it has.
+TEST(HttpClient, AbsurdChunkSizeIsTooLarge) {
+  const Fed f = feedResponse(
+      "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nfffffffffffffffffffff\r\nx", 1 << 20,
+      HttpExchangeMode::FullResponse, 4096);
+  EXPECT_EQ(f.state, HttpExchange::State::Failed);
+  EXPECT_EQ(f.error, "response larger than 4096 bytes");
+}
+
 // ---------------------------------------------------------------------------
 // The signal
 
