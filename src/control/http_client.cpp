@@ -504,8 +504,9 @@ bool HttpExchange::decodeChunks() noexcept {
       case ChunkState::Size: {
         const std::size_t eol = in_.find("\r\n", chunkPos_);
         if (eol == std::string::npos || eol - chunkPos_ > kMaxChunkSizeLine) {
-          // Whether the CRLF came in the same read or not.
-          if (in_.size() - chunkPos_ > kMaxChunkSizeLine) fail("chunk size line too long");
+          // A line of kMaxChunkSizeLine bytes and its CRLF, whether or not the
+          // CRLF came in the same read.
+          if (in_.size() - chunkPos_ > kMaxChunkSizeLine + 1) fail("chunk size line too long");
           return false;
         }
         const std::string_view line = std::string_view(in_).substr(chunkPos_, eol - chunkPos_);
@@ -559,7 +560,7 @@ bool HttpExchange::decodeChunks() noexcept {
       case ChunkState::Trailer: {
         const std::size_t eol = in_.find("\r\n", chunkPos_);
         if (eol == std::string::npos || eol - chunkPos_ > kMaxChunkSizeLine) {
-          if (in_.size() - chunkPos_ > kMaxChunkSizeLine) fail("trailer line too long");
+          if (in_.size() - chunkPos_ > kMaxChunkSizeLine + 1) fail("trailer line too long");
           return false;
         }
         const bool last = eol == chunkPos_;

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <string_view>
 
@@ -22,8 +23,11 @@ namespace {
 
 using namespace spillway;
 
-void check(bool condition) {
-  if (!condition) std::abort();
+void check(bool condition, int line = __builtin_LINE()) {
+  if (!condition) {
+    std::fprintf(stderr, "fuzz_http: check at line %d failed\n", line);
+    std::abort();
+  }
 }
 
 struct Outcome {
