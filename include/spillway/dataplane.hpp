@@ -25,6 +25,7 @@
 
 #include "spillway/drop_reason.hpp"
 #include "spillway/flow_exceptions.hpp"
+#include "spillway/kernel_reassembly.hpp"
 #include "spillway/snapshot.hpp"
 
 namespace spillway {
@@ -62,10 +63,33 @@ struct DataplaneCounters {
     std::uint64_t forwarded = 0;
     std::uint64_t newFlows = 0;
     std::uint64_t flowTableOccupancy = 0;
+    bool synFlood = false;                 // its flow table is in SYN-flood mode
     std::uint64_t snapshotGeneration = 0;  // the one it last used
     std::uint64_t idleSleeps = 0;          // pauses of an idle-sleeping worker
+    // Its flow table (flow_table.hpp, FlowTableCounters): handshake inserts
+    // refused in full buckets, inserts in SYN-flood mode (no cuckoo step),
+    // handshake entries pushed out by new flows.
+    std::uint64_t embryonicRejected = 0;
+    std::uint64_t synFloodInserts = 0;
+    std::uint64_t evictions = 0;
   };
   std::vector<Lcore> lcores;
+  // What each port's driver counted before the workers saw a frame
+  // (rte_eth_stats): frames it missed (ring full: imissed), receive errors,
+  // and mbuf allocation failures. The af_packet PMD of DPDK 22.11 reports
+  // none of them (its socket's drops stay in the kernel: PACKET_STATISTICS).
+  struct Port {
+    std::string name;
+    std::string driver;
+    std::uint64_t rxPackets = 0;
+    std::uint64_t rxMissed = 0;
+    std::uint64_t rxErrors = 0;
+    std::uint64_t rxNoMbuf = 0;
+  };
+  std::vector<Port> ports;
+  // With an af_packet port: the kernel's IPv4 reassembly counters of this
+  // namespace (the PMD's fanout defragments; kernel_reassembly.hpp).
+  std::optional<KernelReassembly> kernelReassembly;
 };
 
 class Dataplane {

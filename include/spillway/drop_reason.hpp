@@ -18,7 +18,8 @@ enum class DropReason : std::uint8_t {
   BadIpHeaderLength,     // IPv4 IHL below 5
   BadTotalLength,        // IP length field shorter than the header or past the frame
   BadIpChecksum,         // IPv4 header checksum wrong
-  Ipv4Fragment,          // MF set or non-zero offset: no ports to steer by
+  Ipv4Fragment,          // MF set or non-zero offset: no ports to steer by; on an af_packet
+                         // port also a datagram the kernel reassembled past the port's MTU
   Ipv6Fragment,          // fragment header with M set or non-zero offset
   TtlExhausted,          // TTL or hop limit of 0 or 1: forwarding would expire it
   ExtensionHeaderLimit,  // more IPv6 extension headers than the parser walks

@@ -159,6 +159,7 @@ struct FlowTableCounters {
   RelaxedU64 erased = 0;
   RelaxedU64 purged = 0;     // entries erased because their backend index was purged
   RelaxedU64 occupancy = 0;  // slots in use: live plus expired not yet reclaimed
+  RelaxedU64 synFlood = 0;   // 1 while in SYN-flood mode (written only when it changes)
 };
 
 class FlowTable {

@@ -46,6 +46,10 @@ SEED = "0x0d7111d7111d7111"
 ROUTER_ADDR = "10.99.0.1"
 TIER_PORT = 7900
 # Actions that stop a tier instance (the primary is one they spare).
+# Drills run spillwayd as production does: started as root, then the user
+# scripts/bootstrap creates (README "Privileges"). SPILLWAY_DRILL_USER=""
+# keeps it root.
+RUN_AS_USER = os.environ.get("SPILLWAY_DRILL_USER", "spillway")
 INSTANCE_STOPS = ("kill-instance", "stop-instance", "lb-drain")
 
 
@@ -69,8 +73,9 @@ class Tools:
         self.spillwayctl = os.path.join(build, "src", "control", "spillwayctl")
         self.delayline = os.path.join(build, "tests", "tools", "spillway-delayline")
         self.flowcheck = os.path.join(build, "tests", "tools", "spillway-flowcheck")
+        self.synflood = os.path.join(build, "tests", "tools", "spillway-synflood")
         missing = [p for p in (self.spillwayd, self.decap, self.spillwayctl, self.delayline,
-                               self.flowcheck) if not os.access(p, os.X_OK)]
+                               self.flowcheck, self.synflood) if not os.access(p, os.X_OK)]
         if missing:
             raise DrillError("not built: " + ", ".join(missing))
 
@@ -107,7 +112,10 @@ class Instance:
         self.sock = os.path.join(work, f"spillway{tag and '-' + name}.sock")
         self.ctl = Ctl(self.sock)
         self.config = os.path.join(work, f"spillway{tag and '-' + name}.toml")
-        self.state = os.path.join(work, f"state{tag and '-' + name}")
+        # What spillwayd writes while running (its statistics and its state
+        # directory) lives in a folder of the user it runs as.
+        self.run_dir = os.path.join(work, f"run{tag and '-' + name}")
+        self.state = os.path.join(self.run_dir, "state")
         self.files = f"{tag and name + '-'}"  # prefix of its numbered log/stats files
         self.proc = None
         self.starts = 0
@@ -124,6 +132,15 @@ class Estate:
         self.sc = scenario
         self.work = work
         self.prefix = f"swd{os.getpid() % 100000}"
+        self.run_as = None  # (uid, gid) of RUN_AS_USER
+        if RUN_AS_USER and os.geteuid() == 0:
+            import pwd
+            try:
+                pw = pwd.getpwnam(RUN_AS_USER)
+            except KeyError:
+                raise DrillError(f"no user {RUN_AS_USER!r} for spillwayd to run as: run "
+                                 "scripts/bootstrap (or SPILLWAY_DRILL_USER=\"\" to keep root)")
+            self.run_as = (pw.pw_uid, pw.pw_gid)
         self.procs = []
         self.up = False
         self.backends = {}  # name -> {"ns", "address", "pool", "servers": [Popen]}
@@ -210,6 +227,11 @@ class Estate:
             subprocess.run([TOPOLOGY, "down", "--prefix", self.prefix], capture_output=True)
         for inst in self.instances.values():
             shutil.rmtree(f"/var/run/dpdk/{inst.file_prefix}", ignore_errors=True)
+
+    def mac(self, host):
+        """eth0's MAC address in a host's namespace."""
+        info = json.loads(self.run(["ip", "-j", "link", "show", "eth0"], ns=self.ns(host)).stdout)
+        return info[0]["address"]
 
     # -- topology ----------------------------------------------------------------
     def topology_up(self):
@@ -410,7 +432,8 @@ class Estate:
         with open(tmp, "w") as f:
             f.write("\n".join(lines))
         os.replace(tmp, inst.config)
-        self.run([self.tools.spillwayd, "--check-config", inst.config])
+        # In the instance's namespace: the host checks look for its interfaces.
+        self.run([self.tools.spillwayd, "--check-config", inst.config], ns=inst.ns)
 
     def tier_lines(self, inst):
         """A tier instance's own sections: it announces its VIPs to the
@@ -420,6 +443,9 @@ class Estate:
             fd = os.open(self.tier_key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w") as f:
                 f.write(os.urandom(32).hex() + "\n")
+            if self.run_as:
+                # The user spillwayd runs as owns it (0600): a reload reads it.
+                os.chown(self.tier_key, self.run_as[0], self.run_as[1])
             with open(self.tier_file, "w") as f:
                 f.write("# The drill's tier: NAME SOCKET\n")
                 for i in self.instances.values():
@@ -442,11 +468,17 @@ class Estate:
             # A drill's first daemon starts fresh: the journal and checkpoint
             # of an earlier run in the same --out folder are not this estate's.
             shutil.rmtree(inst.state, ignore_errors=True)
-        inst.stats = os.path.join(self.work, f"stats-{inst.files}{tag}.json")
+        os.makedirs(inst.run_dir, exist_ok=True)
+        if self.run_as:
+            os.chown(inst.run_dir, self.run_as[0], self.run_as[1])
+            # The user reaches its folder and reads the configuration.
+            os.chmod(self.work, os.stat(self.work).st_mode | 0o005)
+        inst.stats = os.path.join(inst.run_dir, f"stats-{inst.files}{tag}.json")
         inst.started_at = time.time()
+        user = ["--user", RUN_AS_USER] if self.run_as else []
         inst.proc = self.spawn(
             [self.tools.spillwayd, "--no-huge", "-m", "512", "--file-prefix", inst.file_prefix,
-             "--", "--config", inst.config, "--stats-file", inst.stats,
+             "--", "--config", inst.config, "--stats-file", inst.stats] + user + [
              "--stats-interval-ms", "100", "--control-socket", inst.sock,
              "--metrics-listen", "", "--quiet", "--state-dir", inst.state],
             ns=inst.ns, log_name=f"spillwayd-{inst.files}{tag}.log",

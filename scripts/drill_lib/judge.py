@@ -43,10 +43,20 @@ RESTART_SLACK_S = 0.2
 # How early before the monitor saw a victim fail its failure may have begun
 # (one monitor period and then some).
 VICTIM_SLACK_S = 0.5
+# A SYN flood excuses new flows until this long after it (TCP's first SYN
+# retransmission is 1 s after the SYN).
+FLOOD_SLACK_S = 1.5
 # How many broken or failed flows a verdict names.
 NAMED = 8
 TAKEDOWN = {"kill", "link-down"}
 LEAVE = {"kill", "link-down", "drain", "remove", "disable"}
+
+
+def flood_seen(drops):
+    """Frames of a flood's window that reached the gateway's port: what
+    spillwayd received and what its packet sockets dropped (ring full)."""
+    return (drops.get("spillwayd", {}).get("rx_packets", 0) +
+            drops.get("af_packet_ring", {}).get("lost", 0))
 
 
 def per_target(limit, target):
@@ -315,6 +325,28 @@ def judge(d):
 
     if getattr(d, "tier_monitor", None):
         excused += tier_mod.excused_windows(d)
+
+    # SYN floods: new flows during a flood (and a SYN retransmission after
+    # it) are reported with the flood, not judged: the flood's subject is the
+    # flows already established.
+    m["syn_floods"] = []
+    for fr in getattr(d, "flood_reports", []):
+        lo, hi = fr["t_start"], fr["t_end"] + FLOOD_SLACK_S
+        excused.append((lo, hi, f"syn flood at {rel(lo)} s"))
+        inside = [p for p in probes if lo <= p["t"] <= hi]
+        row = {k: v for k, v in fr.items() if k not in ("t_start", "t_end")}
+        row.update({"from": rel(lo), "to": rel(fr["t_end"]),
+                    "new_flows": len(inside),
+                    "new_flows_failed": sum(1 for p in inside if not p["ok"]),
+                    "new_flows_slow": sum(1 for p in inside if p["ok"] and p.get("ms") and
+                                          p["ms"] > slow_ms)})
+        m["syn_floods"].append(row)
+        sent = (fr.get("generator") or {}).get("sent", 0)
+        seen = flood_seen(fr.get("drops", {}))
+        check(f"syn_flood[{rel(lo)} s]", sent > 0 and seen > 0,
+              f"{sent} SYNs sent at {round((fr.get('generator') or {}).get('pps', 0))}/s; "
+              f"{seen} reached the gateway's port (spillwayd read them or its ring "
+              f"dropped them)" + ("" if sent else f": {fr.get('generator', {}).get('error', '')}"))
 
     # Reactions: detection (state failed) and the backend out of every table
     # for good, per action that takes one away.

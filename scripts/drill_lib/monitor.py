@@ -48,8 +48,12 @@ class Monitor(Sampler):
     def _take(self):
         t = time.time()
         try:
-            backends = self.ctl.call("backend.list")
+            # Tables before states: a backend's state changes before its
+            # table entries do, so a sample never shows it out of the tables
+            # and not yet failed (a report would say "out of the tables"
+            # before "detected").
             tables = self.ctl.call("table.show")
+            backends = self.ctl.call("backend.list")
             status = self.ctl.call("status")
             shares, preferred = {}, {}
             for vip in self.vips:

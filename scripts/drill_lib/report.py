@@ -36,6 +36,7 @@ def build(d, measurements, verdicts):
         "new_flow_connect": measurements.get("new_flow_connect"),
         "placement": measurements.get("placement"),
         "byte_balance": measurements.get("byte_balance"),
+        "syn_floods": measurements.get("syn_floods", []),
         "new_flows": new_flow_shares(d),
         "invariants": verdicts,
         "passed": ok,
@@ -43,6 +44,33 @@ def build(d, measurements, verdicts):
                   "timeline": "flows-timeline.jsonl", "control": "control-samples.jsonl",
                   "flows": "flows.json"},
     }
+
+
+def flood_lines(fl):
+    """Where a SYN flood's frames went: sent, then each place that counted
+    some (only the counters that moved)."""
+    g = fl.get("generator") or {}
+    dr = fl.get("drops") or {}
+    sw = {k: v for k, v in dr.get("spillwayd", {}).items() if v}
+    out = [f"  syn flood {fl['from']}-{fl['to']} s ({fl['for']} s, "
+           f"{'full speed' if not fl.get('rate') else str(fl['rate']) + '/s'}, port "
+           f"{fl['port']}): {g.get('sent', 0)} SYNs sent at {round(g.get('pps', 0))}/s, "
+           f"{g.get('send_errors', 0)} refused by the sender's socket"]
+    out.append(f"    spillwayd: {sw or 'nothing'}")
+    out.append(f"    af_packet ring: {dr.get('af_packet_ring', {}).get('lost', 0)} frames the "
+               f"gateway's eth0 took in and spillwayd never read (ring full); the packet "
+               f"sockets' sk_drops: {dr.get('af_packet_socket', {}).get('drops', 0)}")
+    for where, c in dr.get("links", {}).items():
+        moved = {k: v for k, v in c.items() if v}
+        if moved:
+            out.append(f"    {where}: {moved}")
+    for name, c in dr.get("backends", {}).items():
+        moved = {k: v for k, v in c.items() if v}
+        if moved:
+            out.append(f"    backend {name} TcpExt: {moved}")
+    out.append(f"    new flows during it: {fl['new_flows']} ({fl['new_flows_failed']} failed, "
+               f"{fl['new_flows_slow']} slow; reported, not judged)")
+    return out
 
 
 def new_flow_shares(d):
@@ -103,6 +131,8 @@ def summary(rep, out_dir):
                      f"{r.get('loss_window_s')}" + (" s" if isinstance(
                          r.get("loss_window_s"), (int, float)) else ""))
         lines.append(line)
+    for fl in rep.get("syn_floods", []):
+        lines += flood_lines(fl)
     tier = rep.get("tier")
     if tier:
         lines.append("  instances (tracked flows, most / at the end): " + ", ".join(

@@ -10,6 +10,7 @@ import subprocess
 import threading
 import time
 
+import attack
 from estate import (HEALTH_PORT, VIP_FLOWS, VIP_GRPC, DrillError, Estate, log, wait_until)
 from monitor import Monitor
 from tier import TierMonitor
@@ -70,6 +71,8 @@ class Drill:
         self.victims = set(scenario["invariants"].get("victims", []))
         self.flappers = []
         self.restarts = []   # {"at", "signal", "t_stop", "t_ready", "outage_s", "before"}
+        self.floods = []     # attack.SynFlood, running or finished
+        self.flood_reports = []
         self.t0 = None
 
     # -- set-up ------------------------------------------------------------------
@@ -181,6 +184,20 @@ class Drill:
             self.grpc.command(f"close {target}")
         elif do == "open-flows":
             self.flows.command(f"open {a.get('n', 10)}")
+        elif do == "syn-flood":
+            if self.e.tier:
+                raise DrillError("syn-flood is for one gateway (not a tier)")
+            f = attack.SynFlood(self.e, a, len(self.floods))
+            self.floods.append(f)
+            rec.update({"for": f.seconds, "rate": f.rate, "port": f.port})
+        elif do == "forge-rst":
+            if self.e.tier:
+                raise DrillError("forge-rst is for one gateway (not a tier)")
+            sent = attack.forge(self.e, tuple(a.get("flags", ["R"])))
+            rec["sent"] = sent
+        elif do == "pause-flows":
+            self.flows.command(f"pause {a['for']}")
+            rec["for"] = a["for"]
         elif do == "probe-rate":
             self.flows.command(f"probe-rate {a['rate']}")
         elif do == "set-load":
@@ -282,6 +299,8 @@ class Drill:
             time.sleep(delay)
         for f in self.flappers:
             f.join(10)
+        for f in self.floods:
+            self.flood_reports.append(f.finish())
 
     def finish(self):
         try:

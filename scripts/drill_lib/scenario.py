@@ -44,6 +44,12 @@ ACTIONS = {
     "lb-drain": (False, False),        # spillwayctl lb drain: withdraw, keep forwarding
     "lb-undrain": (False, False),
     "start-instance": (False, False),  # an instance joins (not started with the others)
+    # Attacks (attack.py), from the client's namespace through the gateway:
+    "syn-flood": (False, False),   # spillway-synflood for `for` s at `rate` (0: full speed)
+                                   # to the flows' VIP, `port` (default the flows' 9000)
+    "forge-rst": (False, False),   # one forged segment per long-lived flow, `flags`
+                                   # cycling (["R"] default; "F", "FA"), random sequence
+    "pause-flows": (False, False),  # the long-lived flows send nothing for `for` s
 }
 INSTANCE_ACTIONS = ("kill-instance", "stop-instance", "lb-drain", "lb-undrain",
                     "start-instance")
@@ -215,6 +221,24 @@ def validate(sc, path):
                     f"({', '.join(sorted(lines)) or 'none: set estate.regions or delay_lines'})")
             if a.get("line") is None and not est.get("wan"):
                 bad(f"{where}: the estate has no cloud WAN (estate.wan); name a line")
+        if a["do"] == "syn-flood":
+            if not isinstance(a.get("for", 5), (int, float)) or not 0 < a.get("for", 5) <= 600:
+                bad(f"{where}: for = {a.get('for')!r} must be 0..600 seconds")
+            if not isinstance(a.get("rate", 0), int) or not 0 <= a.get("rate", 0) <= 10**8:
+                bad(f"{where}: rate = {a.get('rate')!r} must be an integer packets/s "
+                    f"(0: as fast as possible)")
+            if not isinstance(a.get("port", 9000), int) or not 1 <= a.get("port", 9000) <= 65535:
+                bad(f"{where}: port = {a.get('port')!r} must be a TCP port")
+        if a["do"] == "forge-rst":
+            flags = a.get("flags", ["R"])
+            if not isinstance(flags, list) or not flags or not all(
+                    isinstance(f, str) and f and set(f) <= set("RFA") and set(f) & set("RF")
+                    for f in flags):
+                bad(f"{where}: flags = {flags!r} must be a list of \"R\", \"F\", \"FA\", "
+                    f"\"RA\"")
+        if a["do"] == "pause-flows" and not (isinstance(a.get("for"), (int, float)) and
+                                             0 < a["for"] <= 3600):
+            bad(f"{where}: pause-flows needs for = seconds (0..3600)")
         if a["do"] == "restart-lb" and a.get("signal", "TERM") not in SIGNALS:
             bad(f"{where}: signal = {a.get('signal')!r} is not one of {', '.join(SIGNALS)}")
         if a["do"] == "reload":

@@ -314,7 +314,7 @@ bool isUrlPath(std::string_view s) {
   return std::all_of(s.begin(), s.end(), [](char c) { return c > 0x20 && c < 0x7f; });
 }
 
-// A POSIX group name, as groupadd accepts it.
+// A POSIX group (or user) name, as groupadd and useradd accept it.
 bool isGroupName(std::string_view s) {
   if (s.empty() || s.size() > 32 || s[0] == '-') return false;
   return std::all_of(s.begin(), s.end(), [](char c) {
@@ -773,6 +773,24 @@ void Loader::loadDataplane(const toml::table& root, std::set<std::string>& used)
     if (auto v = ts.seconds("udp")) d.timeouts.udp = *v;
     if (auto v = ts.seconds("other")) d.timeouts.other = *v;
     ts.finish();
+  }
+  if (const toml::table* it = s.table("icmp_limits")) {
+    // The ICMP replies a worker builds itself (echo replies, frag-needed,
+    // packet-too-big): a bucket for all of them and one per source.
+    Section is(*this, *it, "dataplane.icmp_limits");
+    IcmpRateLimits& l = d.icmpLimits;
+    constexpr std::int64_t kMaxRate = 1'000'000;
+    constexpr std::int64_t kMaxIcmpBurst = 4'000'000;  // the bucket's 32-bit milli-tokens
+    if (auto v = is.integer("per_second", 1, kMaxRate))
+      l.perSecond = static_cast<std::uint32_t>(*v);
+    if (auto v = is.integer("burst", 1, kMaxIcmpBurst)) l.burst = static_cast<std::uint32_t>(*v);
+    if (auto v = is.integer("per_source_per_second", 1, kMaxRate)) {
+      l.perSourcePerSecond = static_cast<std::uint32_t>(*v);
+    }
+    if (auto v = is.integer("per_source_burst", 1, kMaxIcmpBurst)) {
+      l.perSourceBurst = static_cast<std::uint32_t>(*v);
+    }
+    is.finish();
   }
   s.finish();
 }
@@ -1477,6 +1495,15 @@ void Loader::loadControl(const toml::table& root, std::set<std::string>& used) {
       s.fail("state_dir", "must be an absolute path, or \"\" to keep no state across restarts");
     } else {
       c.stateDir = *v;
+    }
+  }
+  if (auto v = s.string("user")) {
+    if (!v->empty() && !isGroupName(*v)) {
+      s.fail("user",
+             "not a user name (letters, digits, '_', '-', '.', at most 32, not starting with "
+             "'-'); \"\" to stay root");
+    } else {
+      c.user = *v;
     }
   }
   s.finish();

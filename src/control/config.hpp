@@ -28,6 +28,7 @@
 #include "spillway/encap.hpp"
 #include "spillway/flow_key.hpp"
 #include "spillway/flow_table.hpp"
+#include "spillway/icmp_rate_limit.hpp"
 #include "spillway/maglev.hpp"
 #include "spillway/snapshot.hpp"
 #include "spillway/steering.hpp"
@@ -81,6 +82,7 @@ struct DataplaneConfig {
   std::uint32_t txDrainUs = kDefaultTxDrainUs;
   std::uint32_t idleSleepUs = 0;  // 0: workers poll without pause
   FlowTimeouts timeouts{};
+  IcmpRateLimits icmpLimits{};  // [dataplane.icmp_limits], per worker
 };
 
 enum class PortRole : std::uint8_t {
@@ -221,6 +223,10 @@ struct ControlConfig {
   // journal, the flow-exception checkpoint and the last published weights.
   // Absolute; "" keeps nothing (every start is a fresh start).
   std::string stateDir = "/var/lib/spillway";
+  // After start-up (EAL, ports, sockets), spillwayd started as root runs as
+  // this user with only the capabilities it still needs (spillwayd/privileges.hpp).
+  // "" stays root. Start-up only: a reload keeps the running one.
+  std::string user;
 };
 
 // BGP announcement of the VIPs ([announce]; control/announcer.hpp): a TAP

@@ -394,6 +394,15 @@ void ControlPlane::collectFlows(Millis now) {
 }
 
 bool ControlPlane::tick(Millis now) {
+  constexpr Millis kRoundGapWindowMs = 30'000;
+  ++rounds_;
+  if (lastRound_ && now > *lastRound_) roundGapMax_ = std::max(roundGapMax_, now - *lastRound_);
+  lastRound_ = now;
+  if (now - roundWindowStart_ >= kRoundGapWindowMs) {
+    roundGapMaxPrevious_ = roundGapMax_;
+    roundGapMax_ = 0;
+    roundWindowStart_ = now;
+  }
   now_ = now;
   health_.poll(now);
   for (const HealthTransition& t : health_.takeTransitions()) {
@@ -635,6 +644,7 @@ ApiResult ControlPlane::status() {
   const BackendIndexStats ix = builder_.indexStats();
   return Json{{"generation", generation_},
               {"uptime_ms", now_ - started_},
+              {"now_ms", now_},  // the clock of events' time_ms
               {"worker_lcores", config_.dataplane.lcores},
               {"vips", config_.vips.size()},
               {"pools", config_.pools.size()},
@@ -859,16 +869,21 @@ ApiResult ControlPlane::tableShow(const std::string& vip) {
   return Json{{"generation", generation_}, {"tables", out}};
 }
 
-ApiResult ControlPlane::tableDigest(const std::string& vip, std::optional<std::uint32_t> chunk) {
+std::vector<std::uint64_t> ControlPlane::tableIds(const std::string& vip) const {
   std::map<std::uint32_t, std::uint64_t> idOf;  // backend index -> id
   for (const BackendConfig& b : config_.backends) idOf[builder_.indexOf(b.id)] = b.id;
+  std::vector<std::uint64_t> ids;
+  if (const MaglevTable* t = builder_.currentTable(vip)) {
+    for (const std::uint32_t e : t->entries()) ids.push_back(e == 0 ? 0 : idOf[e]);
+  }
+  return ids;
+}
+
+ApiResult ControlPlane::tableDigest(const std::string& vip, std::optional<std::uint32_t> chunk) {
   Json tables = Json::array();
   for (const VipConfig& v : config_.vips) {
     if (!vip.empty() && v.name != vip) continue;
-    std::vector<std::uint64_t> ids;
-    if (const MaglevTable* t = builder_.currentTable(v.name)) {
-      for (const std::uint32_t e : t->entries()) ids.push_back(e == 0 ? 0 : idOf[e]);
-    }
+    const std::vector<std::uint64_t> ids = tableIds(v.name);
     if (!chunk) {
       tables.push_back(tableDigestJson(v.name, ids));
       continue;
@@ -1655,6 +1670,7 @@ std::optional<ApiError> ControlPlane::commitApply(ApplyPlan& plan, const std::st
                  {"overrides_dropped", plan.dropped}};
 
   plan.next.control.stateDir = config_.control.stateDir;  // the journal stays where it is
+  plan.next.control.user = config_.control.user;          // privileges are dropped once
   fileConfig_ = std::move(plan.file);
   reconfigure(std::move(plan.next), now_, cause);
   for (std::uint64_t id : plan.retire) {
@@ -1732,6 +1748,11 @@ std::string ControlPlane::metricsText() {
   }
   m.gauge("spillway_warmup", "1 while the start-up tables are held (warm-up).", {},
           warmup_ ? 1 : 0);
+  m.counter("spillway_control_loop_rounds_total", "Rounds of the control loop.", {},
+            static_cast<double>(rounds_));
+  m.gauge("spillway_control_loop_max_gap_seconds",
+          "Longest time between two control-loop rounds over the last 30 to 60 s.", {},
+          static_cast<double>(std::max(roundGapMax_, roundGapMaxPrevious_)) / 1000.0);
   if (loopDurations_.count() > 0) {
     std::array<HistogramBucket, LoopDurations::kBounds.size()> buckets{};
     std::uint64_t cumulative = 0;
@@ -1791,6 +1812,30 @@ std::string ControlPlane::metricsText() {
     if (d == decisions_.end()) continue;
     m.gauge("spillway_vip_panic", "1 when the VIP is in panic mode.", {{"vip", v.name}},
             d->second.panic ? 1 : 0);
+    {
+      std::uint32_t active = 0;
+      std::optional<std::uint32_t> first;  // the first priority level
+      for (const PoolDecision& p : d->second.pools) {
+        active += p.active;
+        first = std::min(first.value_or(p.priority), p.priority);
+      }
+      double spilled = 0;
+      for (const PoolDecision& p : d->second.pools) {
+        if (p.priority != first) spilled += p.share;
+      }
+      m.gauge("spillway_vip_active_backends",
+              "Backends in state active in the VIP's pools (0: new flows have nowhere to go).",
+              {{"vip", v.name}}, active);
+      m.gauge("spillway_vip_spilled_share",
+              "Share of the VIP's new flows sent past its first priority level (spillover).",
+              {{"vip", v.name}}, spilled);
+      // The low 48 bits of `tier status`'s fingerprint: exact in a double, and
+      // equal on instances whose tables are equal.
+      const std::vector<std::uint64_t> ids = tableIds(v.name);
+      m.gauge("spillway_vip_table_fingerprint",
+              "Low 48 bits of the VIP's Maglev table fingerprint (tier status).", {{"vip", v.name}},
+              static_cast<double>(tableHash(ids, ids.size()) & ((std::uint64_t{1} << 48) - 1)));
+    }
     for (const PoolDecision& p : d->second.pools) {
       m.gauge("spillway_pool_new_flow_share", "Share of the VIP's new flows sent to the pool.",
               {{"vip", v.name}, {"pool", p.name}}, p.share);
@@ -1826,6 +1871,17 @@ std::string ControlPlane::metricsText() {
     for (const char* s : {"active", "draining", "disabled", "failed", "removed"}) {
       m.gauge("spillway_backend_state", "1 for the backend's current state.",
               {{"backend", b.name}, {"pool", b.pool}, {"state", s}}, state == s ? 1 : 0);
+    }
+    if (auto h = health_.status(b.id); h && h->lastProbe) {
+      m.gauge("spillway_backend_health_up", "1 when the backend passes its health checks.",
+              {{"backend", b.name}, {"pool", b.pool}}, h->up ? 1 : 0);
+      m.counter("spillway_backend_health_failures_total", "Health probes that failed.",
+                {{"backend", b.name}, {"pool", b.pool}}, static_cast<double>(h->failures));
+    }
+    if (auto l = scraper_.status(b.id); l && l->lastAttempt) {
+      m.gauge("spillway_backend_load_scrape_up",
+              "1 when the latest scrape of the backend's load exporter worked.",
+              {{"backend", b.name}, {"pool", b.pool}}, l->lastError.empty() ? 1 : 0);
     }
     if (auto h = health_.status(b.id); h && h->rtt) {
       m.gauge("spillway_backend_rtt_seconds", "Smoothed health-check round trip (SRTT).",
@@ -1916,6 +1972,40 @@ std::string ControlPlane::metricsText() {
         const std::string lcore = std::to_string(w["lcore"].get<unsigned>());
         m.counter("spillway_lcore_rx_packets_total", "Frames received, per worker lcore.",
                   {{"lcore", lcore}}, w["rx_packets"].get<double>());
+        m.counter("spillway_flow_embryonic_rejected_total",
+                  "Handshake (SYN) flow inserts refused: both buckets full, per lcore.",
+                  {{"lcore", lcore}}, w["flow_embryonic_rejected"].get<double>());
+        m.counter("spillway_flow_syn_flood_inserts_total",
+                  "Handshake flow inserts made in SYN-flood mode (no cuckoo step), per lcore.",
+                  {{"lcore", lcore}}, w["flow_syn_flood_inserts"].get<double>());
+        m.gauge("spillway_flow_table_entries",
+                "Flow-table slots in use (live flows and expired ones not yet reclaimed).",
+                {{"lcore", lcore}}, w["flow_table_occupancy"].get<double>());
+        m.gauge("spillway_flow_table_capacity", "Flow-table capacity (flows) of the lcore.",
+                {{"lcore", lcore}}, static_cast<double>(config_.dataplane.flowCapacity));
+        m.gauge("spillway_flow_table_syn_flood",
+                "1 while the lcore's flow table is in SYN-flood mode (handshakes fill it).",
+                {{"lcore", lcore}}, w.value("syn_flood", false) ? 1 : 0);
+      }
+    }
+    if (s.contains("ports")) {
+      for (const Json& p : s["ports"]) {
+        const std::string name = p["name"].get<std::string>();
+        m.counter("spillway_port_rx_missed_total",
+                  "Frames the port's driver missed (receive ring full), before any worker.",
+                  {{"port", name}}, p["rx_missed"].get<double>());
+        m.counter("spillway_port_rx_errors_total", "Receive errors the port's driver counted.",
+                  {{"port", name}}, p["rx_errors"].get<double>());
+        m.counter("spillway_port_rx_no_mbuf_total",
+                  "Frames the port's driver could not take for want of an mbuf.", {{"port", name}},
+                  p["rx_no_mbuf"].get<double>());
+      }
+    }
+    if (s.contains("kernel_reassembly")) {
+      for (const char* k : {"requests", "ok", "failed", "timeouts"}) {
+        m.counter("spillway_kernel_reassembly_total",
+                  "The kernel's IPv4 reassembly in spillwayd's namespace (af_packet ports).",
+                  {{"result", k}}, s["kernel_reassembly"][k].get<double>());
       }
     }
   }

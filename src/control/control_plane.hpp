@@ -197,6 +197,8 @@ class ControlPlane final : public ControlApi {
   std::optional<ApiError> precheck(IntentOp op, std::uint64_t id) const;
   std::uint32_t fileBaseWeight(const BackendConfig& b) const;
   Json stampJson(const IntentStamp& s) const;
+  // The VIP's current table as backend ids (0 for an empty slot).
+  std::vector<std::uint64_t> tableIds(const std::string& vip) const;
 
   Config config_;      // running: file + overlay + backends still draining
   Config fileConfig_;  // the file as last loaded (the base of the overlay)
@@ -217,6 +219,14 @@ class ControlPlane final : public ControlApi {
   std::vector<std::string> startupReport_;
 
   std::uint64_t generation_ = 0;
+  // Control rounds (tick()) and the longest gap between two of them in the
+  // current and the previous window of kRoundGapWindowMs (metrics: a stalled
+  // loop shows once it runs again; while stalled, scrapes time out).
+  std::uint64_t rounds_ = 0;
+  std::optional<Millis> lastRound_;
+  Millis roundWindowStart_ = 0;
+  Millis roundGapMax_ = 0;
+  Millis roundGapMaxPrevious_ = 0;
   bool dirty_ = true;
   std::uint64_t statesSeen_ = 0;
   Millis lastChurn_ = 0;

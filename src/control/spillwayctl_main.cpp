@@ -37,6 +37,7 @@
 #include "control/cli_server.hpp"
 #include "control/config.hpp"
 #include "control/protocol.hpp"
+#include "control/spillwayctl_top.hpp"
 #include "control/tier_client.hpp"
 
 namespace spillway {
@@ -329,6 +330,16 @@ std::chrono::milliseconds timeoutOf(const GlobalOptions& options) {
       static_cast<std::int64_t>(std::max(options.timeoutSeconds, 0.001) * 1000.0));
 }
 
+// The next step after a failed connect: where spillwayd's socket is set and
+// how to point spillwayctl at it.
+std::string connectHint(const GlobalOptions& options) {
+  return "spillwayctl: spillwayd listens on its [control] socket (or its --control-socket); "
+         "this was " +
+         options.socketPath +
+         ". Point spillwayctl at it with --socket PATH or SPILLWAY_SOCKET=PATH; permission "
+         "denied means: run as root or as a member of [control] socket_group\n";
+}
+
 // Sends one request on a fresh connection. Returns an exit code; on 0,
 // `result` holds the reply's result.
 int request(const GlobalOptions& options, std::string_view command, const Json& args,
@@ -340,7 +351,7 @@ int request(const GlobalOptions& options, std::string_view command, const Json& 
   const auto timeout = timeoutOf(options);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   if (!client.connect(options.socketPath, error, timeout)) {
-    std::cerr << "spillwayctl: " << error << '\n';
+    std::cerr << "spillwayctl: " << error << '\n' << connectHint(options);
     return kExitConnect;
   }
   std::string reply;
@@ -600,7 +611,19 @@ int run(int argc, char** argv) {
   };
 
   simple(&app, "status", "status",
-         "version, uptime, generation, counts, spillover and panic state");
+         "uptime, generation, backend counts by state, warm-up, checkpoint, spillover and panic "
+         "state per VIP");
+
+  TopOptions top;
+  auto* topCmd = simple(&app, "top", "top",
+                        "live full-screen view: pools, backends (state, flows, pps, bytes/s, GPU, "
+                        "queue, RTT) and the latest events; q or Ctrl-C quits");
+  topCmd->add_flag("--once", top.once,
+                   "print one plain-text report (two samples --interval apart) and exit");
+  topCmd->add_option("--interval", top.intervalSeconds, "seconds between refreshes (default 1)")
+      ->check(CLI::Range(0.1, 3600.0));
+  topCmd->add_option("--events", top.eventLines, "latest events shown (default 8)")
+      ->check(CLI::Range(1u, 1000u));
 
   auto* vip = app.add_subcommand("vip", "virtual IPs")->require_subcommand(1);
   simple(vip, "list", "vip.list", "every VIP");
@@ -735,6 +758,10 @@ int run(int argc, char** argv) {
   if (command == "stats" && watchOption->count() > 0) mode = Mode::Watch;
   if (command == "events") mode = Mode::Events;
 
+  if (command == "top" && !options.tierPath.empty()) {
+    std::cerr << "spillwayctl: top shows one instance: give its --socket, not --tier\n";
+    return kExitUsage;
+  }
   if (command == "tier.status" || !options.tierPath.empty()) {
     if (options.tierPath.empty()) {
       std::cerr << "spillwayctl: tier status needs --tier FILE (or SPILLWAY_TIER)\n";
@@ -748,6 +775,11 @@ int run(int argc, char** argv) {
     }
     if (command == "events") args = Json{{"after", after}, {"limit", limit}};
     return runOnTier(options, command, args);
+  }
+  if (command == "top") {
+    top.socketPath = options.socketPath;
+    top.timeoutSeconds = options.timeoutSeconds;
+    return runTop(top);
   }
   switch (mode) {
     case Mode::Watch:

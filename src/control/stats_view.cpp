@@ -31,27 +31,47 @@ Json statsDocument(const DataplaneCounters& c, const Config& config, const Snaps
                        {"forwarded", l.forwarded},
                        {"new_flows", l.newFlows},
                        {"flow_table_occupancy", l.flowTableOccupancy},
+                       {"syn_flood", l.synFlood},
                        {"snapshot_generation", l.snapshotGeneration},
-                       {"idle_sleeps", l.idleSleeps}});
+                       {"idle_sleeps", l.idleSleeps},
+                       {"flow_embryonic_rejected", l.embryonicRejected},
+                       {"flow_syn_flood_inserts", l.synFloodInserts},
+                       {"flow_evictions", l.evictions}});
   }
-  return Json{{"generation", generation},
-              {"rx_packets", c.rxPackets},
-              {"forwarded", c.forwarded},
-              {"replies", c.replies},
-              {"to_kernel", c.toKernel},
-              {"new_flows", c.newFlows},
-              {"resteered", c.resteered},
-              {"flow_insert_failed", c.flowInsertFailed},
-              {"icmp_errors_steered", c.icmpErrorsSteered},
-              {"exception_hits", c.exceptionHits},
-              {"placed_off_table", c.placedOffTable},
-              {"tx_dropped", c.txDropped},
-              {"exception_rx", c.exceptionRx},
-              {"exception_tx", c.exceptionTx},
-              {"dropped", c.dropped},
-              {"drops", drops},
-              {"backends", backends},
-              {"workers", workers}};
+  Json ports = Json::array();
+  for (const DataplaneCounters::Port& p : c.ports) {
+    ports.push_back({{"name", p.name},
+                     {"driver", p.driver},
+                     {"rx_packets", p.rxPackets},
+                     {"rx_missed", p.rxMissed},
+                     {"rx_errors", p.rxErrors},
+                     {"rx_no_mbuf", p.rxNoMbuf}});
+  }
+  Json doc{{"generation", generation},
+           {"rx_packets", c.rxPackets},
+           {"forwarded", c.forwarded},
+           {"replies", c.replies},
+           {"to_kernel", c.toKernel},
+           {"new_flows", c.newFlows},
+           {"resteered", c.resteered},
+           {"flow_insert_failed", c.flowInsertFailed},
+           {"icmp_errors_steered", c.icmpErrorsSteered},
+           {"exception_hits", c.exceptionHits},
+           {"placed_off_table", c.placedOffTable},
+           {"tx_dropped", c.txDropped},
+           {"exception_rx", c.exceptionRx},
+           {"exception_tx", c.exceptionTx},
+           {"dropped", c.dropped},
+           {"drops", drops},
+           {"backends", backends},
+           {"workers", workers},
+           {"ports", ports}};
+  if (c.kernelReassembly) {
+    const KernelReassembly& k = *c.kernelReassembly;
+    doc["kernel_reassembly"] = {
+        {"requests", k.requests}, {"ok", k.ok}, {"failed", k.failed}, {"timeouts", k.timeouts}};
+  }
+  return doc;
 }
 
 }  // namespace spillway

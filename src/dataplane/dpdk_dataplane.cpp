@@ -2,6 +2,7 @@
 
 #include <rte_eal.h>
 #include <rte_errno.h>
+#include <rte_ethdev.h>
 #include <rte_launch.h>
 #include <rte_lcore.h>
 
@@ -141,6 +142,7 @@ std::unique_ptr<DpdkDataplane> DpdkDataplane::open(const Options& options, std::
     wc.burst = options.burst;
     wc.txDrainUs = options.txDrainUs;
     wc.idleSleepUs = options.idleSleepUs;
+    wc.icmpLimits = options.icmpLimits;
     wc.flowTable = options.flowTable;
     wc.hashSeed = options.hashSeed;
     try {
@@ -337,8 +339,24 @@ DataplaneCounters DpdkDataplane::counters() const {
     }
     c.lcores.push_back(DataplaneCounters::Lcore{
         w->config().lcore, s.rxPackets.read(), s.forwarded.read(), s.newFlows.read(),
-        w->flowTable().occupancy, wc.snapshotGeneration.read(), wc.idleSleeps.read()});
+        w->flowTable().occupancy, w->flowTable().synFlood != 0, wc.snapshotGeneration.read(),
+        wc.idleSleeps.read(), w->flowTable().embryonicRejected, w->flowTable().relocationsSkipped,
+        w->flowTable().evictions});
   }
+  bool afPacket = false;
+  for (const OpenPort& p : ports_.ports()) {
+    DataplaneCounters::Port port{p.spec.name, p.driver};
+    rte_eth_stats st{};
+    if (rte_eth_stats_get(p.portId, &st) == 0) {
+      port.rxPackets = st.ipackets;
+      port.rxMissed = st.imissed;
+      port.rxErrors = st.ierrors;
+      port.rxNoMbuf = st.rx_nombuf;
+    }
+    c.ports.push_back(std::move(port));
+    afPacket = afPacket || p.driver == "net_af_packet";
+  }
+  if (afPacket) c.kernelReassembly = readKernelReassembly();
   return c;
 }
 

@@ -39,6 +39,7 @@ class DpdkDataplane final : public Dataplane {
     std::uint16_t burst = 32;
     std::uint32_t txDrainUs = 100;
     std::uint32_t idleSleepUs = 0;  // WorkerConfig::idleSleepUs
+    IcmpRateLimits icmpLimits{};    // WorkerConfig::icmpLimits
     FlowTableConfig flowTable{};
     std::uint64_t hashSeed = 0;
     std::function<void(const std::string&)> log;  // progress lines

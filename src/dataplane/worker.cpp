@@ -16,6 +16,11 @@ struct Worker::PortIo {
   std::uint16_t portId = 0;
   bool hasTap = false;
   bool kernelHasCopy = false;  // af_packet / af_xdp: the kernel keeps its own path
+  // af_packet: a frame longer than this (MTU + Ethernet header + one VLAN
+  // tag) cannot have arrived on the interface: it is an IPv4 datagram the
+  // PMD's fanout (PACKET_FANOUT_FLAG_DEFRAG) had the kernel reassemble,
+  // often cut at the ring's frame size. 0: no such check.
+  std::uint32_t reassembledAbove = 0;
   std::uint16_t tapPortId = 0;
   rte_eth_dev_tx_buffer* tx = nullptr;
   rte_eth_dev_tx_buffer* tapTx = nullptr;
@@ -38,6 +43,14 @@ rte_eth_dev_tx_buffer* makeTxBuffer(std::uint16_t size, Counter* dropped, int so
   return b;
 }
 
+// EtherType IPv4, directly or behind one 802.1Q/802.1ad tag.
+bool carriesIpv4(const std::uint8_t* f, std::uint32_t len) noexcept {
+  if (len < 18) return false;
+  const unsigned type = unsigned{f[12]} << 8 | f[13];
+  if (type == 0x0800) return true;
+  return (type == 0x8100 || type == 0x88a8) && (unsigned{f[16]} << 8 | f[17]) == 0x0800;
+}
+
 }  // namespace
 
 Worker::Worker(const WorkerConfig& config, const std::vector<OpenPort>& ports, QsbrDomain& qsbr,
@@ -58,6 +71,7 @@ Worker::Worker(const WorkerConfig& config, const std::vector<OpenPort>& ports, Q
     io->hasTap = p.hasTap;
     io->tapPortId = p.tapPortId;
     io->kernelHasCopy = p.driver == "net_af_packet" || p.driver == "net_af_xdp";
+    if (p.driver == "net_af_packet") io->reassembledAbove = p.spec.mtu + 14u + 4u;
     io->tx = makeTxBuffer(config.burst, &counters_.txDropped, socket);
     if (p.hasTap) io->tapTx = makeTxBuffer(config.burst, &counters_.txDropped, socket);
     ports_.push_back(std::move(io));
@@ -94,6 +108,15 @@ std::uint16_t Worker::pollPort(PortIo& io, const ForwardingSnapshot& snapshot,
     if (m->nb_segs != 1) [[unlikely]] {
       counters_.unsteered.add();
       counters_.drops.add(DropReason::MultiSegment);
+      rte_pktmbuf_free(m);
+      continue;
+    }
+    if (m->data_len > io.reassembledAbove && io.reassembledAbove != 0 &&
+        carriesIpv4(rte_pktmbuf_mtod(m, const std::uint8_t*), m->data_len)) [[unlikely]] {
+      // Fragments, reassembled by the kernel: counted as the other port
+      // modes count the fragments themselves.
+      counters_.unsteered.add();
+      counters_.drops.add(DropReason::Ipv4Fragment);
       rte_pktmbuf_free(m);
       continue;
     }

@@ -1,6 +1,7 @@
 #include "daemon.hpp"
 
 #include <sys/epoll.h>
+#include <sys/stat.h>
 #include <sys/timerfd.h>
 #include <unistd.h>
 
@@ -9,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <set>
 
 #include "control/announcer.hpp"
@@ -17,6 +19,7 @@
 #include "control/durable_file.hpp"
 #include "control/metrics_http.hpp"
 #include "control/neighbours.hpp"
+#include "control/privileges.hpp"
 #include "control/snapshot_builder.hpp"
 #include "control/stats_view.hpp"
 #include "dpdk_dataplane.hpp"
@@ -94,6 +97,104 @@ void writeStatsFile(const std::string& path, const Json& stats) {
   }
 }
 
+// Before the EAL starts: the user exists, and a state_dir that is not there
+// yet is made by root for that user (an existing one is checked after the
+// drop, where the kernel itself answers).
+std::optional<std::string> prepareRunAs(const Config& config, std::optional<RunAsUser>& runAs) {
+  if (config.control.user.empty()) return std::nullopt;
+  if (geteuid() != 0) {
+    return "[control] user = \"" + config.control.user +
+           "\": spillwayd must start as root to set up the ports and then become that user; "
+           "start it as root, or set user = \"\"";
+  }
+  std::string error;
+  runAs = lookupRunAsUser(config.control.user, error);
+  if (!runAs) return error;
+  const std::string& dir = config.control.stateDir;
+  struct stat st {};
+  if (!dir.empty() && ::lstat(dir.c_str(), &st) != 0 && errno == ENOENT) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec) return "state_dir " + dir + ": cannot create it: " + ec.message();
+    if (::chown(dir.c_str(), runAs->uid, runAs->gid) != 0 || ::chmod(dir.c_str(), 0700) != 0) {
+      return "state_dir " + dir + ": cannot give it to user " + runAs->name + ": " +
+             errnoText(errno);
+    }
+  }
+  return std::nullopt;
+}
+
+// Just before the drop: the files of this start that root made in the
+// user's state_dir (the journal it opened) become the user's, as every later
+// one will be. Only in a folder the user owns, where it could replace them
+// anyway; symbolic links are not followed.
+void giveStateFiles(const std::string& dir, const RunAsUser& user) {
+  struct stat st {};
+  if (dir.empty() || ::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) ||
+      st.st_uid != user.uid) {
+    return;
+  }
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string path = entry.path().string();
+    if (::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == 0) {
+      (void)::lchown(path.c_str(), user.uid, user.gid);
+    }
+  }
+}
+
+// After the drop: what the daemon writes and reads while running is within
+// the user's reach, or start-up fails saying how to fix it.
+std::optional<std::string> checkRunAsPaths(const Config& config, const DaemonOptions& options,
+                                           const RunAsUser& user) {
+  const std::string who = "user " + user.name + " (uid " + std::to_string(user.uid) + ")";
+  // The nearest folder above `path` the user cannot enter, if any.
+  const auto closedAbove = [](const std::string& path) -> std::string {
+    namespace fs = std::filesystem;
+    const fs::path absolute = fs::absolute(path);
+    std::string closed;
+    for (fs::path p = absolute.parent_path(); !p.empty(); p = p.parent_path()) {
+      if (::access(p.c_str(), X_OK) != 0) closed = p.string();
+      if (p == p.root_path()) break;
+    }
+    return closed;
+  };
+  const auto writable = [&](const std::string& dir,
+                            const std::string& what) -> std::optional<std::string> {
+    if (::access(dir.c_str(), W_OK | X_OK) == 0) return std::nullopt;
+    const std::string why = errnoText(errno);
+    if (const std::string closed = closedAbove(dir); !closed.empty()) {
+      return what + " " + dir + " is out of reach of " + who + ": it cannot enter " + closed +
+             " (chmod o+x " + closed + ", or choose another folder)";
+    }
+    return what + " " + dir + " is not writable by " + who + ": " + why + " (chown " + user.name +
+           ": " + dir + ")";
+  };
+  if (!config.control.stateDir.empty()) {
+    if (auto e = writable(config.control.stateDir, "state_dir")) return e;
+  }
+  if (!options.statsFile.empty()) {
+    const std::string dir = std::filesystem::path(options.statsFile).parent_path().string();
+    if (auto e = writable(dir.empty() ? "." : dir, "the --stats-file directory")) return e;
+  }
+  const auto readable = [&](const std::string& file,
+                            const std::string& what) -> std::optional<std::string> {
+    if (::access(file.c_str(), R_OK) == 0) return std::nullopt;
+    if (const std::string closed = closedAbove(file); !closed.empty()) {
+      return what + " " + file + " is out of reach of " + who + ", so `config reload` would " +
+             "fail: it cannot enter " + closed + " (chmod o+x " + closed + ")";
+    }
+    return what + " " + file + " is not readable by " + who +
+           ", so `config reload` would fail: " + errnoText(errno) + " (chgrp " + user.name + " " +
+           file + " && chmod g+r " + file + ")";
+  };
+  if (auto e = readable(options.configPath, "the configuration")) return e;
+  if (!config.tier.secretFile.empty()) {
+    if (auto e = readable(config.tier.secretFile, "[tier] secret_file")) return e;
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::atomic<bool>& daemonStopRequested() noexcept {
@@ -105,6 +206,7 @@ int runDaemon(const Config& configIn, const DaemonOptions& options) {
   if (options.controlSocket) config.control.socketPath = *options.controlSocket;
   if (options.metricsListen) config.control.metricsListen = *options.metricsListen;
   if (options.stateDir) config.control.stateDir = *options.stateDir;
+  if (options.user) config.control.user = *options.user;
   const auto log = [&](const std::string& line) {
     if (!options.quiet) std::fprintf(stderr, "spillwayd: %s\n", line.c_str());
   };
@@ -112,6 +214,9 @@ int runDaemon(const Config& configIn, const DaemonOptions& options) {
     std::fprintf(stderr, "spillwayd: %s\n", what.c_str());
     return 1;
   };
+
+  std::optional<RunAsUser> runAs;
+  if (auto e = prepareRunAs(config, runAs)) return fail(*e);
 
   DpdkDataplane::Options dpOptions;
   dpOptions.ealArgs = options.ealArgs;
@@ -123,6 +228,7 @@ int runDaemon(const Config& configIn, const DaemonOptions& options) {
   dpOptions.burst = static_cast<std::uint16_t>(config.dataplane.burst);
   dpOptions.txDrainUs = config.dataplane.txDrainUs;
   dpOptions.idleSleepUs = config.dataplane.idleSleepUs;
+  dpOptions.icmpLimits = config.dataplane.icmpLimits;
   dpOptions.flowTable = FlowTableConfig{config.dataplane.flowCapacity, config.dataplane.timeouts};
   dpOptions.hashSeed = config.dataplane.hashSeed;
   dpOptions.log = log;
@@ -176,6 +282,21 @@ int runDaemon(const Config& configIn, const DaemonOptions& options) {
   }
   for (int fd : control.pollFds()) {
     if (auto e = loop.watch(fd)) return fail("control loop: " + *e);
+  }
+
+  // Everything that needs root is open: from here on spillwayd runs as
+  // [control] user with the capabilities its running work needs
+  // (control/privileges.hpp). Before any thread of ours starts, so that the
+  // announcer inherits them.
+  if (runAs) {
+    giveStateFiles(config.control.stateDir, *runAs);
+    const std::vector<KeptCapability> keep = capabilitiesToKeep(config);
+    if (auto e = dropPrivileges(*runAs, keep)) return fail("dropping root: " + *e);
+    if (auto e = checkRunAsPaths(config, options, *runAs)) return fail(*e);
+    log("running as user " + runAs->name + " (uid " + std::to_string(runAs->uid) + ", gid " +
+        std::to_string(runAs->gid) +
+        "), no new privileges, capabilities kept: " + capabilityNames(keep));
+    for (const KeptCapability& k : keep) log("  " + k.name + ": " + k.why);
   }
 
   // The BGP announcement ([announce]): its own thread and device; the

@@ -47,6 +47,8 @@ struct DaemonOptions {
   std::optional<std::string> metricsListen;
   // Override [control] state_dir ("" keeps no state).
   std::optional<std::string> stateDir;
+  // Override [control] user ("" stays root).
+  std::optional<std::string> user;
 };
 
 // Set from the signal handler; polled by the control loop.

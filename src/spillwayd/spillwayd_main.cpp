@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "control/config.hpp"
+#include "control/host_checks.hpp"
 #include "daemon.hpp"
 
 namespace {
@@ -55,7 +56,7 @@ int main(int argc, char** argv) {
                  "stop once no packet arrived for this long after the first (tests, replays)");
   cli.add_option("--run-for-ms", options.runForMs, "stop after this long");
   cli.add_flag("--quiet,-q", options.quiet, "no progress messages on stderr");
-  std::string controlSocket, metricsListen, stateDir;
+  std::string controlSocket, metricsListen, stateDir, user;
   auto* socketOpt = cli.add_option("--control-socket", controlSocket,
                                    "CLI socket path (overrides [control] socket)");
   auto* metricsOpt = cli.add_option("--metrics-listen", metricsListen,
@@ -63,9 +64,28 @@ int main(int argc, char** argv) {
   auto* stateOpt = cli.add_option("--state-dir", stateDir,
                                   "journal and checkpoint directory, \"\" for none (overrides "
                                   "[control] state_dir)");
+  auto* userOpt = cli.add_option("--user", user,
+                                 "after start-up run as this user, \"\" to stay root "
+                                 "(overrides [control] user)");
   std::vector<std::string> reversed(app.rbegin(), app.rend());
   try {
     cli.parse(reversed);
+  } catch (const CLI::ExtrasError&) {
+    // Arguments spillwayd does not take: most often EAL options given
+    // without the "--" that separates them from spillwayd's own.
+    std::vector<std::string> extras;
+    for (const std::string& a : cli.remaining()) extras.push_back(a);
+    std::string listed;
+    for (const std::string& a : extras) listed += (listed.empty() ? "" : " ") + a;
+    std::fprintf(stderr, "spillwayd: unexpected arguments: %s\n", listed.c_str());
+    if (split < 0) {
+      std::fprintf(stderr,
+                   "spillwayd: EAL options (-l, -m, --no-huge, --file-prefix, ...) go before "
+                   "\"--\", spillwayd's after it:\n"
+                   "  spillwayd --no-huge -m 512 -- --config FILE\n");
+    }
+    std::fprintf(stderr, "spillwayd: spillwayd --help lists spillwayd's options\n");
+    return 2;
   } catch (const CLI::ParseError& e) {
     return cli.exit(e);
   }
@@ -77,9 +97,19 @@ int main(int argc, char** argv) {
       return 2;
     }
     const auto& c = result.value();
-    std::printf("%s: OK (%zu ports, %zu pools, %zu VIPs, %zu backends, %zu worker lcores)\n",
-                checkPath.c_str(), c.ports.size(), c.pools.size(), c.vips.size(), c.backends.size(),
-                c.dataplane.lcores.size());
+    std::printf(
+        "%s: configuration OK (%zu ports, %zu pools, %zu VIPs, %zu backends, %zu worker "
+        "lcores)\n",
+        checkPath.c_str(), c.ports.size(), c.pools.size(), c.vips.size(), c.backends.size(),
+        c.dataplane.lcores.size());
+    // What start-up will need from this host (host_checks.hpp).
+    const auto checks = spillway::runHostChecks(c, spillway::systemHostProbe());
+    std::printf("host checks (this host, this network namespace):\n%s",
+                spillway::formatHostChecks(checks).c_str());
+    if (spillway::anyFailed(checks)) {
+      std::printf("%s: start-up would fail on this host: see FAILED above\n", checkPath.c_str());
+      return 1;
+    }
     return 0;
   }
   if (options.configPath.empty()) {
@@ -93,6 +123,7 @@ int main(int argc, char** argv) {
   }
   options.ealArgs = eal;
   if (socketOpt->count() > 0) options.controlSocket = controlSocket;
+  if (userOpt->count() > 0) options.user = user;
   if (metricsOpt->count() > 0) options.metricsListen = metricsListen;
   if (stateOpt->count() > 0) {
     if (!stateDir.empty() && stateDir[0] != '/') {

@@ -712,13 +712,223 @@ def affinity(e, ctl_exe, kill):
     return f"{HELD - len(bad)} of {HELD} held flows kept ({len(moved)} moved); outage {gap:.2f} s"
 
 
+def test_top(e, ctl_exe):
+    """spillwayctl top in a real terminal (tmux, 160x50): pools, backends and
+    events on screen, refreshed (a killed backend shows as failed, with its
+    event, without a key pressed), q quits and restores the terminal; --once
+    prints the same view as plain text."""
+    lb, ctl = start_estate(e, ctl_exe, 3, 2, pool_tables={"onprem": HEALTH_TCP,
+                                                          "cloud": HEALTH_TCP})
+    wait_until("every backend active", lambda: all(
+        b.get("state") == "active" for b in ctl.backends().values()), 10)
+    servers = dict(zip([b[0] for b in e.backends], e.procs[:len(e.backends)]))
+    sock = os.path.join(e.work, "spillway.sock")
+    tmux = ["tmux", "-L", "spillway-top-" + str(os.getpid())]
+    e.run(tmux + ["-f", "/dev/null", "new-session", "-d", "-s", "top", "-x", "160", "-y", "50",
+                  f"printf 'shell before top\\n'; {ctl_exe} --socket {sock} top; "
+                  "echo top-exited-$?; sleep 60"])
+    try:
+        def pane():
+            return e.run(tmux + ["capture-pane", "-p", "-t", "top"]).stdout
+
+        def shows(*words):
+            return lambda: all(w in pane() for w in words)
+        wait_until("top's view: pools, backends, events", shows(
+            "POOLS", "BACKENDS", "EVENTS", "nccl", "onprem", "cloud", "onprem1", "cloud2",
+            "active"), 10)
+        screen = pane()
+        log("top, first screen:\n" + screen)
+        e.check("top: the alternate screen (the shell's line is not on it)",
+                "shell before top" not in screen, screen[:300])
+        e.check("top: a row per backend with its pool and state", all(
+            any(name in line and pool in line and "active" in line
+                for line in screen.splitlines())
+            for name, pool in [("onprem1", "onprem"), ("onprem3", "onprem"),
+                               ("cloud1", "cloud")]), screen)
+        victim = "onprem2"
+        servers[victim].kill()
+        e.stop(servers[victim])
+
+        def victim_failed():
+            text = pane()
+            row = [line for line in text.splitlines() if line.strip().startswith(victim + " ")]
+            return (row and "failed" in row[0] and any(
+                victim in line and "-> failed" in line for line in text.splitlines()))
+        wait_until(f"top refreshed on its own: {victim} failed, with its event", victim_failed,
+                   15, interval=0.2)
+        screen = pane()
+        log("top, after the kill:\n" + screen)
+        e.check("top: refreshed without a key (the failure and its event shown)", True)
+        e.run(tmux + ["send-keys", "-t", "top", "q"])
+        wait_until("top quit on q", shows("top-exited-0"), 5)
+        after = pane()
+        e.check("top: q restores the terminal (the shell's screen is back)",
+                "shell before top" in after and "BACKENDS" not in after, after[:400])
+    finally:
+        e.run(tmux + ["kill-server"], check=False)
+
+    r = subprocess.run([ctl_exe, "--socket", sock, "top", "--once", "--interval", "0.5"],
+                       capture_output=True, text=True, timeout=30)
+    e.check("top --once: plain text (no escape sequences) with pools, backends and events",
+            r.returncode == 0 and "\x1b" not in r.stdout and all(
+                w in r.stdout for w in ("POOLS", "BACKENDS", "EVENTS", "onprem2", "failed")),
+            f"exit {r.returncode}: {r.stdout[-600:]}{r.stderr[-300:]}")
+    r = subprocess.run([ctl_exe, "--socket", sock + ".nope", "top", "--once"],
+                       capture_output=True, text=True, timeout=30)
+    e.check("top --once on a wrong socket: exit 3, says how to point at the right one",
+            r.returncode == 3 and "--socket" in r.stderr, f"exit {r.returncode}: {r.stderr}")
+    e.stop_lb(lb)
+    return "top shown, refreshed and quit in tmux"
+
+
+RUN_AS = "spillway"  # scripts/bootstrap creates it
+CAP_NET_RAW = 13
+
+
+def thread_status(pid):
+    """{tid: {field: value}} of every thread's /proc status."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                out[tid] = dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+        except OSError:
+            pass  # a thread that ended meanwhile
+    return out
+
+
+def test_privileges(e, ctl_exe):
+    """[control] user: spillwayd starts as root and runs as the user with
+    only cap_net_raw (an af_packet port, no [announce]): every thread, not
+    only the main one. As that user it still probes encapsulated backends,
+    resolves a backend added at run time, journals, reloads, checkpoints
+    and restarts; it no longer reads a root-only file for a root caller;
+    and a state or statistics folder the user cannot write fails the start
+    with the command that fixes it."""
+    import pwd
+    try:
+        pw = pwd.getpwnam(RUN_AS)
+    except KeyError:
+        raise Fail(f"no user {RUN_AS!r}: run scripts/bootstrap")
+    only = {"onprem1", "onprem2", "cloud1"}
+    e.topology_up(onprem=3, cloud=1)
+    e.start_servers(ports=(8000,))
+    e.write_config(only=only)
+    ctl = Ctl(ctl_exe, os.path.join(e.work, "spillway.sock"))
+
+    # The estate's folder is root's own (0700): the user cannot even enter
+    # it, and the start says which folder to open.
+    os.chmod(e.work, 0o700)
+    lb = e.start_lb("closed", user=RUN_AS)
+    try:
+        rc = lb.proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        e.stop_lb(lb)
+        rc = None
+    text = lb.log_tail()
+    e.check("a folder the user cannot enter fails the start, naming chmod o+x of it",
+            rc not in (None, 0) and f"cannot enter {e.work} (chmod o+x {e.work}" in text,
+            f"exit {rc}: {text[-400:]}")
+
+    # Statistics in a folder of root's: refused at start, saying how to fix it.
+    os.chmod(e.work, 0o755)
+    lb = e.start_lb("denied", user=RUN_AS)
+    try:
+        rc = lb.proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        e.stop_lb(lb)
+        rc = None
+    text = lb.log_tail()
+    e.check("a --stats-file folder the user cannot write fails the start, naming chown",
+            rc not in (None, 0) and f"not writable by user {RUN_AS}" in text and
+            f"chown {RUN_AS}:" in text, f"exit {rc}: {text[-400:]}")
+
+    run_dir = os.path.join(e.work, "run")
+    os.makedirs(run_dir, exist_ok=True)
+    os.chown(run_dir, pw.pw_uid, pw.pw_gid)
+    lb = e.start_lb("first", user=RUN_AS, run_dir=run_dir)
+    e.wait_ready(lb)
+    wait_until("the CLI socket answering", lambda: ctl.raw("status").returncode == 0, 10)
+    threads = thread_status(lb.proc.pid)
+    main = threads[str(lb.proc.pid)]
+    uids = {t: st["Uid"].split() for t, st in threads.items()}
+    e.check(f"every thread runs as {RUN_AS} (uid {pw.pw_uid}), none as root",
+            all(u == [str(pw.pw_uid)] * 4 for u in uids.values()) and
+            all(st["Gid"].split() == [str(pw.pw_gid)] * 4 for st in threads.values()), str(uids))
+    raw = 1 << CAP_NET_RAW
+    e.check("the control thread keeps cap_net_raw only (permitted, effective, bounding), "
+            "none ambient or inheritable, no_new_privs",
+            int(main["CapPrm"], 16) == raw and int(main["CapEff"], 16) == raw and
+            int(main["CapBnd"], 16) == raw and int(main["CapAmb"], 16) == 0 and
+            int(main["CapInh"], 16) == 0 and main["NoNewPrivs"].strip() == "1",
+            str({k: main[k] for k in ("CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs")}))
+    e.check("no thread holds a capability beyond cap_net_raw (the EAL's threads hold none)",
+            all(int(st["CapPrm"], 16) & ~raw == 0 and int(st["CapEff"], 16) & ~raw == 0
+                for st in threads.values()),
+            str({t: (st.get("Name", "").strip(), st["CapPrm"]) for t, st in threads.items()}))
+    with open(lb.stderr) as f:
+        log_text = f.read()
+    e.check("the start says whom it runs as and why it keeps each capability",
+            f"running as user {RUN_AS}" in log_text and "cap_net_raw: encapsulated health" in
+            log_text, log_text[-600:])
+
+    # Encapsulated probes (raw sockets) keep every backend up; traffic flows.
+    bl = ctl.backends()
+    e.check("every backend is healthy, probed through its tunnel as the user",
+            all(b.get("state") == "active" and b.get("health") == "up" for b in bl.values()),
+            str({n: (b.get("state"), b.get("health")) for n, b in bl.items()}))
+    r = e.fanout(VIP_NCCL, 8000, 40, "unprivileged")
+    e.check("40 new connections through the unprivileged spillwayd", r["ok"] == 40,
+            str(r)[:300])
+    z, _, z_addr = [b for b in e.backends if b[0] == "onprem3"][0]
+    a = ctl("backend", "add", z, "--address", z_addr, "--pool", "onprem", "--weight", 100)
+    e.check("backend add is journaled in the user's state folder", a.get("intent_seq") == 1,
+            str(a))
+    wait_until(f"{z} resolved (solicited on the port's interface) and active", lambda: (
+        lambda b: b and b.get("state") == "active" and b.get("next_hop_resolved"))(
+            ctl.backends().get(z)), 20)
+    rl = ctl("config", "reload")
+    e.check("config reload reads the file as the user", rl.get("applied") is True, str(rl))
+
+    # A root caller's `config check` of a root-only file: the daemon no
+    # longer has the rights to read it, and quotes nothing of it.
+    secret = os.path.join(e.work, "root-only.toml")
+    with open(secret, "w") as f:
+        f.write('[control]\nsocket = "/SECRET-VALUE-4711"\n')
+    os.chmod(secret, 0o600)
+    c = ctl.raw("config", "check", secret)
+    e.check("config check of a root-only file: refused, nothing of it quoted",
+            c.returncode != 0 and "SECRET-VALUE" not in c.stdout + c.stderr and
+            "ermission denied" in c.stdout + c.stderr, (c.stdout + c.stderr)[-300:])
+
+    rc, _, _ = e.stop_lb(lb)
+    e.check("SIGTERM: exits cleanly as the user", rc == 0, f"exit {rc}")
+    state = os.path.join(run_dir, "state")
+    owners = {n: os.stat(os.path.join(state, n)).st_uid for n in os.listdir(state)}
+    e.check("the journal and the final checkpoint were written as the user",
+            owners and all(u == pw.pw_uid for u in owners.values()) and
+            {"intent.journal", "flows.ckpt"} <= set(owners), str(owners))
+
+    lb = e.start_lb("second", user=RUN_AS, run_dir=run_dir)
+    e.wait_ready(lb)
+    wait_until("the CLI socket answering", lambda: ctl.raw("status").returncode == 0, 10)
+    bl = ctl.backends()
+    e.check(f"after a restart as the user, the added {z} is back from the journal",
+            bl.get(z, {}).get("state") == "active", str({n: b.get("state") for n, b in bl.items()}))
+    rc, _, _ = e.stop_lb(lb)
+    e.check("second spillwayd exited cleanly", rc == 0, f"exit {rc}")
+    return None
+
+
 TESTS = {"health": ("e2e-control-health", test_health),
+         "top": ("e2e-control-top", test_top),
          "spillover": ("e2e-control-spillover", test_spillover),
          "cli": ("e2e-control-cli", test_cli),
          "restart": ("e2e-control-restart", test_restart),
          "affinity-restart": ("e2e-affinity-restart",
                               lambda e, ctl: affinity(e, ctl, kill=False)),
-         "affinity-crash": ("e2e-affinity-crash", lambda e, ctl: affinity(e, ctl, kill=True))}
+         "affinity-crash": ("e2e-affinity-crash", lambda e, ctl: affinity(e, ctl, kill=True)),
+         "privileges": ("e2e-privileges", test_privileges)}
 
 
 def main():

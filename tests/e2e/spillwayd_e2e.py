@@ -3,7 +3,7 @@
 
     spillwayd_e2e.py TEST SPILLWAYD SPILLWAY_DECAP
     TEST: distribution | restart | host-traffic | ipv6 | pmtu | restart-late-neighbour |
-          distribution-af-xdp | crash-af-xdp
+          distribution-af-xdp | crash-af-xdp | fragments
 
 Each run builds its own estate with scripts/topology (prefix swe<pid>: a
 client, the gateway "lb" running spillwayd on its veth through af_packet,
@@ -43,6 +43,11 @@ names the backend in its first line).
                 a restart while one backend answers ARP only a second late:
                 its held flows must survive (the tables do not depend on
                 next-hop resolution, so the new instance keeps them there).
+  fragments     IPv4 fragments into the af_packet port (scapy): the PMD's
+                fanout has the kernel reassemble them, so a datagram longer
+                than the MTU must count as ipv4_fragment (not
+                bad_total_length) and incomplete ones must show in the
+                exported kernel_reassembly counters (ipfrag_time 1 s).
   crash-af-xdp  AF_XDP mode, `kill -9`, start again: the killed instance's
                 XDP program stays on the gateway's port; the new instance
                 must detach it (and log that), come up and forward on the
@@ -301,17 +306,21 @@ class Estate:
         with open(path, "w") as f:
             f.write("\n".join(lines))
         if check:
-            self.run([self.spillwayd, "--check-config", path])
+            # In the gateway's namespace: the host checks look for its interface.
+            self.run([self.spillwayd, "--check-config", path], ns=self.ns("lb"))
         if main:
             self.config = path
         return path
 
-    def start_lb(self, tag, metrics_listen="", host="lb", config=None):
+    def start_lb(self, tag, metrics_listen="", host="lb", config=None, user=None,
+                 run_dir=None):
         """spillwayd in `host`'s namespace; another host than "lb" (a tier
         instance) gets its own EAL file prefix, socket (self.socket(host))
-        and state directory."""
+        and state directory. With `user` it runs as that user after start-up
+        (--user), writing its statistics and state under `run_dir`."""
         own = "" if host == "lb" else f"-{host}"
-        stats = os.path.join(self.work, f"stats-{tag}.json")
+        run_dir = run_dir or self.work
+        stats = os.path.join(run_dir, f"stats-{tag}.json")
         stdout = os.path.join(self.work, f"final-{tag}.json")
         stderr = os.path.join(self.work, f"spillwayd-{tag}.log")
         p = self.spawn([self.spillwayd, "--no-huge", "-m", "512", "--file-prefix",
@@ -319,9 +328,10 @@ class Estate:
                         "--", "--config", config or self.config, "--stats-file", stats,
                         "--stats-interval-ms", "100",
                         "--control-socket", self.socket(host),
-                        "--state-dir", os.path.join(self.work, "state" + own),
+                        "--state-dir", os.path.join(run_dir, "state" + own),
                         ] + (["--metrics-listen", metrics_listen] if metrics_listen is not None
-                             else []), ns=self.ns(host), stdout=stdout,
+                             else []) + (["--user", user] if user is not None else []),
+                       ns=self.ns(host), stdout=stdout,
                        stderr=stderr)
         return Lb(p, stats, stdout, stderr)
 
@@ -926,6 +936,81 @@ def test_pmtu(e):
     return f"{len(reached)} of {2 * len(e.backends)} bulk flows through path MTU discovery"
 
 
+# Sent from the client's namespace by test_fragments: `whole` UDP datagrams
+# of 3000 bytes in three fragments each, and `lone` first fragments (MF set)
+# whose rest never comes.
+FRAGMENT_SENDER = r"""
+import sys
+from scapy.all import Ether, IP, UDP, Raw, fragment, sendp, conf
+conf.verb = 0
+lb_mac, vip, whole, lone = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+frames = []
+for i in range(whole):
+    dgram = IP(src="10.99.0.100", dst=vip, id=0x4000 + i) / UDP(sport=40000 + i, dport=7000) / \
+        Raw(bytes([i]) * 2992)
+    frames += [Ether(dst=lb_mac) / f for f in fragment(dgram, fragsize=1400)]
+for i in range(lone):
+    frames.append(Ether(dst=lb_mac) / IP(src="10.99.0.100", dst=vip, id=0x5000 + i, flags="MF",
+                                         proto=17) / Raw(b"x" * 1400))
+sendp(frames, iface="eth0")
+print(len(frames))
+"""
+
+
+def test_fragments(e):
+    """IPv4 fragments on an af_packet port (DPDK 22.11's PMD joins a fanout
+    group with PACKET_FANOUT_FLAG_DEFRAG: the kernel reassembles before
+    spillwayd reads). A reassembled datagram longer than the port's MTU must
+    be counted as ipv4_fragment (not bad_total_length), and fragments that
+    never complete must show in spillwayd's kernel_reassembly counters."""
+    e.topology_up(onprem=2, cloud=0)
+    e.start_servers(ports=(8000,))
+    lb_ns = e.ns("lb")
+    # Incomplete datagrams expire after 1 s instead of 30 (per namespace).
+    e.run(["sysctl", "-qw", "net.ipv4.ipfrag_time=1"], ns=lb_ns)
+    e.write_config()
+    lb = e.start_lb("frag")
+    e.wait_ready(lb)
+    whole, lone = 5, 4
+
+    def drops(s, reason):
+        return s["drops"].get(reason, 0)
+
+    def reasm(s, key):
+        return (s.get("kernel_reassembly") or {}).get(key, 0)
+
+    base = wait_until("statistics", lb.read_stats, 10)
+    r = e.run([PY, "-c", FRAGMENT_SENDER, e.mac("lb"), VIP_NCCL, str(whole), str(lone)],
+              ns=e.ns("client"), check=False)
+    e.check("scapy sent the fragments", r.returncode == 0, r.stderr.strip()[-300:])
+
+    def settled():
+        s = lb.read_stats()
+        return s if s and drops(s, "ipv4_fragment") - drops(base, "ipv4_fragment") >= whole and \
+            reasm(s, "timeouts") - reasm(base, "timeouts") >= lone else None
+    try:
+        s = wait_until("fragments counted", settled, 10)
+    except Fail:
+        s = lb.read_stats()
+    frag = drops(s, "ipv4_fragment") - drops(base, "ipv4_fragment")
+    bad = drops(s, "bad_total_length") - drops(base, "bad_total_length")
+    e.check("each reassembled datagram past the MTU counted as ipv4_fragment, none as "
+            "bad_total_length", frag == whole and bad == 0 and s["forwarded"] == base["forwarded"],
+            f"ipv4_fragment +{frag}, bad_total_length +{bad} for {whole} datagrams, "
+            f"forwarded +{s['forwarded'] - base['forwarded']}")
+    e.check("spillwayd exports the kernel's reassembly counters (af_packet port)",
+            "kernel_reassembly" in s, f"stats keys: {sorted(s)}")
+    got = {k: reasm(s, k) - reasm(base, k) for k in ("requests", "ok", "failed", "timeouts")}
+    e.check("the kernel's reassembly counted every fragment, the whole datagrams and the "
+            "incomplete ones' timeouts",
+            got["requests"] == 3 * whole + lone and got["ok"] == whole and
+            got["timeouts"] == lone and got["failed"] >= lone, f"{got}")
+    rc, _, final = e.stop_lb(lb)
+    log(f"spillwayd: rx {final and final['rx_packets']}, drops {final and final['drops']}, "
+        f"kernel_reassembly {final and final.get('kernel_reassembly')}")
+    return f"ipv4_fragment +{frag}, kernel reassembly {got}"
+
+
 def test_distribution_af_xdp(e):
     # AF_XDP mode: Spillway's XDP program hands only VIP traffic to spillwayd
     # (through DPDK's af_xdp sockets) and passes everything else to the
@@ -1009,7 +1094,8 @@ TESTS = {"distribution": ("e2e-af-packet-distribution", test_distribution),
          "ipv6": ("e2e-ipv6", test_ipv6),
          "pmtu": ("e2e-path-mtu", test_pmtu),
          "restart-late-neighbour": ("e2e-restart-late-neighbour", test_restart_late_neighbour),
-         "host-traffic": ("e2e-exception-free-host-traffic", test_host_traffic)}
+         "host-traffic": ("e2e-exception-free-host-traffic", test_host_traffic),
+         "fragments": ("e2e-af-packet-fragments", test_fragments)}
 
 
 def preflight():

@@ -1050,12 +1050,31 @@ void FlowClient::runCommand(std::string_view line, std::int64_t now) {
     probeRate_ = rate;
     probeTokens_ = std::min(probeTokens_, 1.0);
     std::fprintf(stderr, "flowcheck: probe-rate: %g per second\n", rate);
+  } else if (verb == "pause" && !arg.empty()) {
+    // Every live flow sends nothing for the given seconds (a silent NCCL
+    // flow): no stall, since nothing is waiting for an echo.
+    const std::string text(arg);
+    char* end = nullptr;
+    const double seconds = std::strtod(text.c_str(), &end);
+    if (end != text.c_str() + text.size() || !(seconds > 0) || seconds > 3600) {
+      std::fprintf(stderr, "flowcheck: pause: want 0..3600 seconds, got \"%s\"\n", text.c_str());
+      return;
+    }
+    const std::int64_t until = now + static_cast<std::int64_t>(seconds * 1e9);
+    int paused = 0;
+    for (const std::size_t index : active_) {
+      Flow& flow = *flows_[index];
+      if (flow.phase != Phase::Live) continue;
+      flow.nextSendNs = std::max(flow.nextSendNs, until);
+      ++paused;
+    }
+    std::fprintf(stderr, "flowcheck: pause: %d live flow(s) silent for %g s\n", paused, seconds);
   } else if (verb == "stop" && arg.empty()) {
     beginStop(now, "stop command");
   } else {
     std::fprintf(stderr,
                  "flowcheck: unknown command \"%s\" (want: close BACKEND, close-all, open N, "
-                 "probe-rate R, stop)\n",
+                 "probe-rate R, pause SECONDS, stop)\n",
                  shown.c_str());
   }
 }

@@ -812,3 +812,57 @@ TEST(Config, BackendIdIsFnv1a64) {
 
 }  // namespace
 }  // namespace spillway
+
+namespace spillway {
+namespace {
+
+TEST(Config, IcmpLimitsDefaultAndParse) {
+  ConfigResult d = loadConfigFromString(kMinimal, "t.toml");
+  ASSERT_TRUE(d.ok()) << formatErrors(d.errors());
+  const IcmpRateLimits defaults{};
+  EXPECT_EQ(d.value().dataplane.icmpLimits.perSecond, defaults.perSecond);
+  EXPECT_EQ(d.value().dataplane.icmpLimits.perSourceBurst, defaults.perSourceBurst);
+
+  ConfigResult r = loadConfigFromString(std::string(kMinimal) + R"(
+[dataplane.icmp_limits]
+per_second = 5000
+burst = 500
+per_source_per_second = 2
+per_source_burst = 4
+)",
+                                        "t.toml");
+  ASSERT_TRUE(r.ok()) << formatErrors(r.errors());
+  const IcmpRateLimits& l = r.value().dataplane.icmpLimits;
+  EXPECT_EQ(l.perSecond, 5000u);
+  EXPECT_EQ(l.burst, 500u);
+  EXPECT_EQ(l.perSourcePerSecond, 2u);
+  EXPECT_EQ(l.perSourceBurst, 4u);
+}
+
+TEST(Config, IcmpLimitsOutOfRangeAreErrors) {
+  for (const char* line : {"per_second = 0", "burst = 0", "per_source_per_second = 2000000",
+                           "per_source_burst = 5000000", "per_second = \"fast\"", "rate = 5"}) {
+    ConfigResult r = loadConfigFromString(
+        std::string(kMinimal) + "\n[dataplane.icmp_limits]\n" + line + "\n", "t.toml");
+    ASSERT_FALSE(r.ok()) << line;
+    EXPECT_NE(formatErrors(r.errors()).find("dataplane.icmp_limits."), std::string::npos)
+        << formatErrors(r.errors());
+  }
+}
+
+TEST(Config, ControlUserIsANameOrEmpty) {
+  ConfigResult r =
+      loadConfigFromString(std::string(kMinimal) + "\n[control]\nuser = \"spillway\"\n", "t.toml");
+  ASSERT_TRUE(r.ok()) << formatErrors(r.errors());
+  EXPECT_EQ(r.value().control.user, "spillway");
+  ConfigResult d = loadConfigFromString(kMinimal, "t.toml");
+  EXPECT_EQ(d.value().control.user, "");
+  for (const char* bad : {"\"-x\"", "\"a b\"", "\"root;rm\"", "3"}) {
+    ConfigResult b =
+        loadConfigFromString(std::string(kMinimal) + "\n[control]\nuser = " + bad + "\n", "t.toml");
+    EXPECT_FALSE(b.ok()) << bad;
+  }
+}
+
+}  // namespace
+}  // namespace spillway

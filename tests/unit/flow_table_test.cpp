@@ -550,8 +550,10 @@ TEST(FlowTable, SynFloodModeSkipsTheRelocationStepUntilRoomAppears) {
   // A table full of handshakes: embryonic inserts until 16 in a row fail
   // (the first time the mode can start), then until 200 in a row fail.
   int streak = 0;
+  EXPECT_EQ(table.counters().synFlood, 0u);
   while (streak < 16) streak = syn(now) == InsertResult::FullEmbryonic ? streak + 1 : 0;
   EXPECT_EQ(table.counters().relocationsSkipped, 0u);  // not before the streak
+  EXPECT_EQ(table.counters().synFlood, 1u);            // the mode, as metrics show it
   while (streak < 200) streak = syn(now) == InsertResult::FullEmbryonic ? streak + 1 : 0;
 
   // Flood mode: most rejected SYNs skip the cuckoo step. They are still
@@ -581,6 +583,7 @@ TEST(FlowTable, SynFloodModeSkipsTheRelocationStepUntilRoomAppears) {
   // (a mode that never ended would skip them).
   const Millis later = now + table.timeouts().embryonic + 1;
   for (int i = 0; i < 200; ++i) EXPECT_EQ(syn(later), InsertResult::Inserted);
+  EXPECT_EQ(table.counters().synFlood, 0u);
   const std::uint64_t skippedAfterRoom = table.counters().relocationsSkipped;
   const std::uint64_t rejectedAfterRoom = table.counters().embryonicRejected;
   while (table.counters().embryonicRejected < rejectedAfterRoom + 8) (void)syn(later);

@@ -378,7 +378,10 @@ InsertResult FlowTable::insert(std::uint64_t hash, std::uint32_t backend, FlowSt
     store(bucket, slot);
     ++counters_.occupancy;
     ++counters_.inserts;
-    if (evictable) embryonicRoomMisses_ = 0;  // there is room: no flood
+    if (evictable) {  // there is room: no flood
+      if (embryonicRoomMisses_ >= kFloodAfterMisses) counters_.synFlood = 0;
+      embryonicRoomMisses_ = 0;
+    }
     return InsertResult::Inserted;
   };
   if (const unsigned slot = takeFreeSlot(first, now32); slot != kNoSlot) return place(first, slot);
@@ -399,7 +402,9 @@ InsertResult FlowTable::insert(std::uint64_t hash, std::uint32_t backend, FlowSt
       into = &second;
     }
     if (slot != kNoSlot) return place(*into, slot);
-    if (evictable) embryonicRoomMisses_ = std::min(embryonicRoomMisses_ + 1, kFloodAfterMisses);
+    if (evictable && embryonicRoomMisses_ < kFloodAfterMisses) {
+      if (++embryonicRoomMisses_ == kFloodAfterMisses) counters_.synFlood = 1;
+    }
   }
 
   {
@@ -430,7 +435,10 @@ InsertResult FlowTable::insert(std::uint64_t hash, std::uint32_t backend, FlowSt
       store(*victim, victimSlot);
       ++counters_.evictions;
       ++counters_.inserts;
-      if (evictable) embryonicRoomMisses_ = 0;
+      if (evictable) {
+        if (embryonicRoomMisses_ >= kFloodAfterMisses) counters_.synFlood = 0;
+        embryonicRoomMisses_ = 0;
+      }
       return InsertResult::Inserted;
     }
   }
@@ -569,6 +577,7 @@ void FlowTable::clear() noexcept {
   purgeCursor_ = 0;
   embryonicRoomMisses_ = 0;
   floodInserts_ = 0;
+  counters_.synFlood = 0;
 }
 
 }  // namespace spillway
