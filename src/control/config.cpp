@@ -1637,7 +1637,80 @@ void Loader::loadTier(const toml::table& root, std::set<std::string>& used) {
   }
 }
 
+// A table header whose name starts with anything but a key ("[[#",
+// "[[[1]]]", "[=") reaches toml++ 3.3's parse_key() with its precondition
+// broken: an assertion in debug builds, undefined behaviour (an assumption)
+// in release ones; fixed upstream after 3.3 (marzer/tomlplusplus#301). Such
+// a header is refused here first, as a syntax error. The scan knows strings,
+// comments and arrays that span lines, so that a '[' inside a value is no
+// header.
+std::optional<Place> badTableHeader(std::string_view text) {
+  const auto bareKey = [](char c) {
+    return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' ||
+           c == '-';
+  };
+  std::uint32_t line = 1;
+  std::size_t lineBegin = 0;
+  std::size_t depth = 0;  // '[' of values still open
+  bool lineStart = true;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '\n') {
+      ++line;
+      lineBegin = i + 1;
+      lineStart = true;
+      continue;
+    }
+    if (c == ' ' || c == '\t' || c == '\r') continue;
+    if (c == '#') {
+      while (i + 1 < text.size() && text[i + 1] != '\n') ++i;
+      continue;
+    }
+    if (c == '"' || c == '\'') {
+      const bool triple = text.substr(i, 3) == std::string(3, c);
+      std::size_t j = i + (triple ? 3 : 1);
+      for (; j < text.size(); ++j) {
+        if (c == '"' && text[j] == '\\') {
+          ++j;  // an escaped character
+        } else if (triple ? text.substr(j, 3) == std::string(3, c) : text[j] == c) {
+          break;
+        } else if (text[j] == '\n') {
+          if (!triple) return std::nullopt;  // toml++ reports the open string
+          ++line;
+          lineBegin = j + 1;
+        }
+      }
+      if (j >= text.size()) return std::nullopt;
+      i = j + (triple ? 2 : 0);
+      lineStart = false;
+      continue;
+    }
+    if (lineStart && depth == 0 && c == '[') {
+      std::size_t j = i + 1;
+      if (j < text.size() && text[j] == '[') ++j;
+      while (j < text.size() && (text[j] == ' ' || text[j] == '\t')) ++j;
+      if (j < text.size() && !bareKey(text[j]) && text[j] != '"' && text[j] != '\'' &&
+          text[j] != ']') {
+        return Place{line, static_cast<std::uint32_t>(j - lineBegin + 1)};
+      }
+      i = j - 1;
+      lineStart = false;
+      continue;
+    }
+    lineStart = false;
+    if (c == '[') ++depth;
+    if (c == ']' && depth > 0) --depth;
+  }
+  return std::nullopt;
+}
+
 ConfigResult Loader::load(std::string_view text) {
+  if (const std::optional<Place> p = badTableHeader(text)) {
+    errors_.push_back(ConfigError{file_, p->line, p->column, "", "",
+                                  "TOML: a table header needs a name (a bare key or a quoted "
+                                  "string) after its '[' or '[['"});
+    return ConfigResult(std::move(errors_));
+  }
   toml::table root;
   try {
     root = toml::parse(text, std::string_view(file_));

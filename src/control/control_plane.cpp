@@ -1,6 +1,7 @@
 #include "control/control_plane.hpp"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
@@ -53,6 +54,13 @@ Json checkpointStatsJson(const AffinityKeeper& keeper, Millis now) {
               {"last_error", c.lastError},
               {"restored_at_start", c.restoredAtStart},
               {"restored_alive", c.restoredAlive}};
+}
+
+Json scrapeJson(const LoadStatus& s) {
+  return Json{{"scrapes", s.scrapes},
+              {"failures", s.failures},
+              {"out_of_range", {{"gpu", s.gpuOutOfRange}, {"queue", s.queueOutOfRange}}},
+              {"last_error", s.lastError}};
 }
 
 }  // namespace
@@ -401,6 +409,9 @@ bool ControlPlane::tick(Millis now) {
     (void)states_.setHealth(t.id, t.up, now, t.cause);
   }
   scraper_.poll(now);
+  for (ScrapeNotice& n : scraper_.takeNotices()) {
+    events_.append(n.time, std::move(n.backend), kEventScrape, std::move(n.text));
+  }
   collectFlows(now);
   states_.tick(now);
 
@@ -804,6 +815,7 @@ Json ControlPlane::backendJson(const BackendConfig& b) const {
   const ScrapedLoad load = scraper_.load(b.id, now_);
   j["gpu_utilization"] = load.gpuUtilization ? Json(*load.gpuUtilization) : Json(nullptr);
   j["queue_depth"] = load.queueDepth ? Json(*load.queueDepth) : Json(nullptr);
+  if (auto s = scraper_.status(b.id); s && s->scrapes > 0) j["scrape"] = scrapeJson(*s);
   j["saturated"] = policy_.saturated(b.id);
   const BackendRuntime* rt = builder_.runtime(b.id);
   j["next_hop_resolved"] = rt != nullptr && rt->nextHopMac.has_value();
@@ -936,6 +948,7 @@ ApiResult ControlPlane::health() {
       j["probes"] = h->probes;
       j["failures"] = h->failures;
     }
+    if (auto s = scraper_.status(b.id); s && s->scrapes > 0) j["scrape"] = scrapeJson(*s);
     out.push_back(j);
   }
   return out;
@@ -1740,6 +1753,19 @@ std::string ControlPlane::metricsText() {
   m.gauge("spillway_control_loop_max_gap_seconds",
           "Longest time between two control-loop rounds over the last 30 to 60 s.", {},
           static_cast<double>(std::max(roundGapMax_, roundGapMaxPrevious_)) / 1000.0);
+  if (loopDurations_.count() > 0) {
+    std::array<HistogramBucket, LoopDurations::kBounds.size()> buckets{};
+    std::uint64_t cumulative = 0;
+    for (std::size_t i = 0; i < buckets.size(); ++i) {
+      cumulative += loopDurations_.perBucket()[i];
+      buckets[i] = HistogramBucket{LoopDurations::kBounds[i], cumulative};
+    }
+    m.histogram("spillway_control_loop_tick_seconds",
+                "Duration of the control loop's rounds (checks, scrapes, CLI, metrics, publish).",
+                {}, buckets, loopDurations_.sum(), loopDurations_.count());
+    m.gauge("spillway_control_loop_tick_max_seconds",
+            "The longest control loop round since the daemon started.", {}, loopDurations_.max());
+  }
   {
     const auto outcome = announce_ ? std::optional(announce_->outcome()) : std::nullopt;
     appendAnnounceMetrics(m, outcome ? &*outcome : nullptr,
@@ -1879,6 +1905,22 @@ std::string ControlPlane::metricsText() {
     if (load.queueDepth) {
       m.gauge("spillway_backend_queue_depth", "Smoothed requests waiting.", {{"backend", b.name}},
               *load.queueDepth);
+    }
+    if (auto s = scraper_.status(b.id); s && config_.pools[b.poolIndex].load.enabled) {
+      m.counter("spillway_scrapes_total", "Load scrapes that ended (success or failure).",
+                {{"backend", b.name}}, static_cast<double>(s->scrapes));
+      m.counter("spillway_scrape_failures_total",
+                "Load scrapes that failed (connect, HTTP, size, exposition text).",
+                {{"backend", b.name}}, static_cast<double>(s->failures));
+      m.counter("spillway_scrape_out_of_range_total",
+                "Scrapes whose value was outside its meaning (GPU utilisation outside 0-100, "
+                "queue depth negative or not finite): taken as unknown.",
+                {{"backend", b.name}, {"metric", "gpu"}}, static_cast<double>(s->gpuOutOfRange));
+      m.counter("spillway_scrape_out_of_range_total",
+                "Scrapes whose value was outside its meaning (GPU utilisation outside 0-100, "
+                "queue depth negative or not finite): taken as unknown.",
+                {{"backend", b.name}, {"metric", "queue"}},
+                static_cast<double>(s->queueOutOfRange));
     }
     if (anyVipPlaces()) {
       m.gauge("spillway_backend_byte_rate", "Smoothed forwarded bytes per second (placement).",

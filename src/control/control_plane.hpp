@@ -38,6 +38,7 @@
 #include "control/event_log.hpp"
 #include "control/health.hpp"
 #include "control/intent_journal.hpp"
+#include "control/loop_durations.hpp"
 #include "control/peer_channel.hpp"
 #include "control/policy.hpp"
 #include "control/scraper.hpp"
@@ -89,6 +90,10 @@ class ControlPlane final : public ControlApi {
     return startupReport_;
   }
   [[nodiscard]] const IntentJournal& intent() const noexcept { return journal_; }
+  // How long one round of the daemon's control loop (tick, CLI, metrics,
+  // publish) took, by the daemon's clock; exported with the metrics.
+  void recordLoopDuration(double seconds) noexcept { loopDurations_.record(seconds); }
+  [[nodiscard]] const LoopDurations& loopDurations() const noexcept { return loopDurations_; }
 
   // BGP announcement (control_plane_announce.cpp): the exchange with the
   // announcer thread (null: announce disabled). syncAnnounce() runs every
@@ -207,6 +212,7 @@ class ControlPlane final : public ControlApi {
   WeightPolicy policy_;
   HealthChecker health_;
   LoadScraper scraper_;
+  LoopDurations loopDurations_;
   std::function<std::int64_t()> wallClock_;
   IntentJournal journal_;
   std::set<std::uint64_t> retiring_;  // draining because the file no longer names them

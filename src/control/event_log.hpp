@@ -37,6 +37,7 @@ inline constexpr const char* kEventLatency = "latency";      // preferred region
 inline constexpr const char* kEventCheckpoint = "checkpoint";  // flow affinity saved or restored
 inline constexpr const char* kEventWarmup = "warmup";          // start-up tables held / released
 inline constexpr const char* kEventAnnounce = "announce";      // a VIP announced or withdrawn (BGP)
+inline constexpr const char* kEventScrape = "scrape";          // a load value out of range (once)
 inline constexpr const char* kEventIntent =
     "intent";  // operator intent journaled, replayed or dropped
 

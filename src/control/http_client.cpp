@@ -47,6 +47,10 @@ std::string excerpt(std::string_view s) {
 }
 
 constexpr std::size_t kMaxChunkSizeLine = 1024;
+// The most one event makes an exchange read: a server that sends as fast as
+// loopback allows cannot keep the control loop in one recv() loop for
+// megabytes (epoll is level-triggered: the rest is read on the next round).
+constexpr std::size_t kReadBudget = 256 * 1024;
 
 }  // namespace
 
@@ -119,12 +123,10 @@ HttpExchange::~HttpExchange() {
   closeSocket();
 }
 
-void HttpExchange::start(const HttpRequest& request, int epollFd, std::uint64_t tag) noexcept {
+void HttpExchange::reset(const HttpRequest& request) noexcept {
   closeSocket();
   try {
     request_ = request;
-    epollFd_ = epollFd;
-    tag_ = tag;
     state_ = State::Connecting;
     connected_ = false;
     peerClosed_ = false;
@@ -133,6 +135,7 @@ void HttpExchange::start(const HttpRequest& request, int epollFd, std::uint64_t 
     sent_ = 0;
     in_.clear();
     headerEnd_ = 0;
+    scanFrom_ = 0;
     headersParsed_ = false;
     chunked_ = false;
     hasContentLength_ = false;
@@ -147,8 +150,15 @@ void HttpExchange::start(const HttpRequest& request, int epollFd, std::uint64_t 
     }
   } catch (...) {
     fail("out of memory");
-    return;
   }
+}
+
+void HttpExchange::start(const HttpRequest& request, int epollFd, std::uint64_t tag) noexcept {
+  closeSocket();  // from the epoll fd it was registered with
+  epollFd_ = epollFd;
+  tag_ = tag;
+  reset(request);
+  if (state_ == State::Failed) return;
 
   const SocketAddress addr(request_.address, request_.port);
   fd_ = ::socket(addr.family(), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -285,12 +295,62 @@ void HttpExchange::sendSome() noexcept {
   setInterest(EPOLLIN | EPOLLRDHUP);
 }
 
+void HttpExchange::startDetached(const HttpRequest& request) noexcept {
+  closeSocket();
+  epollFd_ = -1;
+  tag_ = 0;
+  reset(request);
+  if (state_ == State::Failed) return;
+  connected_ = true;
+  if (request_.mode == HttpExchangeMode::ConnectOnly) {
+    state_ = State::Done;
+    return;
+  }
+  sent_ = out_.size();
+  state_ = State::Receiving;
+}
+
+void HttpExchange::feed(std::string_view bytes, std::size_t piece) noexcept {
+  piece = std::max<std::size_t>(piece, 1);
+  while (state_ == State::Receiving && !bytes.empty()) {
+    const std::size_t n = std::min({bytes.size(), piece, receiveRoom()});
+    received(bytes.data(), n);
+    bytes.remove_prefix(n);
+  }
+}
+
+void HttpExchange::feedEnd() noexcept {
+  if (state_ == State::Receiving) receivedEnd();
+}
+
+std::size_t HttpExchange::receiveRoom() const noexcept {
+  return request_.maxResponseBytes + 1 - std::min(in_.size(), request_.maxResponseBytes);
+}
+
+void HttpExchange::received(const char* data, std::size_t size) noexcept {
+  try {
+    in_.append(data, size);
+  } catch (...) {
+    fail("out of memory");
+    return;
+  }
+  parseResponse(false);
+  if (state_ == State::Receiving && in_.size() > request_.maxResponseBytes) {
+    fail("response larger than " + std::to_string(request_.maxResponseBytes) + " bytes");
+  }
+}
+
+void HttpExchange::receivedEnd() noexcept {
+  peerClosed_ = true;
+  parseResponse(true);
+  if (state_ == State::Receiving) fail("connection closed early");
+}
+
 void HttpExchange::receiveSome() noexcept {
   char buffer[16 * 1024];
-  while (state_ == State::Receiving) {
-    const std::size_t room =
-        request_.maxResponseBytes + 1 - std::min(in_.size(), request_.maxResponseBytes);
-    const ssize_t n = ::recv(fd_, buffer, std::min(sizeof buffer, room), 0);
+  std::size_t budget = kReadBudget;
+  while (state_ == State::Receiving && budget > 0) {
+    const ssize_t n = ::recv(fd_, buffer, std::min({sizeof buffer, receiveRoom(), budget}), 0);
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
@@ -298,30 +358,20 @@ void HttpExchange::receiveSome() noexcept {
       return;
     }
     if (n == 0) {
-      peerClosed_ = true;
-      parseResponse(true);
-      if (state_ == State::Receiving) fail("connection closed early");
+      receivedEnd();
       return;
     }
-    try {
-      in_.append(buffer, static_cast<std::size_t>(n));
-    } catch (...) {
-      fail("out of memory");
-      return;
-    }
-    parseResponse(false);
-    if (state_ == State::Receiving && in_.size() > request_.maxResponseBytes) {
-      fail("response larger than " + std::to_string(request_.maxResponseBytes) + " bytes");
-      return;
-    }
+    received(buffer, static_cast<std::size_t>(n));
+    budget -= static_cast<std::size_t>(n);
   }
 }
 
 void HttpExchange::parseResponse(bool eof) noexcept {
   try {
     if (request_.mode == HttpExchangeMode::StatusLine) {
-      const std::size_t nl = in_.find('\n');
+      const std::size_t nl = in_.find('\n', scanFrom_);
       if (nl == std::string::npos) {
+        scanFrom_ = in_.size();
         if (eof)
           fail(in_.empty() ? "connection closed without a response"
                            : "connection closed inside the status line");
@@ -338,8 +388,12 @@ void HttpExchange::parseResponse(bool eof) noexcept {
       return;
     }
     if (!headersParsed_) {
-      const std::size_t end = in_.find("\r\n\r\n");
+      // From where the last search stopped (less the 3 bytes a split
+      // terminator may have left): each byte is searched once, however the
+      // response is split, not once per read.
+      const std::size_t end = in_.find("\r\n\r\n", scanFrom_);
       if (end == std::string::npos) {
+        scanFrom_ = in_.size() < 3 ? 0 : in_.size() - 3;
         if (eof)
           fail(in_.empty() ? "connection closed without a response"
                            : "connection closed inside the response headers");
@@ -449,8 +503,10 @@ bool HttpExchange::decodeChunks() noexcept {
     switch (chunkState_) {
       case ChunkState::Size: {
         const std::size_t eol = in_.find("\r\n", chunkPos_);
-        if (eol == std::string::npos) {
-          if (in_.size() - chunkPos_ > kMaxChunkSizeLine) fail("chunk size line too long");
+        if (eol == std::string::npos || eol - chunkPos_ > kMaxChunkSizeLine) {
+          // A line of kMaxChunkSizeLine bytes and its CRLF, whether or not the
+          // CRLF came in the same read.
+          if (in_.size() - chunkPos_ > kMaxChunkSizeLine + 1) fail("chunk size line too long");
           return false;
         }
         const std::string_view line = std::string_view(in_).substr(chunkPos_, eol - chunkPos_);
@@ -465,8 +521,8 @@ bool HttpExchange::decodeChunks() noexcept {
           else if (c >= 'A' && c <= 'F')
             d = c - 'A' + 10;
           if (d < 0) break;
-          if (size > request_.maxResponseBytes) break;
-          size = size * 16 + static_cast<std::size_t>(d);
+          // Past the bound the size only has to stay past it (no overflow).
+          if (size <= request_.maxResponseBytes) size = size * 16 + static_cast<std::size_t>(d);
           ++digits;
         }
         const std::string_view restOfLine = trim(line.substr(digits));
@@ -503,7 +559,10 @@ bool HttpExchange::decodeChunks() noexcept {
         break;
       case ChunkState::Trailer: {
         const std::size_t eol = in_.find("\r\n", chunkPos_);
-        if (eol == std::string::npos) return false;
+        if (eol == std::string::npos || eol - chunkPos_ > kMaxChunkSizeLine) {
+          if (in_.size() - chunkPos_ > kMaxChunkSizeLine + 1) fail("trailer line too long");
+          return false;
+        }
         const bool last = eol == chunkPos_;
         chunkPos_ = eol + 2;
         if (last) return true;

@@ -82,6 +82,15 @@ class HttpExchange {
   // Advances on the epoll events reported for this exchange's tag.
   void onEvent(std::uint32_t events) noexcept;
 
+  // Without a socket, for replays and fuzzing: the exchange waits for the
+  // response to `request` (StatusLine or FullResponse) as if it had been
+  // sent; feed() hands it bytes as recv() would (in pieces of at most
+  // `piece` bytes, the room left under maxResponseBytes bounding each as it
+  // bounds a recv()), feedEnd() the server's close. ConnectOnly is Done.
+  void startDetached(const HttpRequest& request) noexcept;
+  void feed(std::string_view bytes, std::size_t piece = 16 * 1024) noexcept;
+  void feedEnd() noexcept;
+
   // Closes the socket (with RST) and fails with `reason` unless already
   // finished; finished exchanges just release their socket.
   void abort(std::string_view reason) noexcept;
@@ -103,6 +112,11 @@ class HttpExchange {
   void onConnected() noexcept;
   void sendSome() noexcept;
   void receiveSome() noexcept;
+  // How many bytes the next read may take: one past maxResponseBytes at most.
+  [[nodiscard]] std::size_t receiveRoom() const noexcept;
+  void received(const char* data, std::size_t size) noexcept;
+  void receivedEnd() noexcept;
+  void reset(const HttpRequest& request) noexcept;
   // Parses what has arrived; finishes or fails when it can tell.
   void parseResponse(bool eof) noexcept;
   bool parseHeaders(std::string_view head) noexcept;
@@ -122,6 +136,7 @@ class HttpExchange {
   std::size_t sent_ = 0;
   std::string in_;
   std::size_t headerEnd_ = 0;  // offset of the body in in_, once headers are parsed
+  std::size_t scanFrom_ = 0;   // where the search for the status line / head's end resumes
   bool headersParsed_ = false;
   bool chunked_ = false;
   bool hasContentLength_ = false;

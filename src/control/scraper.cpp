@@ -8,9 +8,9 @@
 #include <cerrno>
 #include <cmath>
 #include <system_error>
+#include <utility>
 
 #include "control/epoll_loop.hpp"
-#include "control/http_client.hpp"
 #include "spillway/errno_text.hpp"
 
 namespace spillway {
@@ -69,6 +69,10 @@ struct LoadScraper::Entry {
   Millis scrapeStart = 0;
   std::uint64_t tag = 0;
   HttpExchange exchange;
+  // Whether an out-of-range value of the metric raises a notice: true until
+  // one did, and again once the metric reports an in-range value.
+  bool gpuNoticeArmed = true;
+  bool queueNoticeArmed = true;
 };
 
 LoadScraper::LoadScraper(LoadScraperOptions options) : options_(options) {
@@ -190,6 +194,37 @@ void LoadScraper::poll(Millis now) noexcept {
   }
 }
 
+HttpRequest LoadScraper::scrapeRequest(const Entry& e) const {
+  const LoadSourceConfig& c = e.target.config;
+  HttpRequest request;
+  request.mode = HttpExchangeMode::FullResponse;
+  request.address = e.target.address;
+  request.port = c.port;
+  request.path = c.path.empty() ? "/" : c.path;
+  request.accept = "text/plain;version=0.0.4";
+  request.maxResponseBytes = options_.maxResponseBytes;
+  return request;
+}
+
+void LoadScraper::replayResponse(std::uint64_t id, Millis now, std::string_view response,
+                                 std::size_t piece) noexcept {
+  const auto it = byId_.find(id);
+  if (it == byId_.end()) return;
+  Entry& e = *it->second;
+  endScrape(e);
+  try {
+    e.exchange.startDetached(scrapeRequest(e));
+  } catch (...) {
+    recordFailure(e, now, "out of memory");
+    return;
+  }
+  e.scraping = true;
+  e.scrapeStart = now;
+  e.exchange.feed(response, piece);
+  e.exchange.feedEnd();
+  onExchangeFinished(e, now);
+}
+
 void LoadScraper::startScrape(Entry& e, Millis now) noexcept {
   const LoadSourceConfig& c = e.target.config;
   e.scraping = true;
@@ -201,13 +236,7 @@ void LoadScraper::startScrape(Entry& e, Millis now) noexcept {
     return;
   }
   try {
-    HttpRequest request;
-    request.mode = HttpExchangeMode::FullResponse;
-    request.address = e.target.address;
-    request.port = c.port;
-    request.path = c.path.empty() ? "/" : c.path;
-    request.accept = "text/plain;version=0.0.4";
-    request.maxResponseBytes = options_.maxResponseBytes;
+    const HttpRequest request = scrapeRequest(e);
     e.tag = nextTag_++;
     byTag_[e.tag] = &e;
     e.exchange.start(request, epollFd_, e.tag);
@@ -245,6 +274,19 @@ void LoadScraper::recordFailure(Entry& e, Millis now, std::string error) noexcep
   ++e.status.failures;
   e.status.lastAttempt = now;
   e.status.lastError = std::move(error);
+}
+
+void LoadScraper::noteOutOfRange(Entry& e, Millis now, bool& armed, const std::string& text) {
+  if (!armed) return;
+  armed = false;
+  notices_.push_back(ScrapeNotice{e.target.id, e.target.name, now,
+                                  text +
+                                      "; the signal is unknown (neutral) until an in-range value; "
+                                      "counted, logged once"});
+}
+
+std::vector<ScrapeNotice> LoadScraper::takeNotices() {
+  return std::exchange(notices_, {});
 }
 
 bool LoadScraper::ingest(std::uint64_t id, Millis now, std::string_view body) noexcept {
@@ -292,19 +334,28 @@ bool LoadScraper::ingestInto(Entry& e, Millis now, std::string_view body) {
   if (!gpu) {
     note("no samples of " + c.gpuMetric);
   } else if (outOfRange != parsed.samples.end()) {
-    note(c.gpuMetric + " is not a utilisation (" + std::to_string(outOfRange->value) +
-         "; a percentage is 0 to 100)");
+    const std::string text = c.gpuMetric + " is not a utilisation (" +
+                             std::to_string(outOfRange->value) + "; a percentage is 0 to 100)";
+    note(text);
+    ++e.status.gpuOutOfRange;
+    noteOutOfRange(e, now, e.gpuNoticeArmed, text);
   } else {
     e.gpu.update(now, *gpu, c.smoothing, c.staleAfter);
+    e.gpuNoticeArmed = true;
   }
   if (!c.queueMetric.empty()) {
     const std::optional<double> queue = sumOf(parsed.samples, c.queueMetric);
     if (!queue) {
       note("no samples of " + c.queueMetric);
     } else if (!std::isfinite(*queue) || *queue < 0.0) {
-      note(c.queueMetric + " is not a queue depth (" + std::to_string(*queue) + ")");
+      const std::string text = c.queueMetric + " is not a queue depth (" + std::to_string(*queue) +
+                               "; a depth is finite and not negative)";
+      note(text);
+      ++e.status.queueOutOfRange;
+      noteOutOfRange(e, now, e.queueNoticeArmed, text);
     } else {
       e.queue.update(now, *queue, c.smoothing, c.staleAfter);
+      e.queueNoticeArmed = true;
     }
   }
   e.status.lastError = std::move(problems);

@@ -15,6 +15,13 @@
 // (std::nullopt: neutral for the policy). A sample that arrives after the
 // signal went stale restarts the average rather than blending with old data.
 //
+// A value outside its meaning (a GPU utilisation outside 0..100, a queue
+// depth that is negative or not finite) leaves its signal unchanged (unknown
+// once stale), is counted per backend and metric (LoadStatus::*OutOfRange),
+// and raises one notice (takeNotices()) the first time; the next notice for
+// that metric waits until the backend has reported an in-range value, or
+// until the target is replaced (re-added, address or load source changed).
+//
 // Thread contract: one thread (the control thread) owns a LoadScraper: it
 // waits on pollFd() (epoll) and calls poll(now) when it is readable or
 // nextDeadline() has come. poll() never blocks; no threads; no exceptions
@@ -31,6 +38,7 @@
 #include <vector>
 
 #include "control/config.hpp"
+#include "control/http_client.hpp"
 #include "control/prometheus_text.hpp"
 #include "spillway/flow_table.hpp"
 
@@ -79,6 +87,19 @@ struct LoadStatus {
   std::size_t responseBytes = 0;
   std::uint64_t scrapes = 0;  // ended scrapes
   std::uint64_t failures = 0;
+  // Successful scrapes whose gpuMetric had a sample outside 0..100, and whose
+  // queueMetric summed to a negative or non-finite depth.
+  std::uint64_t gpuOutOfRange = 0;
+  std::uint64_t queueOutOfRange = 0;
+};
+
+// Something an operator should hear about once (the control plane logs it as
+// an event): a backend's metric went out of range.
+struct ScrapeNotice {
+  std::uint64_t id = 0;
+  std::string backend;  // the target's name
+  Millis time = 0;
+  std::string text;
 };
 
 struct LoadScraperOptions {
@@ -118,14 +139,26 @@ class LoadScraper {
   // Returns false when the text was rejected (status(id)->lastError says why).
   bool ingest(std::uint64_t id, Millis now, std::string_view body) noexcept;
 
+  // What poll() does when target `id`'s scrape, started at `now`, receives
+  // `response` from the server (in recv()-sized pieces of `piece` bytes)
+  // and the server closes: the same client, limits and ingest, without a
+  // socket; for replays and fuzzing. Aborts a scrape of `id` in flight.
+  void replayResponse(std::uint64_t id, Millis now, std::string_view response,
+                      std::size_t piece = 16 * 1024) noexcept;
+
+  // The notices raised since the last call, oldest first.
+  [[nodiscard]] std::vector<ScrapeNotice> takeNotices();
+
  private:
   struct Entry;
 
+  [[nodiscard]] HttpRequest scrapeRequest(const Entry& e) const;
   void startScrape(Entry& e, Millis now) noexcept;
   void onExchangeFinished(Entry& e, Millis now) noexcept;
   void endScrape(Entry& e) noexcept;
   bool ingestInto(Entry& e, Millis now, std::string_view body);
   void recordFailure(Entry& e, Millis now, std::string error) noexcept;
+  void noteOutOfRange(Entry& e, Millis now, bool& armed, const std::string& text);
 
   LoadScraperOptions options_;
   std::string initError_;
@@ -134,6 +167,7 @@ class LoadScraper {
   std::unordered_map<std::uint64_t, Entry*> byId_;
   std::unordered_map<std::uint64_t, Entry*> byTag_;
   std::uint64_t nextTag_ = 1;
+  std::vector<ScrapeNotice> notices_;
 };
 
 }  // namespace spillway

@@ -387,6 +387,8 @@ int runDaemon(const Config& configIn, const DaemonOptions& options) {
       writeStatsFile(options.statsFile, statsDocument(dataplane->counters(), control.config(),
                                                       builder, control.generation()));
     }
+    // The round's work, not its wait: spillway_control_loop_tick_seconds.
+    control.recordLoopDuration(std::chrono::duration<double>(Clock::now() - now).count());
     const std::uint64_t rx = dataplane->rxTotal();
     if (rx != rxSeen) {
       rxSeen = rx;

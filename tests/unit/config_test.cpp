@@ -332,6 +332,8 @@ const Invalid kInvalid[] = {
     {"policy_unknown_key", 29,
      "policy.overprovision = 1.4: unknown key; policy takes gpu_high, gpu_low"},
     {"syntax_error", 19, "TOML: Error while parsing string"},
+    {"table_header_without_name", 30,
+     "TOML: a table header needs a name (a bare key or a quoted string) after its '[' or '[['"},
     {"table_size_not_prime", 20, "vip[0].table_size = 65536: not prime; use a prime such as 65537"},
     {"table_size_too_large", 20, "vip[0].table_size = 16777259: exceeds the maximum 16777216"},
     {"tap_name_too_long", 6, "port[0].exception_name: the default tap name \"sw-uplink-primary\""},
@@ -372,6 +374,34 @@ TEST(Config, EveryInvalidFixtureIsRejectedWithItsMessageAndLine) {
     }
     EXPECT_TRUE(found) << "want line " << c.line << " with: " << c.expect << "\ngot:\n"
                        << formatErrors(r.errors());
+  }
+}
+
+// Headers whose name starts with no key character are refused before toml++
+// sees them (3.3 asserted: "[[#", "[[[1]]]", "[[=", found by fuzz_config);
+// a '[' inside an array or a string that spans lines is no header.
+TEST(Config, TableHeaderWithoutNameIsASyntaxError) {
+  for (const char* header : {"[[#", "[[[1]]]", "[[=", "[ ,]", "[[\t{"}) {
+    const std::string text = std::string("[dataplane]\nlcores = [1]\n") + header + "\n";
+    const ConfigResult r = loadConfigFromString(text, "t.toml");
+    ASSERT_FALSE(r.ok()) << header;
+    ASSERT_EQ(r.errors().size(), 1u) << header;
+    EXPECT_EQ(r.errors()[0].line, 3u) << header;
+    EXPECT_NE(r.errors()[0].message.find("a table header needs a name"), std::string::npos)
+        << header << ": " << r.errors()[0].message;
+  }
+  const char* notHeaders[] = {
+      "[dataplane]\nlcores = [\n  [ # nested\n  1 ],\n]\n",
+      "[dataplane]\nlcores = [1]\nx = \"\"\"\n[[# in a string\n\"\"\"\n",
+      "[dataplane]\nlcores = [1]\nx = '''\n[=\n'''\n",
+      "[dataplane] # [[#\nlcores = [1]\n",
+  };
+  for (const char* text : notHeaders) {
+    const ConfigResult r = loadConfigFromString(text, "t.toml");
+    for (const ConfigError& e : r.errors()) {
+      EXPECT_EQ(e.message.find("a table header needs a name"), std::string::npos)
+          << text << ": " << formatError(e);
+    }
   }
 }
 

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "control/http_client.hpp"
 #include "loopback_servers.hpp"
@@ -99,6 +100,72 @@ TEST(HttpClient, StatusLine) {
   EXPECT_EQ(parseHttpStatusLine("HTTP/x.1 200 OK"), -1);
   EXPECT_EQ(parseHttpStatusLine("ICY 200 OK"), -1);
   EXPECT_EQ(parseHttpStatusLine(""), -1);
+}
+
+// A response without a socket (HttpExchange::startDetached), fed in pieces
+// of `piece` bytes and then closed.
+struct Fed {
+  HttpExchange::State state;
+  int status;
+  std::string body;
+  std::string error;
+};
+Fed feedResponse(std::string_view response, std::size_t piece,
+                 HttpExchangeMode mode = HttpExchangeMode::FullResponse,
+                 std::size_t bound = std::size_t{1} << 20) {
+  HttpRequest request;
+  request.mode = mode;
+  request.address = loopback();
+  request.port = 9400;
+  request.maxResponseBytes = bound;
+  HttpExchange x;
+  x.startDetached(request);
+  x.feed(response, piece);
+  x.feedEnd();
+  return Fed{x.state(), x.status(), std::string(x.body()), x.error()};
+}
+
+// However a response is split into reads, it comes to the same: a head or a
+// status line whose end arrives in another read than its start, and lines
+// over their limit, which are refused whether their CRLF came in the same
+// read or not (a 1,500-byte chunk-size line used to pass when it arrived in
+// one read).
+TEST(HttpClient, ResponsesSplitAnyWayParseTheSame) {
+  const std::string chunked = test::httpChunked(std::string(3000, 'm'), 700);
+  const std::string longSizeLine = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4;" +
+                                   std::string(1500, 'e') + "\r\nabcd\r\n0\r\n\r\n";
+  const std::string longTrailer =
+      "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+      "4\r\nabcd\r\n0\r\nX-T: " +
+      std::string(1500, 't') + "\r\n\r\n";
+  for (const std::size_t piece :
+       {std::size_t{1}, std::size_t{2}, std::size_t{3}, std::size_t{7}, std::size_t{1} << 20}) {
+    const Fed ok = feedResponse(test::httpOk("hello") + "trailing", piece);
+    EXPECT_EQ(ok.state, HttpExchange::State::Done) << piece << ": " << ok.error;
+    EXPECT_EQ(ok.body, "hello") << piece;
+    const Fed c = feedResponse(chunked, piece);
+    EXPECT_EQ(c.state, HttpExchange::State::Done) << piece << ": " << c.error;
+    EXPECT_EQ(c.body, std::string(3000, 'm')) << piece;
+    const Fed status =
+        feedResponse("HTTP/1.1 503 Busy\r\nX: y\r\n", piece, HttpExchangeMode::StatusLine);
+    EXPECT_EQ(status.status, 503) << piece;
+    const Fed line = feedResponse(longSizeLine, piece);
+    EXPECT_EQ(line.state, HttpExchange::State::Failed) << piece;
+    EXPECT_EQ(line.error, "chunk size line too long") << piece;
+    const Fed trailer = feedResponse(longTrailer, piece);
+    EXPECT_EQ(trailer.state, HttpExchange::State::Failed) << piece;
+    EXPECT_EQ(trailer.error, "trailer line too long") << piece;
+  }
+}
+
+// A chunk size past the bound is "too large", not "malformed", however many
+// digits it has.
+TEST(HttpClient, AbsurdChunkSizeIsTooLarge) {
+  const Fed f = feedResponse(
+      "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nfffffffffffffffffffff\r\nx", 1 << 20,
+      HttpExchangeMode::FullResponse, 4096);
+  EXPECT_EQ(f.state, HttpExchange::State::Failed);
+  EXPECT_EQ(f.error, "response larger than 4096 bytes");
 }
 
 // ---------------------------------------------------------------------------
@@ -202,6 +269,78 @@ TEST(LoadScraper, UtilisationOutsideZeroToHundredIsNotAReading) {
   ASSERT_TRUE(scraper.ingest(1, 2000, dcgm({100, 0}, 2.0)));  // a reading of 50
   EXPECT_EQ(scraper.status(1)->lastError, "");
   EXPECT_GT(scraper.load(1, 2000).gpuUtilization.value(), 40.0);  // smoothed toward 50
+}
+
+// Out-of-range values are counted per metric on every scrape, but raise one
+// notice (one event) until the metric reports an in-range value again.
+TEST(LoadScraper, OutOfRangeIsCountedAndNoticedOnce) {
+  LoadScraper scraper;
+  scraper.setTargets({target(1, source())});
+  ASSERT_TRUE(scraper.ingest(1, 0, dcgm({40}, 2.0)));
+  EXPECT_TRUE(scraper.takeNotices().empty());
+  EXPECT_EQ(scraper.status(1)->gpuOutOfRange, 0u);
+
+  for (Millis t : {1000, 2000, 3000}) {
+    ASSERT_TRUE(scraper.ingest(1, t, dcgm({250}, 2.0)));
+  }
+  EXPECT_EQ(scraper.status(1)->gpuOutOfRange, 3u);
+  EXPECT_EQ(scraper.status(1)->queueOutOfRange, 0u);
+  std::vector<ScrapeNotice> notices = scraper.takeNotices();
+  ASSERT_EQ(notices.size(), 1u);
+  EXPECT_EQ(notices[0].id, 1u);
+  EXPECT_EQ(notices[0].backend, "b1");
+  EXPECT_EQ(notices[0].time, 1000);
+  EXPECT_NE(notices[0].text.find("DCGM_FI_DEV_GPU_UTIL is not a utilisation (250.000000"),
+            std::string::npos)
+      << notices[0].text;
+  EXPECT_TRUE(scraper.takeNotices().empty());
+
+  // The queue has its own count and its own notice.
+  ASSERT_TRUE(scraper.ingest(1, 4000, dcgm({250}, -4.0)));
+  ASSERT_TRUE(
+      scraper.ingest(1, 5000, "DCGM_FI_DEV_GPU_UTIL 300\nvllm:num_requests_waiting +Inf\n"));
+  EXPECT_EQ(scraper.status(1)->gpuOutOfRange, 5u);
+  EXPECT_EQ(scraper.status(1)->queueOutOfRange, 2u);
+  notices = scraper.takeNotices();
+  ASSERT_EQ(notices.size(), 1u);
+  EXPECT_EQ(notices[0].time, 4000);
+  EXPECT_NE(notices[0].text.find("vllm:num_requests_waiting is not a queue depth"),
+            std::string::npos)
+      << notices[0].text;
+
+  // A good GPU value re-arms the GPU notice only; counts stay.
+  ASSERT_TRUE(scraper.ingest(1, 6000, dcgm({50}, -4.0)));
+  EXPECT_TRUE(scraper.takeNotices().empty());
+  ASSERT_TRUE(scraper.ingest(1, 7000, dcgm({101}, -4.0)));
+  notices = scraper.takeNotices();
+  ASSERT_EQ(notices.size(), 1u);
+  EXPECT_EQ(notices[0].time, 7000);
+  EXPECT_NE(notices[0].text.find("DCGM_FI_DEV_GPU_UTIL"), std::string::npos);
+  EXPECT_EQ(scraper.status(1)->gpuOutOfRange, 6u);
+  EXPECT_EQ(scraper.status(1)->queueOutOfRange, 4u);
+
+  // A re-added target starts over: counts at 0, notices armed.
+  scraper.setTargets({});
+  scraper.setTargets({target(1, source())});
+  EXPECT_EQ(scraper.status(1)->gpuOutOfRange, 0u);
+  ASSERT_TRUE(scraper.ingest(1, 8000, dcgm({101}, 2.0)));
+  EXPECT_EQ(scraper.takeNotices().size(), 1u);
+  EXPECT_EQ(scraper.status(1)->gpuOutOfRange, 1u);
+}
+
+// A rejected text or a missing metric neither counts as out of range nor
+// re-arms the notice.
+TEST(LoadScraper, MissingOrRejectedTextDoesNotRearmTheNotice) {
+  LoadScraper scraper;
+  scraper.setTargets({target(1, source())});
+  ASSERT_TRUE(scraper.ingest(1, 0, dcgm({250}, 2.0)));
+  EXPECT_EQ(scraper.takeNotices().size(), 1u);
+  EXPECT_FALSE(scraper.ingest(1, 1000, "DCGM_FI_DEV_GPU_UTIL{ 1\n"));
+  ASSERT_TRUE(scraper.ingest(1, 2000, "other_metric 1\n"));
+  EXPECT_EQ(scraper.status(1)->gpuOutOfRange, 1u);
+  ASSERT_TRUE(scraper.ingest(1, 3000, dcgm({250}, 2.0)));
+  EXPECT_TRUE(scraper.takeNotices().empty());
+  EXPECT_EQ(scraper.status(1)->gpuOutOfRange, 2u);
 }
 
 TEST(LoadScraper, NoQueueMetricConfiguredMeansNoQueueSignal) {
