@@ -816,32 +816,27 @@ def test_privileges(e, ctl_exe):
     e.write_config(only=only)
     ctl = Ctl(ctl_exe, os.path.join(e.work, "spillway.sock"))
 
+    def refused_start(tag, what, *expected):
+        """A start as the user that must fail, its log naming the fix."""
+        lb = e.start_lb(tag, user=RUN_AS)
+        try:
+            rc = lb.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            e.stop_lb(lb)
+            rc = None
+        text = lb.log_tail()
+        e.check(what, rc not in (None, 0) and all(x in text for x in expected),
+                f"exit {rc}: {text[-400:]}")
+
     # The estate's folder is root's own (0700): the user cannot even enter
     # it, and the start says which folder to open.
     os.chmod(e.work, 0o700)
-    lb = e.start_lb("closed", user=RUN_AS)
-    try:
-        rc = lb.proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        e.stop_lb(lb)
-        rc = None
-    text = lb.log_tail()
-    e.check("a folder the user cannot enter fails the start, naming chmod o+x of it",
-            rc not in (None, 0) and f"cannot enter {e.work} (chmod o+x {e.work}" in text,
-            f"exit {rc}: {text[-400:]}")
-
+    refused_start("closed", "a folder the user cannot enter fails the start, naming chmod o+x "
+                  "of it", f"cannot enter {e.work} (chmod o+x {e.work}")
     # Statistics in a folder of root's: refused at start, saying how to fix it.
     os.chmod(e.work, 0o755)
-    lb = e.start_lb("denied", user=RUN_AS)
-    try:
-        rc = lb.proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        e.stop_lb(lb)
-        rc = None
-    text = lb.log_tail()
-    e.check("a --stats-file folder the user cannot write fails the start, naming chown",
-            rc not in (None, 0) and f"not writable by user {RUN_AS}" in text and
-            f"chown {RUN_AS}:" in text, f"exit {rc}: {text[-400:]}")
+    refused_start("denied", "a --stats-file folder the user cannot write fails the start, "
+                  "naming chown", f"not writable by user {RUN_AS}", f"chown {RUN_AS}:")
 
     run_dir = os.path.join(e.work, "run")
     os.makedirs(run_dir, exist_ok=True)
