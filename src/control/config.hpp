@@ -70,7 +70,9 @@ inline constexpr std::uint32_t kDefaultBurst = 32;
 inline constexpr std::uint32_t kDefaultTxDrainUs = 100;
 inline constexpr std::uint32_t kMaxTxDrainUs = 1'000'000;
 inline constexpr std::uint32_t kMaxIdleSleepUs = 10'000;
-inline constexpr std::uint32_t kMaxIdleSleepMaxUs = 100'000;
+// As long as the longest fixed pause: a grace period or a control request
+// waits at most one pause of every worker.
+inline constexpr std::uint32_t kMaxIdleSleepMaxUs = kMaxIdleSleepUs;
 inline constexpr std::uint32_t kMaxLcoreId = 1023;
 inline constexpr std::size_t kMaxInterfaceName = 15;  // IFNAMSIZ - 1
 inline constexpr std::uint16_t kMaxEgressMtu = 9702;

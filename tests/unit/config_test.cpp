@@ -264,6 +264,8 @@ const Invalid kInvalid[] = {
      "dataplane.idle_sleep_max_us = 2000: needs idle_sleep_us (the first pause) above 0"},
     {"dataplane_idle_sleep_max_below_min", 6,
      "dataplane.idle_sleep_max_us = 200: below idle_sleep_us = 500"},
+    {"dataplane_idle_sleep_max_too_long", 6,
+     "dataplane.idle_sleep_max_us = 20000: out of range; must be in [0, 10000]"},
     {"dataplane_idle_sleep_too_long", 5,
      "dataplane.idle_sleep_us = 20000: out of range; must be in [0, 10000]"},
     {"dataplane_missing", 1, "dataplane: missing"},
