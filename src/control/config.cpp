@@ -765,6 +765,16 @@ void Loader::loadDataplane(const toml::table& root, std::set<std::string>& used)
   if (auto v = s.integer("idle_sleep_us", 0, kMaxIdleSleepUs)) {
     d.idleSleepUs = static_cast<std::uint32_t>(*v);
   }
+  if (auto v = s.integer("idle_sleep_max_us", 0, kMaxIdleSleepMaxUs)) {
+    d.idleSleepMaxUs = static_cast<std::uint32_t>(*v);
+    if (*v != 0 && d.idleSleepUs == 0) {
+      s.fail("idle_sleep_max_us", "needs idle_sleep_us (the first pause) above 0");
+    } else if (*v != 0 && d.idleSleepMaxUs < d.idleSleepUs) {
+      s.fail("idle_sleep_max_us",
+             "below idle_sleep_us = " + std::to_string(d.idleSleepUs) +
+                 "; the pauses grow from idle_sleep_us up to idle_sleep_max_us");
+    }
+  }
   if (const toml::table* tt = s.table("timeouts")) {
     Section ts(*this, *tt, "dataplane.timeouts");
     if (auto v = ts.seconds("embryonic")) d.timeouts.embryonic = *v;

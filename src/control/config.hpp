@@ -70,6 +70,9 @@ inline constexpr std::uint32_t kDefaultBurst = 32;
 inline constexpr std::uint32_t kDefaultTxDrainUs = 100;
 inline constexpr std::uint32_t kMaxTxDrainUs = 1'000'000;
 inline constexpr std::uint32_t kMaxIdleSleepUs = 10'000;
+// As long as the longest fixed pause: a grace period or a control request
+// waits at most one pause of every worker.
+inline constexpr std::uint32_t kMaxIdleSleepMaxUs = kMaxIdleSleepUs;
 inline constexpr std::uint32_t kMaxLcoreId = 1023;
 inline constexpr std::size_t kMaxInterfaceName = 15;  // IFNAMSIZ - 1
 inline constexpr std::uint16_t kMaxEgressMtu = 9702;
@@ -80,7 +83,8 @@ struct DataplaneConfig {
   std::size_t flowCapacity = FlowTableConfig{}.capacity;  // per lcore
   std::uint32_t burst = kDefaultBurst;
   std::uint32_t txDrainUs = kDefaultTxDrainUs;
-  std::uint32_t idleSleepUs = 0;  // 0: workers poll without pause
+  std::uint32_t idleSleepUs = 0;     // 0: workers poll without pause
+  std::uint32_t idleSleepMaxUs = 0;  // 0: the pause stays idleSleepUs
   FlowTimeouts timeouts{};
   IcmpRateLimits icmpLimits{};  // [dataplane.icmp_limits], per worker
 };

@@ -152,6 +152,7 @@ std::unique_ptr<DpdkDataplane> DpdkDataplane::open(const Options& options, std::
     wc.burst = options.burst;
     wc.txDrainUs = options.txDrainUs;
     wc.idleSleepUs = options.idleSleepUs;
+    wc.idleSleepMaxUs = options.idleSleepMaxUs;
     wc.icmpLimits = options.icmpLimits;
     wc.flowTable = options.flowTable;
     wc.hashSeed = options.hashSeed;

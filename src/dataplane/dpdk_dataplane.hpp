@@ -40,8 +40,9 @@ class DpdkDataplane final : public Dataplane {
     std::vector<PortSpec> ports;       // AF_XDP ports get Spillway's redirect program
     std::uint16_t burst = 32;
     std::uint32_t txDrainUs = 100;
-    std::uint32_t idleSleepUs = 0;  // WorkerConfig::idleSleepUs
-    IcmpRateLimits icmpLimits{};    // WorkerConfig::icmpLimits
+    std::uint32_t idleSleepUs = 0;     // WorkerConfig::idleSleepUs
+    std::uint32_t idleSleepMaxUs = 0;  // WorkerConfig::idleSleepMaxUs
+    IcmpRateLimits icmpLimits{};       // WorkerConfig::icmpLimits
     FlowTableConfig flowTable{};
     std::uint64_t hashSeed = 0;
     std::function<void(const std::string&)> log;  // progress lines

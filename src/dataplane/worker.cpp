@@ -10,6 +10,8 @@
 #include <ctime>
 #include <stdexcept>
 
+#include "spillway/idle_backoff.hpp"
+
 namespace spillway {
 
 struct Worker::PortIo {
@@ -314,11 +316,9 @@ void Worker::run(const std::atomic<bool>& stop) noexcept {
   // The steering clock: milliseconds of TSC time since the worker started,
   // offset so that it never sits near zero (flow stamps are 32-bit).
   const std::uint64_t tscPerMs = hz / 1000 == 0 ? 1 : hz / 1000;
-  // Empty rounds in a row; past kIdleRoundsBeforeSleep an idle-sleeping
-  // worker pauses idleSleepUs between rounds.
-  constexpr std::uint32_t kIdleRoundsBeforeSleep = 256;
-  std::uint32_t emptyRounds = 0;
-  const timespec idleSleep{0, static_cast<long>(config_.idleSleepUs) * 1000};
+  // Past 256 empty rounds in a row an idle-sleeping worker pauses between
+  // rounds, from idleSleepUs doubling up to idleSleepMaxUs.
+  IdleBackoff backoff(config_.idleSleepUs, config_.idleSleepMaxUs);
   if (config_.idleSleepUs != 0) {
     // The kernel's default 50 us timer slack would add to every pause.
     (void)prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
@@ -352,12 +352,12 @@ void Worker::run(const std::atomic<bool>& stop) noexcept {
     // drain deadline (BENCHMARKS.md: p50 at 80 % load fell from ~20 us to
     // ~3 us), and at line rate no round is empty, so bursts stay whole.
     if (received == 0 && config_.flushWhenIdle) flushAll();
-    if (received != 0) {
-      emptyRounds = 0;
-    } else if (config_.idleSleepUs != 0 && ++emptyRounds >= kIdleRoundsBeforeSleep) {
+    if (const std::uint32_t pauseUs = backoff.afterRound(received); pauseUs != 0) {
       // After the quiescent report, so a grace period waits at most one pause.
       counters_.idleSleeps.add(1);
-      (void)nanosleep(&idleSleep, nullptr);
+      const timespec pause{static_cast<time_t>(pauseUs / 1'000'000),
+                           static_cast<long>(pauseUs % 1'000'000) * 1000};
+      (void)nanosleep(&pause, nullptr);
     }
     if (tsc - lastDrain >= drainTsc) {
       flushAll();

@@ -57,6 +57,10 @@ struct WorkerConfig {
   // cores shared with other work (kernel-port modes, several instances on one
   // host) at the cost of up to this much added latency for the first frame.
   std::uint32_t idleSleepUs = 0;
+  // Above idleSleepUs: each further empty pause doubles, up to this
+  // (spillway/idle_backoff.hpp), so an idle worker wakes rarely while the
+  // first pause after traffic stays short. 0 or idleSleepUs: a fixed pause.
+  std::uint32_t idleSleepMaxUs = 0;
   FlowTableConfig flowTable{};
   std::uint64_t hashSeed = 0;
   IcmpRateLimits icmpLimits{};  // the replies the worker builds itself

@@ -235,6 +235,7 @@ int runDaemon(const Config& configIn, const DaemonOptions& options) {
   dpOptions.burst = static_cast<std::uint16_t>(config.dataplane.burst);
   dpOptions.txDrainUs = config.dataplane.txDrainUs;
   dpOptions.idleSleepUs = config.dataplane.idleSleepUs;
+  dpOptions.idleSleepMaxUs = config.dataplane.idleSleepMaxUs;
   dpOptions.icmpLimits = config.dataplane.icmpLimits;
   dpOptions.flowTable = FlowTableConfig{config.dataplane.flowCapacity, config.dataplane.timeouts};
   dpOptions.hashSeed = config.dataplane.hashSeed;
