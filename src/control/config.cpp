@@ -1653,8 +1653,11 @@ void Loader::loadTier(const toml::table& root, std::set<std::string>& used) {
 // in release ones; fixed upstream after 3.3 (marzer/tomlplusplus#301). Such
 // a header is refused here first, as a syntax error. The scan knows strings,
 // comments and arrays that span lines, so that a '[' inside a value is no
-// header.
-std::optional<Place> badTableHeader(std::string_view text) {
+// header. The same scan refuses a non-ASCII byte outside strings and
+// comments (TOML allows none there): toml++ 3.3's whitespace test reaches
+// TOML_UNREACHABLE on some of them (U+01E9, found by fuzz_config), undefined
+// behaviour; `nonAscii` says which of the two was found.
+std::optional<Place> badTableHeader(std::string_view text, bool& nonAscii) {
   const auto bareKey = [](char c) {
     return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' ||
            c == '-';
@@ -1663,8 +1666,14 @@ std::optional<Place> badTableHeader(std::string_view text) {
   std::size_t lineBegin = 0;
   std::size_t depth = 0;  // '[' of values still open
   bool lineStart = true;
-  for (std::size_t i = 0; i < text.size(); ++i) {
+  nonAscii = false;
+  const std::size_t start = text.starts_with("\xEF\xBB\xBF") ? 3 : 0;  // a UTF-8 BOM
+  for (std::size_t i = start; i < text.size(); ++i) {
     const char c = text[i];
+    if (static_cast<unsigned char>(c) >= 0x80) {
+      nonAscii = true;
+      return Place{line, static_cast<std::uint32_t>(i - lineBegin + 1)};
+    }
     if (c == '\n') {
       ++line;
       lineBegin = i + 1;
@@ -1715,10 +1724,13 @@ std::optional<Place> badTableHeader(std::string_view text) {
 }
 
 ConfigResult Loader::load(std::string_view text) {
-  if (const std::optional<Place> p = badTableHeader(text)) {
+  bool nonAscii = false;
+  if (const std::optional<Place> p = badTableHeader(text, nonAscii)) {
     errors_.push_back(ConfigError{file_, p->line, p->column, "", "",
-                                  "TOML: a table header needs a name (a bare key or a quoted "
-                                  "string) after its '[' or '[['"});
+                                  nonAscii ? "TOML: a non-ASCII character outside a string or "
+                                             "comment (names and values are ASCII; quote text)"
+                                           : "TOML: a table header needs a name (a bare key or a "
+                                             "quoted string) after its '[' or '[['"});
     return ConfigResult(std::move(errors_));
   }
   toml::table root;

@@ -874,3 +874,27 @@ TEST(Config, ControlUserIsANameOrEmpty) {
 
 }  // namespace
 }  // namespace spillway
+
+namespace spillway {
+namespace {
+
+// toml++ 3.3 reaches TOML_UNREACHABLE on some non-ASCII characters where it
+// looks for whitespace (U+01E9, found by fuzz_config): refused before it.
+TEST(Config, NonAsciiOutsideStringsIsASyntaxErrorInsideStringsAllowed) {
+  ConfigResult bare = loadConfigFromString("\xC7\xA9", "t.toml");
+  ASSERT_FALSE(bare.ok());
+  EXPECT_NE(formatErrors(bare.errors()).find("t.toml:1:1: TOML: a non-ASCII character"),
+            std::string::npos)
+      << formatErrors(bare.errors());
+  ConfigResult after = loadConfigFromString(std::string(kMinimal) + "\nx = 1 \xC7\xA9\n", "t.toml");
+  ASSERT_FALSE(after.ok());
+  EXPECT_NE(formatErrors(after.errors()).find("non-ASCII"), std::string::npos);
+  // In a comment, in a string and after a BOM it is fine.
+  ConfigResult ok = loadConfigFromString(
+      "\xEF\xBB\xBF# caf\xC3\xA9\n" + std::string(kMinimal) + "\n[control]\nsocket_group = \"\"\n",
+      "t.toml");
+  EXPECT_TRUE(ok.ok()) << formatErrors(ok.errors());
+}
+
+}  // namespace
+}  // namespace spillway
