@@ -481,10 +481,22 @@ def judge(d):
         # Placed by load, not by the table alone: judged by their balance.
         m["placement"]["by_load"] = True
     else:
+        # What the control plane changed on its own before the first action
+        # (a latency mark, a health state): the first sample of each.
+        changed = {}
+        for s in mon.samples:
+            if s["t"] >= first or s.get("down"):
+                continue
+            for name, b in s["backends"].items():
+                what = (b.get("state"), b.get("latency"))
+                if what != ("active", "normal") and (name, what) not in changed:
+                    changed[(name, what)] = round(s["t"] - t0, 2)
         check("placement", placed and not wrong,
               f"{len(placed) - len(wrong)} of {len(placed)} new flows before the first action "
               f"on the backend the Maglev model predicts" +
-              (f"; first mismatches (port, got, model): {wrong[:5]}" if wrong else ""))
+              (f"; first mismatches (port, got, model): {wrong[:5]}" if wrong else "") +
+              (f"; before it the control plane showed (backend, (state, latency)) at t: "
+               f"{sorted(changed.items(), key=lambda x: x[1])[:6]}" if wrong and changed else ""))
 
     # Every new flow: failed or slower than connect_slow_ms to connect + hello.
     news = [{"kind": "probe", "t": p["t"], "backend": p["backend"], "ok": p["ok"],

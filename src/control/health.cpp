@@ -97,6 +97,17 @@ RttEstimate nextRttEstimate(const std::optional<RttEstimate>& before, double sam
   return next;
 }
 
+const std::optional<RttEstimate>& RttFilter::add(double sampleMs) noexcept {
+  latest_[next_] = sampleMs;
+  next_ = (next_ + 1) % latest_.size();
+  count_ = std::min(count_ + 1, latest_.size());
+  if (count_ < latest_.size()) return rtt_;
+  std::array<double, 3> sorted = latest_;
+  std::sort(sorted.begin(), sorted.end());
+  rtt_ = nextRttEstimate(rtt_, sorted[1]);
+  return rtt_;
+}
+
 HealthState::HealthState(std::uint32_t rise, std::uint32_t fall) noexcept
     : rise_(std::max<std::uint32_t>(rise, 1)), fall_(std::max<std::uint32_t>(fall, 1)) {}
 
@@ -111,8 +122,8 @@ std::optional<std::string> HealthState::onSuccess(Millis now, double rttMs) {
   ++status_.consecutiveOk;
   status_.consecutiveFail = 0;
   status_.lastRttMs = rttMs;
-  status_.rtt = nextRttEstimate(status_.rtt, rttMs);
-  status_.rttMs = status_.rtt->srttMs;
+  status_.rtt = rtt_.add(rttMs);
+  if (status_.rtt) status_.rttMs = status_.rtt->srttMs;
   if (status_.up || status_.consecutiveOk < rise_) return std::nullopt;
   status_.up = true;
   status_.lastChange = now;

@@ -12,13 +12,19 @@
 // a backend that dies just after a successful probe is down 200 + 2 * 200 +
 // 150 = 750 ms later at worst, 600 ms when its port refuses. RTT is the TCP
 // handshake time (the SYN-ACK's through the tunnel for Encap), measured with a
-// real monotonic clock, not with `now`, and smoothed as TCP smooths its own
-// (RFC 6298, section 2): SRTT and RTTVAR with alpha 1/8 and beta 1/4, the
-// first sample R giving SRTT = R and RTTVAR = R/2. The latency score
-// SRTT + 4 * RTTVAR (TCP's RTO without its clock granularity) is what the
-// policy compares (policy.hpp, "Latency"). Only successful probes are
-// samples: a timed-out probe has no RTT (Karn's rule), and failures are the
-// rise/fall machine's business.
+// real monotonic clock, not with `now`, filtered, then smoothed as TCP smooths
+// its own (RFC 6298, section 2): SRTT and RTTVAR with alpha 1/8 and beta 1/4,
+// the first sample R giving SRTT = R and RTTVAR = R/2. The samples are the
+// median of the latest three probe RTTs (RttFilter), so one late probe (the
+// host stalled the control thread, the first probe resolved a neighbour)
+// never reaches the estimate: RTTVAR x 4 would turn one 100 ms outlier on a
+// 0.3 ms LAN into a score above 20 ms for over a second, long enough to mark
+// a healthy backend degraded. A real change reaches it after two probes. The
+// latency score SRTT + 4 * RTTVAR (TCP's RTO without its clock granularity)
+// is what the policy compares (policy.hpp, "Latency"); it is unknown until
+// three probes succeeded. Only successful probes are samples: a timed-out
+// probe has no RTT (Karn's rule), and failures are the rise/fall machine's
+// business.
 //
 // The encapsulation probe proves that a backend decapsulates and answers for
 // a VIP: an inner TCP SYN from our tunnel source (a random high port, a random
@@ -38,6 +44,7 @@
 // escape; time is injected as `now`.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -91,12 +98,27 @@ inline constexpr double kRttBeta = 1.0 / 4.0;
 [[nodiscard]] RttEstimate nextRttEstimate(const std::optional<RttEstimate>& before,
                                           double sampleMs) noexcept;
 
+// The estimate of one backend from its probe RTTs: RFC 6298 over the median
+// of the latest three, nothing before the third.
+class RttFilter {
+ public:
+  // Takes one probe's RTT; returns the estimate after it.
+  const std::optional<RttEstimate>& add(double sampleMs) noexcept;
+  [[nodiscard]] const std::optional<RttEstimate>& estimate() const noexcept { return rtt_; }
+
+ private:
+  std::array<double, 3> latest_{};
+  std::size_t count_ = 0;  // samples in latest_, at most 3
+  std::size_t next_ = 0;   // where the next sample goes
+  std::optional<RttEstimate> rtt_;
+};
+
 struct HealthStatus {
   bool up = true;
   std::uint32_t consecutiveOk = 0;
   std::uint32_t consecutiveFail = 0;
   std::string lastError;             // of the latest failure; kept after recovery
-  std::optional<RttEstimate> rtt;    // of the successful probes (RFC 6298)
+  std::optional<RttEstimate> rtt;    // of the successful probes (RttFilter)
   std::optional<double> rttMs;       // rtt->srttMs, for the views that show one RTT
   std::optional<double> lastRttMs;   // of the latest successful probe
   std::optional<Millis> lastProbe;   // when the latest probe ended
@@ -130,6 +152,7 @@ class HealthState {
  private:
   std::uint32_t rise_;
   std::uint32_t fall_;
+  RttFilter rtt_;
   HealthStatus status_{};
 };
 
