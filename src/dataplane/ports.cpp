@@ -86,9 +86,12 @@ bool PortSet::configure(std::uint16_t portId, std::uint16_t queues, std::uint16_
   const std::uint64_t rss =
       (RTE_ETH_RSS_IP | RTE_ETH_RSS_TCP | RTE_ETH_RSS_UDP) & info.flow_type_rss_offloads;
   // af_packet spreads flows over its sockets by the kernel's fanout hash and
-  // af_xdp by the NIC's own RSS, so neither offers RSS here nor needs it.
+  // af_xdp by the NIC's own RSS, so neither offers RSS here nor needs it. A
+  // memif queue is chosen by the software at its other end (VPP, a
+  // generator), which must keep each flow on one queue as RSS does.
   const std::string driver = info.driver_name;
-  const bool spreadOutside = driver == "net_af_packet" || driver == "net_af_xdp";
+  const bool spreadOutside =
+      driver == "net_af_packet" || driver == "net_af_xdp" || driver == "net_memif";
   if (queues > 1 && !spreadOutside) {
     if (rss == 0) {
       error = what + ": driver " + info.driver_name +

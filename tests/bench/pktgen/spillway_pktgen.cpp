@@ -4,7 +4,18 @@
 //
 //   spillway-pktgen [EAL options] -- --flows N [--syn-share F] [--size B]
 //       [--config spillway.toml] [--verify maglev|none] [--warm] [--duration S]
-//       [--latency-duration S] [--latency-share F] [--json]
+//       [--latency-duration S] [--latency-share F] [--queues Q] [--json]
+//
+// Queues: with --queues Q the port gets Q RX/TX queue pairs and each
+// established flow always goes out on queue hash(5-tuple) % Q, the software
+// stand-in for a NIC's RSS (a memif link has none), so the worker behind each
+// queue sees whole flows; a SYN of a new flow is sent once, on whichever
+// queue is being filled. The traffic lcores (every EAL lcore but the main
+// one; the main one when it is alone) take the queues in turn (queue q on
+// traffic lcore q % lcores), each with its own counters, histogram and
+// phases, in step at a barrier between phases; the results are their sums
+// (rates add; the latency histogram is the merged one) plus each queue's
+// returned frames.
 //
 // Traffic: IPv4 TCP to the first TCP VIP of the configuration (or --vip
 // A:PORT), N established flows cycled in order (10.0.0.0/10 sources) plus a
@@ -24,8 +35,10 @@
 // same control-plane code builds for spillwayd, and the outer destination
 // must be that backend's address (a mismatch is counted and reported).
 //
-// Thread contract: one lcore (the main one) sends and receives; nothing else
-// runs. Results go to stdout as one JSON object (--json, nlohmann-json) or
+// Thread contract: each traffic lcore sends and receives on its own queues
+// only; the mbuf pools are shared (DPDK's per-lcore caches), the predictor
+// and the flow-to-queue lists are read-only once traffic starts. Results go
+// to stdout as one JSON object (--json, nlohmann-json) or
 // text. Arguments after the EAL's "--" through CLI11; usage errors exit 2.
 #include <rte_cycles.h>
 #include <rte_eal.h>
@@ -47,6 +60,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <numeric>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -97,6 +111,7 @@ struct Options {
   bool json = false;
   std::optional<std::uint32_t> vipAddress;  // host order
   std::uint16_t vipPort = 80;
+  std::uint16_t queues = 1;
 };
 
 [[noreturn]] void usage(const std::string& error) {
@@ -158,6 +173,9 @@ Options parseOptions(int argc, char** argv) {
   app.add_option("--link-timeout", o.linkTimeout, "seconds to wait for the link")
       ->capture_default_str()
       ->check(CLI::Range(0.1, 3600.0));
+  app.add_option("--queues", o.queues, "RX/TX queue pairs; flows spread by a 5-tuple hash")
+      ->capture_default_str()
+      ->check(CLI::Range(std::uint16_t{1}, std::uint16_t{64}));
   app.add_flag("--json", o.json, "results as one JSON object");
   try {
     app.parse(argc, argv);
@@ -218,6 +236,48 @@ inline FlowAddr synFlow(std::uint64_t j) {
   return {kSynBase + static_cast<std::uint32_t>((j / kFlowsPerSource) & 0x7fffff),
           static_cast<std::uint16_t>(kFirstPort + j % kFlowsPerSource)};
 }
+
+// The queue of an established flow: a hash of its 5-tuple (the source is all
+// that varies; splitmix64's finaliser), the stand-in for a NIC's RSS.
+inline std::uint16_t queueOf(FlowAddr a, std::uint16_t queues) {
+  std::uint64_t x = (std::uint64_t{a.src} << 16) | a.port;
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  x ^= x >> 31;
+  return static_cast<std::uint16_t>(x % queues);
+}
+
+// The established flows of each queue, in order (indices for establishedFlow).
+std::vector<std::vector<std::uint32_t>> flowsByQueue(std::uint64_t flows, std::uint16_t queues) {
+  std::vector<std::vector<std::uint32_t>> out(queues);
+  for (auto& v : out) v.reserve(flows / queues + flows / (4 * queues) + 16);
+  for (std::uint64_t i = 0; i < flows; ++i) {
+    out[queueOf(establishedFlow(i), queues)].push_back(static_cast<std::uint32_t>(i));
+  }
+  return out;
+}
+
+// Traffic lcores wait here for each other between phases.
+class Barrier {
+ public:
+  explicit Barrier(unsigned parties) : parties_(parties) {}
+  void wait() {
+    const unsigned gen = generation_.load(std::memory_order_acquire);
+    if (arrived_.fetch_add(1, std::memory_order_acq_rel) + 1 == parties_) {
+      arrived_.store(0, std::memory_order_relaxed);
+      generation_.fetch_add(1, std::memory_order_acq_rel);
+      return;
+    }
+    while (generation_.load(std::memory_order_acquire) == gen) rte_pause();
+  }
+
+ private:
+  const unsigned parties_;
+  std::atomic<unsigned> arrived_{0};
+  std::atomic<unsigned> generation_{0};
+};
 
 class FrameWriter {
  public:
@@ -334,7 +394,20 @@ std::optional<Predictor> makePredictor(const Config& fileConfig, const std::stri
 
 struct Counters {
   std::uint64_t tx = 0, rx = 0, encapsulated = 0, sampled = 0, matched = 0, mismatched = 0,
-                undecodable = 0, unknownFlow = 0, txRefused = 0;
+                undecodable = 0, unknownFlow = 0, txRefused = 0, syns = 0;
+  Counters& operator+=(const Counters& o) {
+    tx += o.tx;
+    syns += o.syns;
+    rx += o.rx;
+    encapsulated += o.encapsulated;
+    sampled += o.sampled;
+    matched += o.matched;
+    mismatched += o.mismatched;
+    undecodable += o.undecodable;
+    unknownFlow += o.unknownFlow;
+    txRefused += o.txRefused;
+    return *this;
+  }
 };
 
 // Return times: 25 ns buckets up to 1 ms, then 10 us buckets up to 100 ms
@@ -354,6 +427,11 @@ struct Histogram {
     }
     ++count;
   }
+  void merge(const Histogram& o) {
+    for (std::size_t i = 0; i < fine.size(); ++i) fine[i] += o.fine[i];
+    for (std::size_t i = 0; i < coarse.size(); ++i) coarse[i] += o.coarse[i];
+    count += o.count;
+  }
   [[nodiscard]] double percentileUs(double q) const {
     if (count == 0) return -1;
     const auto want = std::max<std::uint64_t>(
@@ -371,10 +449,29 @@ struct Histogram {
   }
 };
 
+// One queue of the port as a generator lcore drives it: its established
+// flows (all of them with one queue), where it is in them, and the frames
+// built but not yet taken by the link.
+struct QueueState {
+  std::uint16_t id = 0;
+  const std::vector<std::uint32_t>* flows = nullptr;  // nullptr: every flow, in order
+  std::uint64_t count = 0;                            // established flows on this queue
+  std::uint64_t cursor = 0;
+  std::uint64_t rx = 0;
+  std::array<rte_mbuf*, kBurst> pending{};
+  std::uint16_t have = 0, off = 0;
+  [[nodiscard]] std::uint64_t flow(std::uint64_t i) const {
+    return flows == nullptr ? i : (*flows)[i];
+  }
+};
+
 class Generator {
  public:
   Generator(const Options& o, std::uint16_t port, rte_mempool* txPool, std::uint32_t dst,
-            std::uint16_t dstPort, const Predictor* predictor)
+            std::uint16_t dstPort, const Predictor* predictor,
+            const std::vector<std::vector<std::uint32_t>>* byQueue,
+            const std::vector<std::uint16_t>& queues, std::uint64_t synOffset,
+            std::uint64_t synStride)
       : o_(o),
         port_(port),
         txPool_(txPool),
@@ -383,16 +480,25 @@ class Generator {
         predictor_(predictor),
         hz_(rte_get_tsc_hz()),
         synEvery_(o.synShare <= 0 ? 0
-                                  : static_cast<std::uint64_t>(std::llround(1024.0 * o.synShare))) {
+                                  : static_cast<std::uint64_t>(std::llround(1024.0 * o.synShare))),
+        synNext_(synOffset),
+        synStride_(synStride) {
+    for (const std::uint16_t q : queues) {
+      QueueState st;
+      st.id = q;
+      st.flows = byQueue == nullptr ? nullptr : &(*byQueue)[q];
+      st.count = st.flows == nullptr ? o.flows : st.flows->size();
+      queues_.push_back(st);
+    }
   }
 
   // Every buffer of the TX pool gets the whole frame once; later frames only
-  // rewrite headers and the timestamp.
-  bool prefill() {
+  // rewrite headers and the timestamp. Once, before any lcore sends.
+  static bool prefill(rte_mempool* pool, const FrameWriter& writer) {
     std::vector<rte_mbuf*> all(kTxMbufs);
     unsigned got = 0;
-    while (got < kTxMbufs && rte_pktmbuf_alloc_bulk(txPool_, &all[got], 1) == 0) ++got;
-    for (unsigned i = 0; i < got; ++i) writer_.fill(rte_pktmbuf_mtod(all[i], std::uint8_t*));
+    while (got < kTxMbufs && rte_pktmbuf_alloc_bulk(pool, &all[got], 1) == 0) ++got;
+    for (unsigned i = 0; i < got; ++i) writer.fill(rte_pktmbuf_mtod(all[i], std::uint8_t*));
     rte_pktmbuf_free_bulk(all.data(), got);
     return got > 0;
   }
@@ -401,32 +507,34 @@ class Generator {
   void warm() {
     for (unsigned pass = 0; pass < o_.warmPasses && !gStop.load(); ++pass) {
       const std::uint8_t flags = pass == 0 ? kSyn : kAck;
-      std::uint64_t next = 0;
-      std::array<rte_mbuf*, kBurst> m;
-      while (next < o_.flows && !gStop.load()) {
-        const std::uint16_t n =
-            static_cast<std::uint16_t>(std::min<std::uint64_t>(kBurst, o_.flows - next));
-        if (rte_pktmbuf_alloc_bulk(txPool_, m.data(), n) != 0) {
-          drainRx(false);
-          continue;
+      for (QueueState& q : queues_) {
+        std::uint64_t next = 0;
+        std::array<rte_mbuf*, kBurst> m;
+        while (next < q.count && !gStop.load()) {
+          const std::uint16_t n =
+              static_cast<std::uint16_t>(std::min<std::uint64_t>(kBurst, q.count - next));
+          if (rte_pktmbuf_alloc_bulk(txPool_, m.data(), n) != 0) {
+            drainRx(false);
+            continue;
+          }
+          const std::uint64_t tsc = rte_rdtsc();
+          for (std::uint16_t i = 0; i < n; ++i) {
+            m[i]->data_len = static_cast<std::uint16_t>(kMinFrame);
+            m[i]->pkt_len = static_cast<std::uint32_t>(kMinFrame);
+            warmWriter_.write(rte_pktmbuf_mtod(m[i], std::uint8_t*),
+                              establishedFlow(q.flow(next + i)), flags, tsc);
+          }
+          std::uint16_t sent = 0;
+          while (sent < n && !gStop.load()) {
+            sent = static_cast<std::uint16_t>(sent + rte_eth_tx_burst(port_, q.id, m.data() + sent,
+                                                                      static_cast<std::uint16_t>(
+                                                                          n - sent)));
+            drainRx(false);
+          }
+          if (sent < n) rte_pktmbuf_free_bulk(m.data() + sent, n - sent);
+          c_.tx += sent;
+          next += n;
         }
-        const std::uint64_t tsc = rte_rdtsc();
-        for (std::uint16_t i = 0; i < n; ++i) {
-          m[i]->data_len = static_cast<std::uint16_t>(kMinFrame);
-          m[i]->pkt_len = static_cast<std::uint32_t>(kMinFrame);
-          warmWriter_.write(rte_pktmbuf_mtod(m[i], std::uint8_t*), establishedFlow(next + i), flags,
-                            tsc);
-        }
-        std::uint16_t sent = 0;
-        while (sent < n && !gStop.load()) {
-          sent = static_cast<std::uint16_t>(
-              sent +
-              rte_eth_tx_burst(port_, 0, m.data() + sent, static_cast<std::uint16_t>(n - sent)));
-          drainRx(false);
-        }
-        if (sent < n) rte_pktmbuf_free_bulk(m.data() + sent, n - sent);
-        c_.tx += sent;
-        next += n;
       }
     }
     // Let the last answers come back before the counters are reset.
@@ -457,6 +565,7 @@ class Generator {
 
   [[nodiscard]] const Counters& counters() const { return c_; }
   [[nodiscard]] const Histogram& histogram() const { return hist_; }
+  [[nodiscard]] const std::vector<QueueState>& queues() const { return queues_; }
   std::uint64_t windowTx_ = 0, windowRx_ = 0;
   double windowSeconds_ = 0;
 
@@ -467,57 +576,69 @@ class Generator {
     writer_.write(rte_pktmbuf_mtod(m, std::uint8_t*), a, flags, tsc);
   }
 
-  // The next frame of the mix: mostly the next established flow in turn, and
-  // synEvery_/1024 of them a SYN of a flow never seen before.
-  inline void nextFrame(rte_mbuf* m, std::uint64_t tsc) {
-    if (synEvery_ != 0 && (mix_++ & 1023) < synEvery_) {
-      build(m, synFlow(synNext_++), kSyn, tsc);
+  // The next frame of the mix on queue q: mostly its next established flow
+  // in turn, and synEvery_/1024 of them a SYN of a flow never seen before
+  // (this lcore's share of them: synOffset + k * synStride).
+  inline void nextFrame(QueueState& q, rte_mbuf* m, std::uint64_t tsc) {
+    if ((synEvery_ != 0 && (mix_++ & 1023) < synEvery_) || q.count == 0) {
+      build(m, synFlow(synNext_), kSyn, tsc);
+      synNext_ += synStride_;
+      ++c_.syns;
       return;
     }
-    build(m, establishedFlow(cursor_), kAck, tsc);
-    if (++cursor_ == o_.flows) cursor_ = 0;
+    build(m, establishedFlow(q.flow(q.cursor)), kAck, tsc);
+    if (++q.cursor == q.count) q.cursor = 0;
   }
 
-  // Frames the link refused wait for the next try (back-pressure: the peer
-  // sets the pace, and no frame is built twice); new ones are built only when
-  // none wait, and when paced, only at their time.
+  // Frames the link refused wait on their queue for the next try
+  // (back-pressure: the peer sets the pace, and no frame is built twice);
+  // the queues take turns, a new burst built for a queue only when none of
+  // its frames wait, and when paced, only at their time.
   void run(double seconds, double pps, bool recordLatency) {
     const std::uint64_t end =
         rte_rdtsc() + static_cast<std::uint64_t>(seconds * static_cast<double>(hz_));
     const std::uint16_t burst = pps > 0 ? kPacedBurst : kBurst;
     const double tscPerBurst = pps > 0 ? static_cast<double>(hz_) * burst / pps : 0;
     double nextSend = static_cast<double>(rte_rdtsc());
-    std::array<rte_mbuf*, kBurst> m;
-    std::uint16_t have = 0, off = 0;
+    std::size_t turn = 0;
     for (;;) {
       const std::uint64_t now = rte_rdtsc();
       if (now >= end || gStop.load(std::memory_order_relaxed)) break;
-      if (off == have && (pps <= 0 || static_cast<double>(now) >= nextSend) &&
-          rte_pktmbuf_alloc_bulk(txPool_, m.data(), burst) == 0) {
-        for (std::uint16_t i = 0; i < burst; ++i) nextFrame(m[i], now);
-        have = burst;
-        off = 0;
+      QueueState& q = queues_[turn];
+      if (++turn == queues_.size()) turn = 0;
+      if (q.off == q.have && (pps <= 0 || static_cast<double>(now) >= nextSend) &&
+          rte_pktmbuf_alloc_bulk(txPool_, q.pending.data(), burst) == 0) {
+        for (std::uint16_t i = 0; i < burst; ++i) nextFrame(q, q.pending[i], now);
+        q.have = burst;
+        q.off = 0;
         if (pps > 0) {
           nextSend += tscPerBurst;
           // Never make up for lost time with a burst of bursts.
           if (nextSend < static_cast<double>(now)) nextSend = static_cast<double>(now);
         }
       }
-      if (off < have) {
-        const std::uint16_t sent =
-            rte_eth_tx_burst(port_, 0, m.data() + off, static_cast<std::uint16_t>(have - off));
-        off = static_cast<std::uint16_t>(off + sent);
+      if (q.off < q.have) {
+        const std::uint16_t sent = rte_eth_tx_burst(port_, q.id, q.pending.data() + q.off,
+                                                    static_cast<std::uint16_t>(q.have - q.off));
+        q.off = static_cast<std::uint16_t>(q.off + sent);
         c_.tx += sent;
-        if (off < have) ++c_.txRefused;
+        if (q.off < q.have) ++c_.txRefused;
       }
       drainRx(recordLatency);
     }
-    if (off < have) rte_pktmbuf_free_bulk(m.data() + off, have - off);
+    for (QueueState& q : queues_) {
+      if (q.off < q.have) rte_pktmbuf_free_bulk(q.pending.data() + q.off, q.have - q.off);
+      q.have = q.off = 0;
+    }
   }
 
   inline void drainRx(bool recordLatency) {
+    for (QueueState& q : queues_) drainQueue(q, recordLatency);
+  }
+
+  inline void drainQueue(QueueState& q, bool recordLatency) {
     std::array<rte_mbuf*, kBurst> m;
-    const std::uint16_t n = rte_eth_rx_burst(port_, 0, m.data(), kBurst);
+    const std::uint16_t n = rte_eth_rx_burst(port_, q.id, m.data(), kBurst);
     if (n == 0) return;
     const std::uint64_t now = rte_rdtsc();
     for (std::uint16_t i = 0; i < n; ++i) {
@@ -536,6 +657,7 @@ class Generator {
       if (predictor_ != nullptr && (c_.rx + i) % o_.sampleEvery == 0) check(p, len, encapsulated);
     }
     c_.rx += n;
+    q.rx += n;
     rte_pktmbuf_free_bulk(m.data(), n);
   }
 
@@ -576,11 +698,14 @@ class Generator {
   const Predictor* predictor_;
   std::uint64_t hz_;
   std::uint64_t synEvery_;  // SYNs per 1024 frames
-  std::uint64_t mix_ = 0, cursor_ = 0, synNext_ = 0;
+  std::uint64_t mix_ = 0;
+  std::uint64_t synNext_, synStride_;
+  std::vector<QueueState> queues_;
   Counters c_;
   Histogram hist_;
 };
 
+// What the traffic lcores share, and what each of them leaves behind.
 struct RunContext {
   const Options& o;
   std::uint16_t port;
@@ -588,69 +713,97 @@ struct RunContext {
   std::uint32_t dst;
   std::uint16_t dstPort;
   const Predictor* predictor;
-  std::atomic<bool> done{false};
-  int rc = 0;
+  const std::vector<std::vector<std::uint32_t>>* byQueue;  // nullptr with one queue
+  unsigned lcores;                                         // traffic lcores
+  Barrier barrier;
+  std::vector<std::unique_ptr<Generator>> generators;  // one per traffic lcore
+  std::vector<double> rates, txRates;
+  std::vector<std::uint64_t> warmTx;
+  std::atomic<unsigned> finished{0};
 };
 
+struct LcoreArg {
+  RunContext* ctx;
+  unsigned index;  // among the traffic lcores
+};
+
+// One traffic lcore: its queues through every phase, in step with the others.
 int runTraffic(void* arg) {
-  auto& ctx = *static_cast<RunContext*>(arg);
-  const Options& o = ctx.o;
-  int rc = 0;
-  {
-    Generator gen(o, ctx.port, ctx.txPool, ctx.dst, ctx.dstPort, ctx.predictor);
-    gen.prefill();
-    if (o.warm) gen.warm();
-    const Counters warmCounters = gen.counters();
-    const double rate = gen.throughput(o.warmupSeconds, o.duration);
-    const double txRate = static_cast<double>(gen.windowTx_) / gen.windowSeconds_;
-    if (o.latencyDuration > 0 && rate > 0) gen.latency(o.latencyDuration, rate * o.latencyShare);
-    const Counters& c = gen.counters();
-    const double p50 = gen.histogram().percentileUs(0.50);
-    const double p99 = gen.histogram().percentileUs(0.99);
-    if (o.json) {
-      const nlohmann::ordered_json out = {
-          {"flows", o.flows},
-          {"syn_share", o.synShare},
-          {"size", o.size},
-          {"mpps", rate / 1e6},
-          {"offered_mpps", txRate / 1e6},
-          {"window_s", gen.windowSeconds_},
-          {"p50_us", p50},
-          {"p99_us", p99},
-          {"latency_rate_mpps", o.latencyDuration > 0 ? rate * o.latencyShare / 1e6 : 0.0},
-          {"latency_samples", gen.histogram().count},
-          {"tx", c.tx},
-          {"rx", c.rx},
-          {"tx_stalls", c.txRefused},
-          {"warm_tx", warmCounters.tx},
-          {"encapsulated", c.encapsulated},
-          {"sampled", c.sampled},
-          {"matched", c.matched},
-          {"mismatched", c.mismatched},
-          {"undecodable", c.undecodable},
-          {"unknown_flow", c.unknownFlow}};
-      std::printf("%s\n", out.dump().c_str());
-    } else {
-      std::printf(
-          "returned %.3f Mpps (offered %.3f Mpps) over %.2f s; latency at %.3f Mpps: p50 %.2f us, "
-          "p99 %.2f us (%llu samples)\n"
-          "tx %llu rx %llu encapsulated %llu; sampled %llu: matched %llu, mismatched %llu, "
-          "undecodable %llu, unknown %llu\n",
-          rate / 1e6, txRate / 1e6, gen.windowSeconds_, rate * o.latencyShare / 1e6, p50, p99,
-          static_cast<unsigned long long>(gen.histogram().count),
-          static_cast<unsigned long long>(c.tx), static_cast<unsigned long long>(c.rx),
-          static_cast<unsigned long long>(c.encapsulated),
-          static_cast<unsigned long long>(c.sampled), static_cast<unsigned long long>(c.matched),
-          static_cast<unsigned long long>(c.mismatched),
-          static_cast<unsigned long long>(c.undecodable),
-          static_cast<unsigned long long>(c.unknownFlow));
-    }
-    std::fflush(stdout);
-    if (gStop.load()) rc = 130;
-  }
-  ctx.rc = rc;
-  ctx.done.store(true);
+  auto& [ctx, index] = *static_cast<LcoreArg*>(arg);
+  const Options& o = ctx->o;
+  Generator& gen = *ctx->generators[index];
+  if (o.warm) gen.warm();
+  ctx->warmTx[index] = gen.counters().tx;
+  ctx->barrier.wait();
+  const double rate = gen.throughput(o.warmupSeconds, o.duration);
+  ctx->rates[index] = rate;
+  ctx->txRates[index] = static_cast<double>(gen.windowTx_) / gen.windowSeconds_;
+  ctx->barrier.wait();
+  if (o.latencyDuration > 0 && rate > 0) gen.latency(o.latencyDuration, rate * o.latencyShare);
+  ctx->finished.fetch_add(1);
   return 0;
+}
+
+// Sums the traffic lcores' results and prints them.
+void report(const RunContext& ctx) {
+  const Options& o = ctx.o;
+  Counters c;
+  Histogram hist;
+  std::vector<std::uint64_t> perQueue(o.queues, 0);
+  double rate = 0, txRate = 0, window = 0;
+  for (std::size_t i = 0; i < ctx.generators.size(); ++i) {
+    const Generator& g = *ctx.generators[i];
+    c += g.counters();
+    hist.merge(g.histogram());
+    for (const QueueState& q : g.queues()) perQueue[q.id] = q.rx;
+    rate += ctx.rates[i];
+    txRate += ctx.txRates[i];
+    window = std::max(window, g.windowSeconds_);
+  }
+  const double p50 = hist.percentileUs(0.50);
+  const double p99 = hist.percentileUs(0.99);
+  if (o.json) {
+    const nlohmann::ordered_json out = {
+        {"flows", o.flows},
+        {"syn_share", o.synShare},
+        {"size", o.size},
+        {"queues", o.queues},
+        {"traffic_lcores", ctx.lcores},
+        {"mpps", rate / 1e6},
+        {"offered_mpps", txRate / 1e6},
+        {"window_s", window},
+        {"p50_us", p50},
+        {"p99_us", p99},
+        {"latency_rate_mpps", o.latencyDuration > 0 ? rate * o.latencyShare / 1e6 : 0.0},
+        {"latency_samples", hist.count},
+        {"tx", c.tx},
+        {"rx", c.rx},
+        {"rx_per_queue", perQueue},
+        {"tx_stalls", c.txRefused},
+        {"syns_built", c.syns},
+        {"warm_tx", std::accumulate(ctx.warmTx.begin(), ctx.warmTx.end(), std::uint64_t{0})},
+        {"encapsulated", c.encapsulated},
+        {"sampled", c.sampled},
+        {"matched", c.matched},
+        {"mismatched", c.mismatched},
+        {"undecodable", c.undecodable},
+        {"unknown_flow", c.unknownFlow}};
+    std::printf("%s\n", out.dump().c_str());
+  } else {
+    std::printf(
+        "returned %.3f Mpps (offered %.3f Mpps) over %.2f s on %u queue(s); latency at %.3f "
+        "Mpps: p50 %.2f us, p99 %.2f us (%llu samples)\n"
+        "tx %llu rx %llu encapsulated %llu; sampled %llu: matched %llu, mismatched %llu, "
+        "undecodable %llu, unknown %llu\n",
+        rate / 1e6, txRate / 1e6, window, static_cast<unsigned>(o.queues),
+        rate * o.latencyShare / 1e6, p50, p99, static_cast<unsigned long long>(hist.count),
+        static_cast<unsigned long long>(c.tx), static_cast<unsigned long long>(c.rx),
+        static_cast<unsigned long long>(c.encapsulated), static_cast<unsigned long long>(c.sampled),
+        static_cast<unsigned long long>(c.matched), static_cast<unsigned long long>(c.mismatched),
+        static_cast<unsigned long long>(c.undecodable),
+        static_cast<unsigned long long>(c.unknownFlow));
+  }
+  std::fflush(stdout);
 }
 
 int runGenerator(int argc, char** argv) {
@@ -733,7 +886,7 @@ int runGenerator(int argc, char** argv) {
       return 1;
     }
     rte_eth_conf conf{};
-    if (int e = rte_eth_dev_configure(port, 1, 1, &conf); e != 0) {
+    if (int e = rte_eth_dev_configure(port, o.queues, o.queues, &conf); e != 0) {
       std::fprintf(stderr, "spillway-pktgen: configure: %s\n", rte_strerror(-e));
       rte_eal_cleanup();
       return 1;
@@ -741,10 +894,14 @@ int runGenerator(int argc, char** argv) {
     std::uint16_t rxd = 1024, txd = 1024;
     rte_eth_dev_adjust_nb_rx_tx_desc(port, &rxd, &txd);
     const int socket = rte_eth_dev_socket_id(port) < 0 ? 0 : rte_eth_dev_socket_id(port);
-    if (rte_eth_rx_queue_setup(port, 0, rxd, socket, nullptr, rxPool) != 0 ||
-        rte_eth_tx_queue_setup(port, 0, txd, socket, nullptr) != 0 ||
-        rte_eth_dev_start(port) != 0) {
-      std::fprintf(stderr, "spillway-pktgen: cannot set up and start port 0\n");
+    bool ready = true;
+    for (std::uint16_t q = 0; q < o.queues && ready; ++q) {
+      ready = rte_eth_rx_queue_setup(port, q, rxd, socket, nullptr, rxPool) == 0 &&
+              rte_eth_tx_queue_setup(port, q, txd, socket, nullptr) == 0;
+    }
+    if (!ready || rte_eth_dev_start(port) != 0) {
+      std::fprintf(stderr, "spillway-pktgen: cannot set up %u queue(s) and start port 0\n",
+                   static_cast<unsigned>(o.queues));
       rte_eal_cleanup();
       return 1;
     }
@@ -764,17 +921,41 @@ int runGenerator(int argc, char** argv) {
                    o.linkTimeout);
       rc = 1;
     } else {
-      // The traffic loop runs on the first worker lcore when there is one, so
-      // the main lcore (given with --main-lcore) only sleeps here.
-      RunContext ctx{o, port, txPool, dst, dstPort, predictor ? &*predictor : nullptr};
-      const unsigned worker = rte_get_next_lcore(-1, 1, 0);
-      if (worker < RTE_MAX_LCORE && rte_eal_remote_launch(runTraffic, &ctx, worker) == 0) {
-        while (!ctx.done.load()) rte_delay_us_sleep(2000);
-        rte_eal_wait_lcore(worker);
-      } else {
-        (void)runTraffic(&ctx);
+      // The traffic loops run on the worker lcores when there are any (at
+      // most one per queue), so the main lcore (--main-lcore) only sleeps.
+      std::vector<unsigned> lcores;
+      unsigned lc;
+      RTE_LCORE_FOREACH_WORKER(lc) {
+        if (lcores.size() < o.queues) lcores.push_back(lc);
       }
-      rc = ctx.rc;
+      const unsigned n = lcores.empty() ? 1u : static_cast<unsigned>(lcores.size());
+      std::optional<std::vector<std::vector<std::uint32_t>>> byQueue;
+      if (o.queues > 1) byQueue = flowsByQueue(o.flows, o.queues);
+      RunContext ctx{o,       port,   txPool, dst, dstPort, predictor ? &*predictor : nullptr,
+                     byQueue ? &*byQueue : nullptr,
+                     n,       Barrier(n), {},     std::vector<double>(n), std::vector<double>(n),
+                     std::vector<std::uint64_t>(n)};
+      const FrameWriter writer(o.size, dst, dstPort);
+      Generator::prefill(txPool, writer);
+      for (unsigned i = 0; i < n; ++i) {
+        std::vector<std::uint16_t> mine;
+        for (std::uint16_t q = 0; q < o.queues; ++q) {
+          if (q % n == i) mine.push_back(q);
+        }
+        ctx.generators.push_back(std::make_unique<Generator>(
+            o, port, txPool, dst, dstPort, ctx.predictor, ctx.byQueue, mine, i, n));
+      }
+      std::vector<LcoreArg> args(n);
+      for (unsigned i = 0; i < n; ++i) args[i] = {&ctx, i};
+      if (lcores.empty()) {
+        (void)runTraffic(&args[0]);
+      } else {
+        for (unsigned i = 0; i < n; ++i) rte_eal_remote_launch(runTraffic, &args[i], lcores[i]);
+        while (ctx.finished.load() < n) rte_delay_us_sleep(2000);  // sleeps, never spins
+        for (unsigned i = 0; i < n; ++i) rte_eal_wait_lcore(lcores[i]);
+      }
+      report(ctx);
+      rc = gStop.load() ? 130 : 0;
     }
     (void)rte_eth_dev_stop(port);
     (void)rte_eth_dev_close(port);
