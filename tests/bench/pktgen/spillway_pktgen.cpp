@@ -60,8 +60,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
-#include <numeric>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <vector>
@@ -526,9 +526,9 @@ class Generator {
           }
           std::uint16_t sent = 0;
           while (sent < n && !gStop.load()) {
-            sent = static_cast<std::uint16_t>(sent + rte_eth_tx_burst(port_, q.id, m.data() + sent,
-                                                                      static_cast<std::uint16_t>(
-                                                                          n - sent)));
+            sent = static_cast<std::uint16_t>(
+                sent + rte_eth_tx_burst(port_, q.id, m.data() + sent,
+                                        static_cast<std::uint16_t>(n - sent)));
             drainRx(false);
           }
           if (sent < n) rte_pktmbuf_free_bulk(m.data() + sent, n - sent);
@@ -931,9 +931,18 @@ int runGenerator(int argc, char** argv) {
       const unsigned n = lcores.empty() ? 1u : static_cast<unsigned>(lcores.size());
       std::optional<std::vector<std::vector<std::uint32_t>>> byQueue;
       if (o.queues > 1) byQueue = flowsByQueue(o.flows, o.queues);
-      RunContext ctx{o,       port,   txPool, dst, dstPort, predictor ? &*predictor : nullptr,
+      RunContext ctx{o,
+                     port,
+                     txPool,
+                     dst,
+                     dstPort,
+                     predictor ? &*predictor : nullptr,
                      byQueue ? &*byQueue : nullptr,
-                     n,       Barrier(n), {},     std::vector<double>(n), std::vector<double>(n),
+                     n,
+                     Barrier(n),
+                     {},
+                     std::vector<double>(n),
+                     std::vector<double>(n),
                      std::vector<std::uint64_t>(n)};
       const FrameWriter writer(o.size, dst, dstPort);
       Generator::prefill(txPool, writer);
