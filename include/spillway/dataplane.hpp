@@ -26,6 +26,7 @@
 #include "spillway/drop_reason.hpp"
 #include "spillway/flow_exceptions.hpp"
 #include "spillway/kernel_reassembly.hpp"
+#include "spillway/round_histogram.hpp"
 #include "spillway/snapshot.hpp"
 
 namespace spillway {
@@ -72,6 +73,11 @@ struct DataplaneCounters {
     std::uint64_t embryonicRejected = 0;
     std::uint64_t synFloodInserts = 0;
     std::uint64_t evictions = 0;
+    // Its poll rounds (round_histogram.hpp): all of them, and those that
+    // also did the drain period's housekeeping (TX flush, flow-table sweep,
+    // flow count and purge slices, exception export).
+    RoundHistogram rounds{};
+    RoundHistogram housekeepingRounds{};
   };
   std::vector<Lcore> lcores;
   // What each port's driver counted before the workers saw a frame

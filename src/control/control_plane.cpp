@@ -1986,6 +1986,28 @@ std::string ControlPlane::metricsText() {
         m.gauge("spillway_flow_table_syn_flood",
                 "1 while the lcore's flow table is in SYN-flood mode (handshakes fill it).",
                 {{"lcore", lcore}}, w.value("syn_flood", false) ? 1 : 0);
+        if (w.contains("rounds")) {
+          const Json& r = w["rounds"];
+          std::array<HistogramBucket, kRoundBuckets - 1> buckets{};  // the last is +Inf
+          std::uint64_t cumulative = 0, count = 0;
+          for (std::size_t b = 0; b < kRoundBuckets; ++b) {
+            const auto n = r["buckets"][b].get<std::uint64_t>();
+            count += n;
+            if (b + 1 < kRoundBuckets) {
+              cumulative += n;
+              buckets[b] = HistogramBucket{roundBucketUpperSeconds(b), cumulative};
+            }
+          }
+          const std::array<MetricLabel, 1> labels{MetricLabel{"lcore", lcore}};
+          m.histogram("spillway_worker_round_seconds",
+                      "Duration of the worker lcore's poll rounds (start to start, idle pauses "
+                      "left out); a tail here is a tail of the frames' latency.",
+                      labels, buckets,
+                      static_cast<double>(r["sum_ns"].get<std::uint64_t>()) / 1e9, count);
+          m.gauge("spillway_worker_round_max_seconds",
+                  "The worker lcore's longest poll round since the daemon started.",
+                  {{"lcore", lcore}}, static_cast<double>(r["max_ns"].get<std::uint64_t>()) / 1e9);
+        }
       }
     }
     if (s.contains("ports")) {

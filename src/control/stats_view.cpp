@@ -24,6 +24,9 @@ Json statsDocument(const DataplaneCounters& c, const Config& config, const Snaps
           index != 0 && index < c.backendNewFlows.size() ? c.backendNewFlows[index] : 0},
          {"bytes", index != 0 && index < c.backendBytes.size() ? c.backendBytes[index] : 0}});
   }
+  const auto rounds = [](const RoundHistogram& h) {
+    return Json{{"buckets", h.buckets}, {"sum_ns", h.sumNs}, {"max_ns", h.maxNs}};
+  };
   Json workers = Json::array();
   for (const DataplaneCounters::Lcore& l : c.lcores) {
     workers.push_back({{"lcore", l.lcore},
@@ -36,7 +39,9 @@ Json statsDocument(const DataplaneCounters& c, const Config& config, const Snaps
                        {"idle_sleeps", l.idleSleeps},
                        {"flow_embryonic_rejected", l.embryonicRejected},
                        {"flow_syn_flood_inserts", l.synFloodInserts},
-                       {"flow_evictions", l.evictions}});
+                       {"flow_evictions", l.evictions},
+                       {"rounds", rounds(l.rounds)},
+                       {"housekeeping_rounds", rounds(l.housekeepingRounds)}});
   }
   Json ports = Json::array();
   for (const DataplaneCounters::Port& p : c.ports) {

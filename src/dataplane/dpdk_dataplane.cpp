@@ -352,7 +352,7 @@ DataplaneCounters DpdkDataplane::counters() const {
         w->config().lcore, s.rxPackets.read(), s.forwarded.read(), s.newFlows.read(),
         w->flowTable().occupancy, w->flowTable().synFlood != 0, wc.snapshotGeneration.read(),
         wc.idleSleeps.read(), w->flowTable().embryonicRejected, w->flowTable().relocationsSkipped,
-        w->flowTable().evictions});
+        w->flowTable().evictions, wc.rounds.read(), wc.housekeepingRounds.read()});
   }
   bool afPacket = false;
   const std::lock_guard lock(packetDropsMutex_);

@@ -323,11 +323,26 @@ void Worker::run(const std::atomic<bool>& stop) noexcept {
     // The kernel's default 50 us timer slack would add to every pause.
     (void)prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
   }
+  // Round durations: TSC cycles to ns as (cycles * nsPerCycle20) >> 20.
+  const std::uint64_t nsPerCycle20 = (std::uint64_t{1'000'000'000} << 20) / (hz == 0 ? 1 : hz);
+  std::uint64_t roundStart = 0;
+  bool timed = false;         // the previous round counts (it did not pause)
+  bool housekeeping = false;  // the previous round did the drain period's work
   qsbr_.online(config_.qsbrReader);
   std::uint64_t rounds = rounds_.load(std::memory_order_relaxed);
   while (!stop.load(std::memory_order_relaxed)) {
     rounds_.store(++rounds, std::memory_order_relaxed);
     const std::uint64_t tsc = rte_get_tsc_cycles();
+    if (timed) [[likely]] {
+      // Capped at 2^40 cycles (minutes) so the product stays in 64 bits.
+      const std::uint64_t ns =
+          (std::min(tsc - roundStart, std::uint64_t{1} << 40) * nsPerCycle20) >> 20;
+      counters_.rounds.add(ns);
+      if (housekeeping) counters_.housekeepingRounds.add(ns);
+    }
+    roundStart = tsc;
+    timed = true;
+    housekeeping = false;
     const std::uint64_t nowMs = (tsc - start) / tscPerMs + 1'000'000;
     const ForwardingSnapshot* snapshot = publisher_.current();
     unsigned received = 0;
@@ -339,6 +354,7 @@ void Worker::run(const std::atomic<bool>& stop) noexcept {
       // drain period.
       if (tsc - lastExport >= drainTsc) {
         lastExport = tsc;
+        housekeeping = true;
         exportExceptionsSlice(*snapshot, nowMs);
       }
     }
@@ -355,6 +371,7 @@ void Worker::run(const std::atomic<bool>& stop) noexcept {
     if (const std::uint32_t pauseUs = backoff.afterRound(received); pauseUs != 0) {
       // After the quiescent report, so a grace period waits at most one pause.
       counters_.idleSleeps.add(1);
+      timed = false;  // a pause on purpose is no round time
       const timespec pause{static_cast<time_t>(pauseUs / 1'000'000),
                            static_cast<long>(pauseUs % 1'000'000) * 1000};
       (void)nanosleep(&pause, nullptr);
@@ -362,6 +379,7 @@ void Worker::run(const std::atomic<bool>& stop) noexcept {
     if (tsc - lastDrain >= drainTsc) {
       flushAll();
       lastDrain = tsc;
+      housekeeping = true;
       // Idle-time housekeeping: a few flow-table buckets per drain period.
       (void)steering_.flowTable().sweep(nowMs, 64);
       countFlowsSlice(nowMs);

@@ -36,6 +36,7 @@
 #include "ports.hpp"
 #include "spillway/flow_exceptions.hpp"
 #include "spillway/rcu.hpp"
+#include "spillway/round_histogram.hpp"
 #include "spillway/snapshot.hpp"
 #include "spillway/steering.hpp"
 
@@ -89,6 +90,26 @@ struct WorkerCounters {
   Counter idlePolls;
   Counter idleSleeps;          // pauses of an idle-sleeping worker (WorkerConfig::idleSleepUs)
   Counter snapshotGeneration;  // the generation this worker last used
+  // Its poll rounds (round_histogram.hpp), all and those with housekeeping.
+  struct Rounds {
+    std::array<Counter, kRoundBuckets> buckets;
+    Counter sumNs;
+    Counter maxNs;
+    void add(std::uint64_t ns) noexcept {
+      buckets[roundBucket(ns)].add(1);
+      sumNs.add(ns);
+      if (ns > maxNs.read()) maxNs.set(ns);
+    }
+    [[nodiscard]] RoundHistogram read() const noexcept {
+      RoundHistogram h;
+      for (std::size_t b = 0; b < kRoundBuckets; ++b) h.buckets[b] = buckets[b].read();
+      h.sumNs = sumNs.read();
+      h.maxNs = maxNs.read();
+      return h;
+    }
+  };
+  Rounds rounds;
+  Rounds housekeepingRounds;
   std::unique_ptr<BackendTraffic[]> backendTraffic;  // forwarded, by backend index
   std::unique_ptr<Counter[]> backendNewFlows;        // flows opened, by backend index
 };

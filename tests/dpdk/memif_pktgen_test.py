@@ -17,7 +17,8 @@ onto the two CPUs there are). Asserts behaviour only, never a rate:
     warmed flows plus the SYNs the generator sent, so no flow was split
     over two workers' tables;
   - with two workers: each received frames, their counts add up, and frames
-    came back on both queues.
+    came back on both queues;
+  - every worker timed its poll rounds (the histogram of issue #16's tail).
 Both processes use --no-huge, so hugepages are never what is missing.
 
 Skip or fail (the rule): the test skips (exit 77) only when it does not run
@@ -114,6 +115,7 @@ def run_case(spillwayd, pktgen, workers):
                           "--stats-file", stats, "--stats-interval-ms", "50"],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          start_new_session=True)
+    g = None
     try:
         deadline = time.time() + 60
         while not os.path.exists(sock) and d.poll() is None and time.time() < deadline:
@@ -122,18 +124,33 @@ def run_case(spillwayd, pktgen, workers):
             out = d.communicate(timeout=10)[0] if d.poll() is not None else ""
             return fail("spillwayd never opened its memif socket (a start-up failure as root "
                         "is a failure, not a skip)", ("spillwayd", out))
-        g = subprocess.run(
+        # --hold: the generator keeps its port open, unpolled, until its
+        # stdin closes, so spillwayd stops polling before the memif link
+        # goes down (DPDK 22.11's memif can crash a peer polling through a
+        # disconnect).
+        g = subprocess.Popen(
             [pktgen, "-l", "0,1"] + mem +
             ["--main-lcore", "1", "--file-prefix", tag + "g", "--no-pci",
              "--vdev=net_memif0,role=client,socket=%s,socket-abstract=no,id=0" % sock,
              "--", "--config", config, "--flows", "1000", "--syn-share", "0.1",
              "--size", "64", "--warm", "--duration", "0.5", "--warmup", "0.2",
              "--latency-duration", "0.2", "--sample-every", "4", "--queues", str(workers),
-             "--verify", "maglev", "--json"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+             "--verify", "maglev", "--json", "--hold"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True)
+        gout = []
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            line = g.stdout.readline()
+            if not line:
+                break
+            gout.append(line)
+            if line.startswith("{"):
+                break
+        gtext = "".join(gout)
         # spillwayd has handled everything once its rx count reaches what the
         # generator sent (polled from its stats file, with a deadline).
-        sent = (last_json(g.stdout) or {}).get("tx")
+        sent = (last_json(gtext) or {}).get("tx")
         deadline = time.time() + 10
         while sent is not None and time.time() < deadline:
             try:
@@ -145,14 +162,17 @@ def run_case(spillwayd, pktgen, workers):
             time.sleep(0.05)
         os.killpg(d.pid, signal.SIGINT)
         dout = d.communicate(timeout=30)[0]
+        gtext += g.communicate(input="", timeout=30)[0]
         if g.returncode != 0:
-            return fail("spillway-pktgen exited %d" % g.returncode, ("pktgen", g.stdout),
+            return fail("spillway-pktgen exited %d" % g.returncode, ("pktgen", gtext),
                         ("spillwayd", dout))
-        r = last_json(g.stdout)
+        r = last_json(gtext)
         s = last_json(dout)
         if r is None or s is None:
-            return fail("no JSON result", ("pktgen", g.stdout), ("spillwayd", dout))
+            return fail("no JSON result (spillwayd exited %s)" % d.returncode, ("pktgen", gtext),
+                        ("spillwayd", dout))
         print("%d worker(s), pktgen: %s" % (workers, json.dumps(r)))
+        print("spillwayd ports: %s" % json.dumps(s.get("ports")))
         print("spillwayd: rx %d forwarded %d new_flows %d dropped %d tx_dropped %d; "
               "workers %s" % (s["rx_packets"], s["forwarded"], s["new_flows"], s["dropped"],
                               s["tx_dropped"],
@@ -192,16 +212,22 @@ def run_case(spillwayd, pktgen, workers):
         if len(per_worker) != workers or sum(per_worker) != s["rx_packets"]:
             problems.append("per-worker rx %s, want %d workers adding up to %d" % (
                 per_worker, workers, s["rx_packets"]))
+        for w in s["workers"]:
+            rounds = w.get("rounds", {})
+            if sum(rounds.get("buckets", [])) == 0 or not rounds.get("max_ns") or \
+                    rounds.get("sum_ns", 0) < rounds.get("max_ns", 0):
+                problems.append("lcore %d: no poll rounds timed: %s" % (w["lcore"], rounds))
         if workers > 1 and (min(per_worker) == 0 or min(r["rx_per_queue"]) == 0):
             problems.append("a worker or queue got nothing: workers %s, queues %s" % (
                 per_worker, r["rx_per_queue"]))
         if problems:
-            return fail("; ".join(problems), ("pktgen", g.stdout), ("spillwayd", dout))
+            return fail("; ".join(problems), ("pktgen", gtext), ("spillwayd", dout))
         return 0
     finally:
-        if d.poll() is None:
-            os.killpg(d.pid, signal.SIGKILL)
-            d.wait()
+        for p in [d] + ([g] if g is not None else []):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
         shutil.rmtree(tmp, ignore_errors=True)
         for t in (tag + "d", tag + "g"):
             shutil.rmtree(os.path.join("/var/run/dpdk", t), ignore_errors=True)

@@ -152,6 +152,40 @@ TEST(OperatorMetrics, FlowTableFillAndSynFloodPerLcore) {
   EXPECT_TRUE(rig.has("spillway_flow_table_syn_flood{lcore=\"2\"} 0\n"));
 }
 
+// The worker's poll-round histogram (round_histogram.hpp) as a Prometheus
+// histogram: cumulative buckets at 1 us, 2 us, ... 8.192 ms, then +Inf.
+TEST(OperatorMetrics, WorkerRoundHistogramPerLcore) {
+  EXPECT_EQ(roundBucket(0), 0u);
+  EXPECT_EQ(roundBucket(999), 0u);
+  EXPECT_EQ(roundBucket(1000), 1u);
+  EXPECT_EQ(roundBucket(1999), 1u);
+  EXPECT_EQ(roundBucket(2000), 2u);
+  EXPECT_EQ(roundBucket(40'000), 6u);  // [32, 64) us
+  EXPECT_EQ(roundBucket(8'191'999), 13u);
+  EXPECT_EQ(roundBucket(8'192'000), 14u);
+  EXPECT_EQ(roundBucket(~std::uint64_t{0}), 14u);
+
+  Rig rig;
+  DataplaneCounters::Lcore l{.lcore = 1};
+  l.rounds.buckets[0] = 1000;  // under 1 us
+  l.rounds.buckets[6] = 3;     // 32 to 64 us
+  l.rounds.buckets[14] = 1;    // 8.192 ms or more
+  l.rounds.sumNs = 20'000'000;
+  l.rounds.maxNs = 9'000'000;
+  rig.dp.stats.lcores.push_back(l);
+  rig.step();
+  const std::string text = rig.control->metricsText();
+  EXPECT_TRUE(rig.has("spillway_worker_round_seconds_bucket{lcore=\"1\",le=\"1e-06\"} 1000\n"))
+      << text;
+  EXPECT_TRUE(rig.has("spillway_worker_round_seconds_bucket{lcore=\"1\",le=\"3.2e-05\"} 1000\n"));
+  EXPECT_TRUE(rig.has("spillway_worker_round_seconds_bucket{lcore=\"1\",le=\"6.4e-05\"} 1003\n"));
+  EXPECT_TRUE(rig.has("spillway_worker_round_seconds_bucket{lcore=\"1\",le=\"0.008192\"} 1003\n"));
+  EXPECT_TRUE(rig.has("spillway_worker_round_seconds_bucket{lcore=\"1\",le=\"+Inf\"} 1004\n"));
+  EXPECT_TRUE(rig.has("spillway_worker_round_seconds_count{lcore=\"1\"} 1004\n"));
+  EXPECT_TRUE(rig.has("spillway_worker_round_seconds_sum{lcore=\"1\"} 0.02\n"));
+  EXPECT_TRUE(rig.has("spillway_worker_round_max_seconds{lcore=\"1\"} 0.009\n"));
+}
+
 TEST(OperatorMetrics, HealthAndScrapeFailuresPerPool) {
   // "An address nobody answers" must not depend on the host's network (a
   // transparent proxy may accept any TCP connection): the probing thread

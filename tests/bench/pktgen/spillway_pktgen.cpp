@@ -112,6 +112,7 @@ struct Options {
   std::optional<std::uint32_t> vipAddress;  // host order
   std::uint16_t vipPort = 80;
   std::uint16_t queues = 1;
+  bool hold = false;
 };
 
 [[noreturn]] void usage(const std::string& error) {
@@ -176,6 +177,8 @@ Options parseOptions(int argc, char** argv) {
   app.add_option("--queues", o.queues, "RX/TX queue pairs; flows spread by a 5-tuple hash")
       ->capture_default_str()
       ->check(CLI::Range(std::uint16_t{1}, std::uint16_t{64}));
+  app.add_flag("--hold", o.hold,
+               "after the results, keep the port open (not polled) until stdin closes");
   app.add_flag("--json", o.json, "results as one JSON object");
   try {
     app.parse(argc, argv);
@@ -559,8 +562,25 @@ class Generator {
   void latency(double seconds, double pps) {
     run(std::min(0.2, seconds / 2), pps, false);  // settle at the new rate
     run(seconds, pps, true);
-    const std::uint64_t until = rte_rdtsc() + hz_ / 50;
-    while (rte_rdtsc() < until) drainRx(true);
+    settle(true);
+  }
+
+  // Drains the answers still on their way: until every frame sent came back,
+  // or none has for 500 ms (the peer dropped some), at most 5 s. A worker
+  // the kernel took off its core for a while still answers before the link
+  // closes; closing it would lose whatever its queue held (up to a ring).
+  void settle(bool recordLatency) {
+    const std::uint64_t quiet = hz_ / 2;
+    const std::uint64_t giveUp = rte_rdtsc() + 5 * hz_;
+    std::uint64_t lastRx = c_.rx, lastChange = rte_rdtsc();
+    for (std::uint64_t now = lastChange; c_.rx < c_.tx && now - lastChange < quiet && now < giveUp;
+         now = rte_rdtsc()) {
+      drainRx(recordLatency);
+      if (c_.rx != lastRx) {
+        lastRx = c_.rx;
+        lastChange = now;
+      }
+    }
   }
 
   [[nodiscard]] const Counters& counters() const { return c_; }
@@ -739,7 +759,11 @@ int runTraffic(void* arg) {
   ctx->rates[index] = rate;
   ctx->txRates[index] = static_cast<double>(gen.windowTx_) / gen.windowSeconds_;
   ctx->barrier.wait();
-  if (o.latencyDuration > 0 && rate > 0) gen.latency(o.latencyDuration, rate * o.latencyShare);
+  if (o.latencyDuration > 0 && rate > 0) {
+    gen.latency(o.latencyDuration, rate * o.latencyShare);
+  } else {
+    gen.settle(false);
+  }
   ctx->finished.fetch_add(1);
   return 0;
 }
@@ -915,6 +939,10 @@ int runGenerator(int argc, char** argv) {
       if (link.link_status == RTE_ETH_LINK_UP || gStop.load() || rte_rdtsc() > linkDeadline) break;
       rte_delay_ms(10);
     }
+    // DPDK 22.11's memif is not safe against a peer that polls while the
+    // connection is still being set up (or torn down): give the peer's
+    // control thread a moment after the link comes up before any frame.
+    if (link.link_status == RTE_ETH_LINK_UP) rte_delay_us_sleep(250'000);
     if (link.link_status != RTE_ETH_LINK_UP) {
       std::fprintf(stderr,
                    "spillway-pktgen: port 0 link not up after %.1f s (is the peer running?)\n",
@@ -965,6 +993,12 @@ int runGenerator(int argc, char** argv) {
       }
       report(ctx);
       rc = gStop.load() ? 130 : 0;
+      // The peer stops polling first (a memif disconnect under a polling
+      // peer can crash it, DPDK 22.11); nothing here polls while we wait.
+      if (o.hold) {
+        while (!gStop.load() && std::fgetc(stdin) != EOF) {
+        }
+      }
     }
     (void)rte_eth_dev_stop(port);
     (void)rte_eth_dev_close(port);
