@@ -2002,8 +2002,8 @@ std::string ControlPlane::metricsText() {
           m.histogram("spillway_worker_round_seconds",
                       "Duration of the worker lcore's poll rounds (start to start, idle pauses "
                       "left out); a tail here is a tail of the frames' latency.",
-                      labels, buckets,
-                      static_cast<double>(r["sum_ns"].get<std::uint64_t>()) / 1e9, count);
+                      labels, buckets, static_cast<double>(r["sum_ns"].get<std::uint64_t>()) / 1e9,
+                      count);
           m.gauge("spillway_worker_round_max_seconds",
                   "The worker lcore's longest poll round since the daemon started.",
                   {{"lcore", lcore}}, static_cast<double>(r["max_ns"].get<std::uint64_t>()) / 1e9);
