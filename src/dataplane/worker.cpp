@@ -193,7 +193,10 @@ void Worker::flushAll() noexcept {
 }
 
 void Worker::countFlowsSlice(std::uint64_t nowMs) noexcept {
-  constexpr std::size_t kBucketsPerSlice = 8192;  // 512 KiB of table per drain period
+  // 64 KiB of table per drain period: 8192 buckets (512 KiB) made a 64-128 us
+  // round every drain period while a count ran, the worker's largest source of
+  // long rounds at 1M flows (BENCHMARKS.md, issue #16).
+  constexpr std::size_t kBucketsPerSlice = 1024;
   if (countingFor_ == 0) {
     const std::uint64_t req = flowCountRequest_.load(std::memory_order_acquire);
     if (req == flowCountDone_.load(std::memory_order_relaxed)) return;
