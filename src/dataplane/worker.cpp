@@ -14,6 +14,14 @@
 
 namespace spillway {
 
+namespace {
+// The whole-table walks of the drain period (live-flow count, purge of a
+// removed backend's index): 1024 buckets, 64 KiB of table, per period. 8192
+// (512 KiB) made a 64-128 us round every drain period while a walk ran, the
+// worker's largest source of long rounds at 1M flows (BENCHMARKS.md, #16).
+constexpr std::size_t kWalkBucketsPerDrain = 1024;
+}  // namespace
+
 struct Worker::PortIo {
   std::uint16_t portId = 0;
   bool hasTap = false;
@@ -193,10 +201,7 @@ void Worker::flushAll() noexcept {
 }
 
 void Worker::countFlowsSlice(std::uint64_t nowMs) noexcept {
-  // 64 KiB of table per drain period: 8192 buckets (512 KiB) made a 64-128 us
-  // round every drain period while a count ran, the worker's largest source of
-  // long rounds at 1M flows (BENCHMARKS.md, issue #16).
-  constexpr std::size_t kBucketsPerSlice = 1024;
+  constexpr std::size_t kBucketsPerSlice = kWalkBucketsPerDrain;
   if (countingFor_ == 0) {
     const std::uint64_t req = flowCountRequest_.load(std::memory_order_acquire);
     if (req == flowCountDone_.load(std::memory_order_relaxed)) return;
@@ -292,7 +297,7 @@ void Worker::requestPurge(std::uint64_t n, const std::vector<std::uint32_t>& ind
 }
 
 void Worker::purgeSlice() noexcept {
-  constexpr std::size_t kBucketsPerSlice = 8192;  // as countFlowsSlice
+  constexpr std::size_t kBucketsPerSlice = kWalkBucketsPerDrain;
   FlowTable& table = steering_.flowTable();
   if (purgingFor_ == 0) {
     const std::uint64_t req = purgeRequest_.load(std::memory_order_acquire);
