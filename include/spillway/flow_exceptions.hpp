@@ -25,9 +25,10 @@
 // keep a few flows that did not need it, never drop one that did.
 //
 // ExceptionTable: open addressing over a power-of-two array at most half
-// full, 16 bytes a slot (fingerprint, backend index | state << 24); built
-// once by the control thread, immutable afterwards, shared by successive
-// snapshots. A lookup is one or two cache lines, no allocation, no write.
+// full (on huge pages where offered), 16 bytes a slot (fingerprint, backend
+// index | state << 24); built once by the control thread, immutable
+// afterwards, shared by successive snapshots. A lookup is one or two cache
+// lines, no allocation, no write. Only a flow-table miss consults it.
 //
 // Thread contract: ExceptionTable is built on the control thread and only
 // read afterwards (by any number of lcores through the published snapshot).
@@ -40,6 +41,7 @@
 #include <vector>
 
 #include "spillway/flow_table.hpp"
+#include "spillway/table_memory.hpp"
 
 namespace spillway {
 
@@ -102,7 +104,9 @@ class ExceptionTable {
     return {};
   }
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
-  [[nodiscard]] std::size_t memoryBytes() const noexcept { return slots_.size() * sizeof(Slot); }
+  [[nodiscard]] std::size_t memoryBytes() const noexcept {
+    return size_ == 0 ? 0 : (mask_ + 1) * sizeof(Slot);
+  }
 
  private:
   struct Slot {
@@ -116,7 +120,7 @@ class ExceptionTable {
     return static_cast<std::size_t>(fp ^ (fp >> 32)) & mask_;
   }
 
-  std::vector<Slot> slots_;
+  TableMemory<Slot> slots_;  // huge pages: table_memory.hpp
   std::size_t mask_ = 0;
   std::size_t size_ = 0;
 };

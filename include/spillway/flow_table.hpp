@@ -98,6 +98,7 @@
 #include <span>
 
 #include "spillway/stats.hpp"
+#include "spillway/table_memory.hpp"
 #include "spillway/wire.hpp"
 
 namespace spillway {
@@ -298,9 +299,6 @@ class FlowTable {
     [[nodiscard]] unsigned match(std::uint64_t fp) const noexcept;
   };
   static_assert(sizeof(Bucket) == 64 && alignof(Bucket) == 64);
-  struct FreeBuckets {
-    void operator()(Bucket* buckets) const noexcept;
-  };
 
   template <bool kTcp>
   std::uint32_t touch(Bucket& bucket, unsigned mask, std::uint32_t now32, FlowEvent event) noexcept;
@@ -320,7 +318,7 @@ class FlowTable {
   [[nodiscard]] std::size_t otherBucket(std::uint64_t fingerprint,
                                         std::size_t index) const noexcept;
 
-  std::unique_ptr<Bucket[], FreeBuckets> buckets_;
+  TableMemory<Bucket> buckets_;
   std::size_t mask_ = 0;
   // SYN-flood mode (flow_table.cpp): consecutive embryonic/closing inserts
   // that found no room even by relocation, and a running count of inserts in

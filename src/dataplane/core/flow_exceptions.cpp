@@ -26,7 +26,7 @@ ExceptionTable::ExceptionTable(std::span<const ExceptionEntry> entries) {
   }
   if (wanted == 0) return;
   const std::size_t slots = std::bit_ceil(wanted * 2);
-  slots_.assign(slots, Slot{});
+  slots_ = makeTableMemory<Slot>(slots);  // zeroed: every slot empty
   mask_ = slots - 1;
   for (const ExceptionEntry& e : entries) {
     if (e.backend == 0 || e.backend > FlowTable::kMaxBackend) continue;

@@ -2,16 +2,10 @@
 
 #include <algorithm>
 #include <bit>
-#include <cstdlib>
 #include <cstring>
-#include <new>
 #include <stdexcept>
 #include <string>
 #include <utility>
-
-#ifdef __linux__
-#include <sys/mman.h>
-#endif
 
 namespace spillway {
 namespace {
@@ -19,7 +13,6 @@ namespace {
 constexpr std::uint32_t kBackendMask = FlowTable::kMaxBackend;
 constexpr unsigned kStateShift = 24;
 constexpr unsigned kNoSlot = FlowTable::kSlotsPerBucket;
-constexpr std::size_t kHugePage = std::size_t{2} << 20;
 // Relocation depth when both candidate buckets are full: two moves keep
 // inserts failure-free to ~90% load; one move bounds what a SYN flood costs.
 constexpr int kRelocateDepth = 2;
@@ -97,10 +90,6 @@ std::uint32_t checkedTimeout(const char* field, Millis value) {
 
 }  // namespace
 
-void FlowTable::FreeBuckets::operator()(Bucket* buckets) const noexcept {
-  std::free(buckets);
-}
-
 std::size_t FlowTable::bucketCountFor(std::size_t capacity) noexcept {
   const std::size_t slots = (std::max<std::size_t>(capacity, 1) * 5 + 3) / 4;  // load <= 80%
   return std::bit_ceil((slots + kSlotsPerBucket - 1) / kSlotsPerBucket);
@@ -130,17 +119,7 @@ FlowTable::FlowTable(const FlowTableConfig& config)
       timeoutByState_[static_cast<unsigned>(FlowState::Established)];
 
   const std::size_t count = bucketCountFor(capacity_);
-  const std::size_t bytes = count * sizeof(Bucket);
-  // Tables of 2 MiB and more sit on transparent huge pages where the kernel
-  // offers them: a random bucket then costs no TLB walk.
-  const std::size_t align = bytes >= kHugePage ? kHugePage : alignof(Bucket);
-  void* memory = std::aligned_alloc(align, bytes);
-  if (memory == nullptr) throw std::bad_alloc();
-#ifdef __linux__
-  if (align == kHugePage) ::madvise(memory, bytes, MADV_HUGEPAGE);
-#endif
-  std::memset(memory, 0, bytes);  // pre-faults every page: no faults on the fast path
-  buckets_.reset(static_cast<Bucket*>(memory));
+  buckets_ = makeTableMemory<Bucket>(count);  // huge pages: table_memory.hpp
   mask_ = count - 1;
 }
 
