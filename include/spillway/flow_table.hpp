@@ -321,10 +321,12 @@ class FlowTable {
   TableMemory<Bucket> buckets_;
   std::size_t mask_ = 0;
   // SYN-flood mode (flow_table.cpp): consecutive embryonic/closing inserts
-  // that found no room even by relocation, and a running count of inserts in
-  // the mode (every kFloodProbeEvery-th still tries a relocation).
+  // that found no room even by relocation, a running count of inserts in
+  // the mode (every kFloodProbeEvery-th still tries a relocation), and the
+  // inserts in a row in the mode that found room in their own buckets.
   std::uint32_t embryonicRoomMisses_ = 0;
   std::uint32_t floodInserts_ = 0;
+  std::uint32_t floodRoomStreak_ = 0;
   std::size_t capacity_ = 0;
   std::size_t sweepCursor_ = 0;
   std::span<const std::uint64_t> purgeSet_;  // empty: no purge running

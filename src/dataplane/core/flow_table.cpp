@@ -20,11 +20,17 @@ constexpr int kRelocateDepthEvictable = 1;
 // SYN-flood mode: after this many embryonic (or closing) inserts in a row
 // found no room even by relocation (a table full of handshakes, where a
 // relocation step costs up to eight random bucket reads and cannot succeed),
-// such inserts skip it; one in kFloodProbeEvery still tries. The mode ends at
-// the first such insert that finds room (a free or expired slot, or a
-// successful relocation). Established flows always get the full search.
+// such inserts skip it; one in kFloodProbeEvery still tries. The mode ends
+// after kFloodEndAfterRoom such inserts in a row found room in their own two
+// buckets (a free or expired slot, or an entry that may be evicted): the
+// table has room again. Not at the first one: at 99.7 % occupancy one insert
+// in ~20 finds a lone free slot, and ending the mode there cost 16 full
+// relocation searches to re-enter it, every few dozen SYNs (the memif bench's
+// SYN rate with a full table, #16). A relocation probe that succeeds places
+// its flow but ends nothing. Established flows always get the full search.
 constexpr std::uint32_t kFloodAfterMisses = 16;
 constexpr std::uint32_t kFloodProbeEvery = 32;
+constexpr std::uint32_t kFloodEndAfterRoom = 4;
 
 constexpr std::uint64_t fingerprintOf(std::uint64_t hash) noexcept {
   return hash | static_cast<std::uint64_t>(hash == 0);
@@ -353,22 +359,38 @@ InsertResult FlowTable::insert(std::uint64_t hash, std::uint32_t backend, FlowSt
   }
 
   const bool evictable = isEvictable(state);
-  const auto place = [&](Bucket& bucket, unsigned slot) noexcept {
+  const bool flooded = evictable && embryonicRoomMisses_ >= kFloodAfterMisses;
+  // An evictable insert that found room: out of the mode, the miss streak
+  // starts over; in it, `direct` room (in the flow's own buckets) counts
+  // toward the end of the mode and a relocation's does not.
+  const auto foundRoom = [&](bool direct) noexcept {
+    if (!evictable) return;
+    if (!flooded) {
+      embryonicRoomMisses_ = 0;
+    } else if (!direct) {
+      floodRoomStreak_ = 0;
+    } else if (++floodRoomStreak_ == kFloodEndAfterRoom) {
+      embryonicRoomMisses_ = 0;
+      floodRoomStreak_ = 0;
+      counters_.synFlood = 0;
+    }
+  };
+  const auto place = [&](Bucket& bucket, unsigned slot, bool direct) noexcept {
     store(bucket, slot);
     ++counters_.occupancy;
     ++counters_.inserts;
-    if (evictable) {  // there is room: no flood
-      if (embryonicRoomMisses_ >= kFloodAfterMisses) counters_.synFlood = 0;
-      embryonicRoomMisses_ = 0;
-    }
+    foundRoom(direct);
     return InsertResult::Inserted;
   };
-  if (const unsigned slot = takeFreeSlot(first, now32); slot != kNoSlot) return place(first, slot);
-  if (const unsigned slot = takeFreeSlot(second, now32); slot != kNoSlot) {
-    return place(second, slot);
+  if (const unsigned slot = takeFreeSlot(first, now32); slot != kNoSlot) {
+    return place(first, slot, true);
   }
+  if (const unsigned slot = takeFreeSlot(second, now32); slot != kNoSlot) {
+    return place(second, slot, true);
+  }
+  if (flooded) floodRoomStreak_ = 0;
   bool relocate = true;
-  if (evictable && embryonicRoomMisses_ >= kFloodAfterMisses) {
+  if (flooded) {
     relocate = ++floodInserts_ % kFloodProbeEvery == 0;
     if (!relocate) ++counters_.relocationsSkipped;
   }
@@ -380,7 +402,7 @@ InsertResult FlowTable::insert(std::uint64_t hash, std::uint32_t backend, FlowSt
       slot = makeRoom(secondIndex, depth, now32);
       into = &second;
     }
-    if (slot != kNoSlot) return place(*into, slot);
+    if (slot != kNoSlot) return place(*into, slot, false);
     if (evictable && embryonicRoomMisses_ < kFloodAfterMisses) {
       if (++embryonicRoomMisses_ == kFloodAfterMisses) counters_.synFlood = 1;
     }
@@ -414,10 +436,7 @@ InsertResult FlowTable::insert(std::uint64_t hash, std::uint32_t backend, FlowSt
       store(*victim, victimSlot);
       ++counters_.evictions;
       ++counters_.inserts;
-      if (evictable) {
-        if (embryonicRoomMisses_ >= kFloodAfterMisses) counters_.synFlood = 0;
-        embryonicRoomMisses_ = 0;
-      }
+      foundRoom(true);
       return InsertResult::Inserted;
     }
   }
@@ -556,6 +575,7 @@ void FlowTable::clear() noexcept {
   purgeCursor_ = 0;
   embryonicRoomMisses_ = 0;
   floodInserts_ = 0;
+  floodRoomStreak_ = 0;
   counters_.synFlood = 0;
 }
 
