@@ -16,10 +16,13 @@ namespace spillway {
 
 namespace {
 // The whole-table walks of the drain period (live-flow count, purge of a
-// removed backend's index): 1024 buckets, 64 KiB of table, per period. 8192
-// (512 KiB) made a 64-128 us round every drain period while a walk ran, the
-// worker's largest source of long rounds at 1M flows (BENCHMARKS.md, #16).
-constexpr std::size_t kWalkBucketsPerDrain = 1024;
+// removed backend's index): 256 buckets, 16 KiB of table, per period, a few
+// microseconds at 1M flows. 8192 (512 KiB) made a 64-128 us round every drain
+// period while a walk ran, the worker's largest source of long rounds at 1M
+// flows; 1024 still left ~300-600 housekeeping rounds of 16-32 us per bench
+// run, 256 leaves 70-90 (BENCHMARKS.md, #16). A count then takes 0.1 s at 1M
+// flows and 0.8 s at 10M (2M buckets), inside the control thread's 1 s ask.
+constexpr std::size_t kWalkBucketsPerDrain = 256;
 }  // namespace
 
 struct Worker::PortIo {
