@@ -1,8 +1,13 @@
 // Memory for the data path's large hash tables (flow table, exception table):
 // zeroed, pre-faulted, and on transparent huge pages where the kernel offers
-// them (2 MiB and larger), so a random slot costs a cache miss but no TLB
-// walk. In a KVM guest a TLB walk is two-dimensional: without huge pages a
-// lookup in a 32 MiB table cost ~230 ns (BENCHMARKS.md, #16).
+// them, so a random slot costs a cache miss but no TLB walk. In a KVM guest a
+// TLB walk is two-dimensional: a SYN into a 16 MiB flow table on 4 KiB pages
+// cost ~425 ns against ~135 on huge pages (BENCHMARKS.md, #16).
+//
+// Tables of 2 MiB and more get a mapping of their own (mmap, aligned to 2 MiB,
+// MADV_HUGEPAGE before the first touch): memory malloc hands back after a
+// free may already be faulted in 4 KiB pages, which madvise does not turn
+// into huge ones.
 //
 // Thread contract: allocate and free on any thread; the memory is the
 // caller's.
@@ -14,19 +19,22 @@
 namespace spillway {
 
 struct FreeTableMemory {
+  std::size_t mappedBytes = 0;  // 0: from aligned_alloc
   void operator()(void* memory) const noexcept;
 };
-
-// `bytes` zeroed bytes aligned to `align` (a power of two, at most 2 MiB);
-// throws std::bad_alloc.
-[[nodiscard]] void* allocateTableMemory(std::size_t bytes, std::size_t align);
 
 template <typename T>
 using TableMemory = std::unique_ptr<T[], FreeTableMemory>;
 
+// `bytes` zeroed bytes aligned to `align` (a power of two); throws
+// std::bad_alloc.
+[[nodiscard]] TableMemory<std::byte> allocateTableMemory(std::size_t bytes, std::size_t align);
+
 template <typename T>
 [[nodiscard]] TableMemory<T> makeTableMemory(std::size_t count) {
-  return TableMemory<T>(static_cast<T*>(allocateTableMemory(count * sizeof(T), alignof(T))));
+  TableMemory<std::byte> raw = allocateTableMemory(count * sizeof(T), alignof(T));
+  const FreeTableMemory free = raw.get_deleter();
+  return TableMemory<T>(reinterpret_cast<T*>(raw.release()), free);
 }
 
 }  // namespace spillway

@@ -41,8 +41,8 @@ struct Result {
 Result measure(double seconds) {
   Result r;
   const auto start = Clock::now();
-  const auto end = start + std::chrono::duration_cast<Clock::duration>(
-                               std::chrono::duration<double>(seconds));
+  const auto end =
+      start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
   auto prev = start;
   for (;;) {
     const auto now = Clock::now();
@@ -113,10 +113,11 @@ int main(int argc, char** argv) {
   const Result r = measure(seconds);
   const double lostShare = r.seconds > 0 ? static_cast<double>(r.lostNs) / 1e9 / r.seconds : 0;
   if (json) {
-    std::printf("{\"cpu\": %d, \"seconds\": %.3f, \"loops\": %llu, \"lost_share\": %.6f, "
-                "\"max_us\": %.1f, \"gaps\": {",
-                cpu, r.seconds, static_cast<unsigned long long>(r.loops), lostShare,
-                static_cast<double>(r.maxNs) / 1000);
+    std::printf(
+        "{\"cpu\": %d, \"seconds\": %.3f, \"loops\": %llu, \"lost_share\": %.6f, "
+        "\"max_us\": %.1f, \"gaps\": {",
+        cpu, r.seconds, static_cast<unsigned long long>(r.loops), lostShare,
+        static_cast<double>(r.maxNs) / 1000);
     for (std::size_t k = 0; k < kBuckets; ++k) {
       std::printf("%s\"%s\": %llu", k == 0 ? "" : ", ", bucketName(k).c_str(),
                   static_cast<unsigned long long>(r.gaps[k]));
