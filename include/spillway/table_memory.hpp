@@ -1,8 +1,6 @@
 // Memory for the data path's large hash tables (flow table, exception table):
 // zeroed, pre-faulted, and on transparent huge pages where the kernel offers
-// them, so a random slot costs a cache miss but no TLB walk. In a KVM guest a
-// TLB walk is two-dimensional: a SYN into a 16 MiB flow table on 4 KiB pages
-// cost ~425 ns against ~135 on huge pages (BENCHMARKS.md, #16).
+// them, so a random slot costs a cache miss but no guest TLB walk.
 //
 // Tables of 2 MiB and more get a mapping of their own (mmap, aligned to 2 MiB,
 // MADV_HUGEPAGE before the first touch): memory malloc hands back after a
