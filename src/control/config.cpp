@@ -1656,8 +1656,14 @@ void Loader::loadTier(const toml::table& root, std::set<std::string>& used) {
 // header. The same scan refuses a non-ASCII byte outside strings and
 // comments (TOML allows none there): toml++ 3.3's whitespace test reaches
 // TOML_UNREACHABLE on some of them (U+01E9, found by fuzz_config), undefined
-// behaviour; `nonAscii` says which of the two was found.
-std::optional<Place> badTableHeader(std::string_view text, bool& nonAscii) {
+// behaviour. And an array element that starts with '}' ("[}]", "[1, }]",
+// also after a newline or a comment) reaches toml++ 3.3's parse_value() with
+// its precondition broken (`!is_value_terminator`: an assertion in debug
+// builds, an assumption in release ones; found by fuzz_config): refused here
+// too. `why` says which was found.
+enum class TomlTrap { HeaderName, NonAscii, ArrayBrace };
+
+std::optional<Place> badTableHeader(std::string_view text, TomlTrap& why) {
   const auto bareKey = [](char c) {
     return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' ||
            c == '-';
@@ -1666,12 +1672,13 @@ std::optional<Place> badTableHeader(std::string_view text, bool& nonAscii) {
   std::size_t lineBegin = 0;
   std::size_t depth = 0;  // '[' of values still open
   bool lineStart = true;
-  nonAscii = false;
+  char last = '\n';  // the last character outside strings, comments and blanks
+  why = TomlTrap::HeaderName;
   const std::size_t start = text.starts_with("\xEF\xBB\xBF") ? 3 : 0;  // a UTF-8 BOM
   for (std::size_t i = start; i < text.size(); ++i) {
     const char c = text[i];
     if (static_cast<unsigned char>(c) >= 0x80) {
-      nonAscii = true;
+      why = TomlTrap::NonAscii;
       return Place{line, static_cast<std::uint32_t>(i - lineBegin + 1)};
     }
     if (c == '\n') {
@@ -1702,6 +1709,7 @@ std::optional<Place> badTableHeader(std::string_view text, bool& nonAscii) {
       if (j >= text.size()) return std::nullopt;
       i = j + (triple ? 2 : 0);
       lineStart = false;
+      last = c;
       continue;
     }
     if (lineStart && depth == 0 && c == '[') {
@@ -1714,9 +1722,15 @@ std::optional<Place> badTableHeader(std::string_view text, bool& nonAscii) {
       }
       i = j - 1;
       lineStart = false;
+      last = text[i];
       continue;
     }
     lineStart = false;
+    if (c == '}' && depth > 0 && (last == '[' || last == ',')) {
+      why = TomlTrap::ArrayBrace;
+      return Place{line, static_cast<std::uint32_t>(i - lineBegin + 1)};
+    }
+    last = c;
     if (c == '[') ++depth;
     if (c == ']' && depth > 0) --depth;
   }
@@ -1724,13 +1738,17 @@ std::optional<Place> badTableHeader(std::string_view text, bool& nonAscii) {
 }
 
 ConfigResult Loader::load(std::string_view text) {
-  bool nonAscii = false;
-  if (const std::optional<Place> p = badTableHeader(text, nonAscii)) {
-    errors_.push_back(ConfigError{file_, p->line, p->column, "", "",
-                                  nonAscii ? "TOML: a non-ASCII character outside a string or "
-                                             "comment (names and values are ASCII; quote text)"
-                                           : "TOML: a table header needs a name (a bare key or a "
-                                             "quoted string) after its '[' or '[['"});
+  TomlTrap why = TomlTrap::HeaderName;
+  if (const std::optional<Place> p = badTableHeader(text, why)) {
+    const char* message =
+        why == TomlTrap::NonAscii
+            ? "TOML: a non-ASCII character outside a string or comment (names and values are "
+              "ASCII; quote text)"
+        : why == TomlTrap::ArrayBrace
+            ? "TOML: an array element cannot start with '}' (a value was expected)"
+            : "TOML: a table header needs a name (a bare key or a quoted string) after its '[' "
+              "or '[['";
+    errors_.push_back(ConfigError{file_, p->line, p->column, "", "", message});
     return ConfigResult(std::move(errors_));
   }
   toml::table root;
