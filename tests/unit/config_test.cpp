@@ -919,11 +919,31 @@ TEST(Config, NonAsciiOutsideStringsIsASyntaxErrorInsideStringsAllowed) {
   ConfigResult after = loadConfigFromString(std::string(kMinimal) + "\nx = 1 \xC7\xA9\n", "t.toml");
   ASSERT_FALSE(after.ok());
   EXPECT_NE(formatErrors(after.errors()).find("non-ASCII"), std::string::npos);
+  // A quote where no string may start opens none: toml++ would scan what
+  // follows it as a value's token (U+FCFF reached its TOML_UNREACHABLE).
+  for (const char* text :
+       {"x =-\"ab\xEF\xB3\xBF\"\n", "x = 1\"\xC7\xA9\"\n", "x = tr'\xC7\xA9'\n"}) {
+    ConfigResult r = loadConfigFromString(text, "t.toml");
+    ASSERT_FALSE(r.ok()) << text;
+    EXPECT_NE(formatErrors(r.errors()).find("non-ASCII"), std::string::npos)
+        << formatErrors(r.errors());
+  }
   // In a comment, in a string and after a BOM it is fine.
   ConfigResult ok = loadConfigFromString(
       "\xEF\xBB\xBF# caf\xC3\xA9\n" + std::string(kMinimal) + "\n[control]\nsocket_group = \"\"\n",
       "t.toml");
   EXPECT_TRUE(ok.ok()) << formatErrors(ok.errors());
+  // Strings in every place TOML lets one start: values, array elements,
+  // inline tables, quoted and dotted keys, a quoted table name.
+  for (const char* text :
+       {"x = \"caf\xC3\xA9\"\n", "x = [\"\xC3\xA9\", '\xC3\xA9']\n", "x = [\n  \"\xC3\xA9\"\n]\n",
+        "x = { \"k\xC3\xA9\" = '\xC3\xA9' }\n", "\"k\xC3\xA9\" = 1\n", "a.\"\xC3\xA9\" = 1\n",
+        "[\"t\xC3\xA9\"]\nx = 1\n", "[ \"t\xC3\xA9\" ]\nx = 1\n",
+        "x = \"\"\"\n\xC3\xA9\n\"\"\"\n"}) {
+    ConfigResult r = loadConfigFromString(text, "t.toml");
+    EXPECT_EQ(formatErrors(r.errors()).find("non-ASCII"), std::string::npos)
+        << text << ": " << formatErrors(r.errors());
+  }
 }
 
 }  // namespace
