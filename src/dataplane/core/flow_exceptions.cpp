@@ -1,5 +1,6 @@
 #include "spillway/flow_exceptions.hpp"
 
+#include <algorithm>
 #include <bit>
 
 #include "spillway/snapshot.hpp"
@@ -28,6 +29,9 @@ ExceptionTable::ExceptionTable(std::span<const ExceptionEntry> entries) {
   const std::size_t slots = std::bit_ceil(wanted * 2);
   slots_ = makeTableMemory<Slot>(slots);  // zeroed: every slot empty
   mask_ = slots - 1;
+  const std::size_t words = std::max<std::size_t>(slots / 16, 1);
+  filter_ = makeTableMemory<std::uint64_t>(words);
+  filterMask_ = words - 1;
   for (const ExceptionEntry& e : entries) {
     if (e.backend == 0 || e.backend > FlowTable::kMaxBackend) continue;
     const std::uint64_t fp = e.hash | static_cast<std::uint64_t>(e.hash == 0);
@@ -36,6 +40,8 @@ ExceptionTable::ExceptionTable(std::span<const ExceptionEntry> entries) {
     size_ += slots_[i].fingerprint == 0;
     slots_[i].fingerprint = fp;
     slots_[i].meta = e.backend | (static_cast<std::uint32_t>(e.state) << 24);
+    const std::uint64_t mixed = filterMix(fp);
+    filter_[(mixed >> 12) & filterMask_] |= filterBits(mixed);
   }
 }
 
