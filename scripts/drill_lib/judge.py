@@ -742,7 +742,9 @@ def judge_intent(d, intended, check, rel, grace_s=1.0):
     """Every control-plane sample against the intent: each backend's state
     must be one the intended state allows (intent.REPORTED_OK), and its base
     weight the intended one, from grace_s after the action that asked for it.
-    A restart gets no grace: the restarted daemon must know at once. One
+    A restart gets no grace: the restarted daemon must know at once. A
+    sample's states are as of its backend.list answer (t_states), which may
+    come after an action that began once the sample had started. One
     verdict per backend, naming the first deviation."""
     for name in intended.names:
         first_bad = None
@@ -750,7 +752,8 @@ def judge_intent(d, intended, check, rel, grace_s=1.0):
         for s in d.monitor.samples:
             if s.get("down") or s["t"] < d.t0:
                 continue
-            last = intended.last_change(name, s["t"])
+            t_states = s.get("t_states", s["t"])
+            last = intended.last_change(name, t_states)
             if last is not None and s["t"] - last < grace_s:
                 continue
             want = intended.states(s["t"])[name]

@@ -54,6 +54,9 @@ class Monitor(Sampler):
             # before "detected").
             tables = self.ctl.call("table.show")
             backends = self.ctl.call("backend.list")
+            # States are as of this answer, after `t`: an action that began
+            # between the two may already show (the judge's intent check).
+            t_states = time.time()
             status = self.ctl.call("status")
             shares, preferred = {}, {}
             for vip in self.vips:
@@ -70,6 +73,7 @@ class Monitor(Sampler):
                 entries.setdefault(b["backend"], {})[table["vip"]] = b["entries"]
         return {
             "t": t,
+            "t_states": t_states,
             "generation": tables["generation"],
             "backends": {b["name"]: {"state": b.get("state"), "health": b.get("health"),
                                      "live_flows": b.get("live_flows"),

@@ -308,6 +308,24 @@ class JudgeTest(unittest.TestCase):
         self.assertIn("intended draining, control plane says active", v["detail"])
         self.assertIn("after the restart at 10 s", v["detail"])
 
+    def test_sample_answered_after_an_action_may_show_it(self):
+        # A control sample starts at 3.995 s; the drain begins at 4 s; the
+        # sample's backend.list answer (t_states) comes after it and shows
+        # the drain. That is the drain, not a broken intent. A sample wholly
+        # before the action that shows it draining is.
+        acts = [{"at": 4, "do": "drain", "target": "onprem3"}]
+        d = self.drill(acts, {"intent_kept": True})
+        d.set_samples(lambda t: sample(t, states={"onprem3": "draining"}), lo=4)
+        early = sample(T0 + 3.995, states={"onprem3": "draining"})
+        early["t_states"] = T0 + 4.003
+        d.monitor.samples.append(early)
+        d.monitor.samples.sort(key=lambda s: s["t"])
+        self.assertTrue(d.verdicts()["intent_kept[onprem3]"]["ok"])
+        early["t_states"] = T0 + 3.998
+        v = d.verdicts()["intent_kept[onprem3]"]
+        self.assertFalse(v["ok"])
+        self.assertIn("intended active, control plane says draining", v["detail"])
+
     def test_weight_lost_fails_intent(self):
         acts = [{"at": 4, "do": "weight", "target": "onprem1", "weight": 300}]
         d = self.drill(acts, {"intent_kept": True})
