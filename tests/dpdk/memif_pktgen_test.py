@@ -41,6 +41,7 @@ import tempfile
 import time
 
 SKIP = 77
+LINK_STALLED = 3  # spillway-pktgen: its warm pass saw no frame leave for 3 s
 
 CONFIG = """[dataplane]
 lcores = {lcores}
@@ -163,6 +164,10 @@ def run_case(spillwayd, pktgen, workers):
         os.killpg(d.pid, signal.SIGINT)
         dout = d.communicate(timeout=30)[0]
         gtext += g.communicate(input="", timeout=30)[0]
+        if g.returncode == LINK_STALLED:
+            print("%d worker(s): the generator's link took no frame for 3 s in its warm pass "
+                  "(DPDK 22.11's memif stuck ring)" % workers)
+            return LINK_STALLED
         if g.returncode != 0:
             return fail("spillway-pktgen exited %d" % g.returncode, ("pktgen", gtext),
                         ("spillwayd", dout))
@@ -242,7 +247,15 @@ def main():
         print("SKIP: needs root (DPDK EAL and memif sockets)")
         return SKIP
     for workers in (1, 2):
-        if run_case(spillwayd, pktgen, workers) != 0:
+        rc = run_case(spillwayd, pktgen, workers)
+        if rc == LINK_STALLED:
+            # DPDK's memif race (README, "Benchmarks"), not spillwayd: the run
+            # is made again once with fresh processes; twice is a failure.
+            print("%d worker(s): once more, with fresh processes" % workers)
+            rc = run_case(spillwayd, pktgen, workers)
+            if rc == LINK_STALLED:
+                return fail("the memif link stalled in two runs in a row")
+        if rc != 0:
             return 1
     print("PASS")
     return 0

@@ -76,6 +76,13 @@ namespace spillway {
 namespace {
 
 std::atomic<bool> gStop{false};
+// Set when a warm pass's link took no frame for kStallSeconds: DPDK 22.11's
+// memif can leave a ring stuck after its link comes up under traffic (full
+// on our side, empty on the peer's; README, "Benchmarks"). The run then ends
+// with exit status kExitLinkStalled instead of spinning for ever.
+std::atomic<bool> gLinkStalled{false};
+constexpr double kStallSeconds = 3.0;
+constexpr int kExitLinkStalled = 3;
 void onSignal(int) {
   gStop.store(true);
 }
@@ -508,6 +515,17 @@ class Generator {
 
   // Lossless: every flow gets one SYN then one ACK, resent until the link takes it.
   void warm() {
+    const auto stallTsc = static_cast<std::uint64_t>(kStallSeconds * static_cast<double>(hz_));
+    std::uint64_t progress = rte_rdtsc();
+    const auto stalled = [&] {
+      if (rte_rdtsc() - progress < stallTsc) return false;
+      gLinkStalled.store(true);
+      std::fprintf(stderr,
+                   "spillway-pktgen: the link took no frame for %.0f s in the warm pass "
+                   "(a stuck memif ring?)\n",
+                   kStallSeconds);
+      return true;
+    };
     for (unsigned pass = 0; pass < o_.warmPasses && !gStop.load(); ++pass) {
       const std::uint8_t flags = pass == 0 ? kSyn : kAck;
       for (QueueState& q : queues_) {
@@ -518,6 +536,7 @@ class Generator {
               static_cast<std::uint16_t>(std::min<std::uint64_t>(kBurst, q.count - next));
           if (rte_pktmbuf_alloc_bulk(txPool_, m.data(), n) != 0) {
             drainRx(false);
+            if (stalled()) return;
             continue;
           }
           const std::uint64_t tsc = rte_rdtsc();
@@ -529,13 +548,16 @@ class Generator {
           }
           std::uint16_t sent = 0;
           while (sent < n && !gStop.load()) {
-            sent = static_cast<std::uint16_t>(
-                sent + rte_eth_tx_burst(port_, q.id, m.data() + sent,
-                                        static_cast<std::uint16_t>(n - sent)));
+            const std::uint16_t now = rte_eth_tx_burst(port_, q.id, m.data() + sent,
+                                                       static_cast<std::uint16_t>(n - sent));
+            sent = static_cast<std::uint16_t>(sent + now);
+            if (now != 0) progress = rte_rdtsc();
             drainRx(false);
+            if (now == 0 && stalled()) break;
           }
           if (sent < n) rte_pktmbuf_free_bulk(m.data() + sent, n - sent);
           c_.tx += sent;
+          if (gLinkStalled.load()) return;
           next += n;
         }
       }
@@ -992,7 +1014,7 @@ int runGenerator(int argc, char** argv) {
         for (unsigned i = 0; i < n; ++i) rte_eal_wait_lcore(lcores[i]);
       }
       report(ctx);
-      rc = gStop.load() ? 130 : 0;
+      rc = gLinkStalled.load() ? kExitLinkStalled : gStop.load() ? 130 : 0;
       // The peer stops polling first (a memif disconnect under a polling
       // peer can crash it, DPDK 22.11); nothing here polls while we wait.
       if (o.hold) {
