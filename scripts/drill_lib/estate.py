@@ -70,7 +70,7 @@ class Tools:
     def __init__(self, build):
         self.spillwayd = os.path.join(build, "src", "spillwayd", "spillwayd")
         self.decap = os.path.join(build, "src", "dataplane", "xdp", "spillway-decap")
-        self.spillwayctl = os.path.join(build, "src", "control", "spillwayctl")
+        self.spillwayctl = os.path.join(build, "src", "spillwayctl", "spillwayctl")
         self.delayline = os.path.join(build, "tests", "tools", "spillway-delayline")
         self.flowcheck = os.path.join(build, "tests", "tools", "spillway-flowcheck")
         self.synflood = os.path.join(build, "tests", "tools", "spillway-synflood")

@@ -13,15 +13,15 @@
 #include <filesystem>
 #include <set>
 
-#include "control/announcer.hpp"
-#include "control/cli_server.hpp"
-#include "control/control_plane.hpp"
-#include "control/durable_file.hpp"
-#include "control/metrics_http.hpp"
-#include "control/neighbours.hpp"
-#include "control/privileges.hpp"
-#include "control/snapshot_builder.hpp"
-#include "control/stats_view.hpp"
+#include "control/announce/announcer.hpp"
+#include "control/api/cli_server.hpp"
+#include "control/api/metrics_http.hpp"
+#include "control/backends/neighbours.hpp"
+#include "control/backends/snapshot_builder.hpp"
+#include "control/host/privileges.hpp"
+#include "control/plane/control_plane.hpp"
+#include "control/plane/stats_view.hpp"
+#include "control/sys/durable_file.hpp"
 #include "dpdk_dataplane.hpp"
 #include "spillway/errno_text.hpp"
 

@@ -27,7 +27,7 @@
 #include <string>
 #include <vector>
 
-#include "control/config.hpp"
+#include "control/config/config.hpp"
 
 namespace spillway {
 

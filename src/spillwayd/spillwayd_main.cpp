@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "control/config.hpp"
-#include "control/host_checks.hpp"
+#include "control/config/config.hpp"
+#include "control/host/host_checks.hpp"
 #include "daemon.hpp"
 
 namespace {

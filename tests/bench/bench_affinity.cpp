@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "control/durable_file.hpp"
-#include "control/flow_checkpoint.hpp"
+#include "control/intent/flow_checkpoint.hpp"
+#include "control/sys/durable_file.hpp"
 #include "spillway/flow_exceptions.hpp"
 #include "spillway/flow_key.hpp"
 #include "spillway/flow_table.hpp"

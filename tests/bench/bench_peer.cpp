@@ -7,8 +7,8 @@
 
 #include <vector>
 
-#include "control/peer_channel.hpp"
-#include "control/peer_wire.hpp"
+#include "control/tier/peer_channel.hpp"
+#include "control/tier/peer_wire.hpp"
 #include "spillway/flow_exceptions.hpp"
 
 namespace spillway {

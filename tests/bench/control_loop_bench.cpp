@@ -45,9 +45,9 @@
 #include <vector>
 
 #include "../unit/fake_dataplane.hpp"
-#include "control/config.hpp"
-#include "control/control_plane.hpp"
-#include "control/snapshot_builder.hpp"
+#include "control/backends/snapshot_builder.hpp"
+#include "control/config/config.hpp"
+#include "control/plane/control_plane.hpp"
 
 namespace {
 

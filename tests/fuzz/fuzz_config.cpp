@@ -8,8 +8,8 @@
 #include <cstdlib>
 #include <string_view>
 
-#include "control/config.hpp"
-#include "control/snapshot_builder.hpp"
+#include "control/backends/snapshot_builder.hpp"
+#include "control/config/config.hpp"
 
 namespace {
 

@@ -16,8 +16,8 @@
 #include <cstdlib>
 #include <string_view>
 
-#include "control/http_client.hpp"
-#include "control/scraper.hpp"
+#include "control/health/http_client.hpp"
+#include "control/health/scraper.hpp"
 
 namespace {
 

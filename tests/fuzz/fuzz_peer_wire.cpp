@@ -10,7 +10,7 @@
 #include <cstdlib>
 #include <string_view>
 
-#include "control/peer_wire.hpp"
+#include "control/tier/peer_wire.hpp"
 
 namespace {
 

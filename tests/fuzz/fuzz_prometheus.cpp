@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <string_view>
 
-#include "control/prometheus_text.hpp"
+#include "control/health/prometheus_text.hpp"
 
 namespace {
 

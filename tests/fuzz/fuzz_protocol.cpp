@@ -23,10 +23,10 @@
 #include <string_view>
 
 #include "../unit/fake_control_api.hpp"
-#include "control/config.hpp"
-#include "control/control_plane.hpp"
-#include "control/protocol.hpp"
-#include "control/snapshot_builder.hpp"
+#include "control/api/protocol.hpp"
+#include "control/backends/snapshot_builder.hpp"
+#include "control/config/config.hpp"
+#include "control/plane/control_plane.hpp"
 
 namespace {
 

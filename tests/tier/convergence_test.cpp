@@ -7,7 +7,7 @@
 #include <random>
 #include <vector>
 
-#include "control/policy.hpp"
+#include "control/policy/policy.hpp"
 #include "tests/tier/policy_pipeline.hpp"
 
 namespace spillway {

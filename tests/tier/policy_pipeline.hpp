@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "control/policy.hpp"
+#include "control/policy/policy.hpp"
 #include "spillway/flow_key.hpp"
 #include "spillway/maglev.hpp"
 

@@ -1,5 +1,5 @@
 // The tier file: good files, and every bad one gets an error naming the line.
-#include "control/tier_file.hpp"
+#include "control/tier/tier_file.hpp"
 
 #include <gtest/gtest.h>
 

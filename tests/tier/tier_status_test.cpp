@@ -19,11 +19,11 @@
 #include <memory>
 #include <thread>
 
-#include "control/cli_server.hpp"
-#include "control/control_plane.hpp"
-#include "control/snapshot_builder.hpp"
-#include "control/table_digest.hpp"
-#include "control/tier_client.hpp"
+#include "control/api/cli_server.hpp"
+#include "control/backends/snapshot_builder.hpp"
+#include "control/backends/table_digest.hpp"
+#include "control/plane/control_plane.hpp"
+#include "control/tier/tier_client.hpp"
 #include "tests/unit/fake_control_api.hpp"
 #include "tests/unit/fake_dataplane.hpp"
 

@@ -13,11 +13,11 @@
 #include <string>
 #include <vector>
 
-#include "control/affinity_keeper.hpp"
-#include "control/config.hpp"
-#include "control/control_plane.hpp"
-#include "control/flow_checkpoint.hpp"
-#include "control/snapshot_builder.hpp"
+#include "control/backends/snapshot_builder.hpp"
+#include "control/config/config.hpp"
+#include "control/intent/affinity_keeper.hpp"
+#include "control/intent/flow_checkpoint.hpp"
+#include "control/plane/control_plane.hpp"
 #include "estate_fixture.hpp"
 #include "fake_dataplane.hpp"
 

@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
-#include "control/announce_policy.hpp"
-#include "control/announcer.hpp"
+#include "control/announce/announce_policy.hpp"
+#include "control/announce/announcer.hpp"
 #include "fake_dataplane.hpp"
 
 namespace spillway {

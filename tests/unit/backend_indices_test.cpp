@@ -22,10 +22,10 @@
 #include <variant>
 #include <vector>
 
-#include "control/config.hpp"
-#include "control/control_plane.hpp"
-#include "control/neighbours.hpp"
-#include "control/snapshot_builder.hpp"
+#include "control/backends/neighbours.hpp"
+#include "control/backends/snapshot_builder.hpp"
+#include "control/config/config.hpp"
+#include "control/plane/control_plane.hpp"
 
 namespace spillway {
 namespace {

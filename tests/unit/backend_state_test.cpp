@@ -3,14 +3,14 @@
 // down, re-add, undrain a removal), drain completion by flow count and by
 // deadline, errors for unknown ids, and the ring's sequence numbers and gaps.
 // Time is injected; nothing sleeps.
-#include "control/backend_state.hpp"
+#include "control/backends/backend_state.hpp"
 
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
-#include "control/event_log.hpp"
+#include "control/api/event_log.hpp"
 
 namespace spillway {
 namespace {

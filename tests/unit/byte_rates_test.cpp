@@ -2,7 +2,7 @@
 // a VIP's `placement`, and a ControlPlane that measures the fake workers'
 // byte counters and hands every snapshot's placing VIP the rates, totals and
 // entry shares that spillway/placement.hpp balances by.
-#include "control/byte_rates.hpp"
+#include "control/policy/byte_rates.hpp"
 
 #include <gtest/gtest.h>
 
@@ -10,7 +10,7 @@
 #include <filesystem>
 #include <numeric>
 
-#include "control/control_plane.hpp"
+#include "control/plane/control_plane.hpp"
 #include "estate_fixture.hpp"
 #include "fake_dataplane.hpp"
 

@@ -7,7 +7,7 @@
 // Single-threaded and without sleeps: the test pumps the server (poll() on
 // its fd with a short slice) until what it waits for happened or a
 // deadline passed.
-#include "control/cli_server.hpp"
+#include "control/api/cli_server.hpp"
 
 #include <fcntl.h>
 #include <grp.h>

@@ -1,7 +1,7 @@
 // Configuration loading: the example file, defaults, both address families,
 // hex seeds and ids, and the corpus of invalid files with the message and line
 // each must produce.
-#include "control/config.hpp"
+#include "control/config/config.hpp"
 
 #include <gtest/gtest.h>
 

@@ -9,9 +9,9 @@
 #include <string>
 #include <variant>
 
-#include "control/config.hpp"
-#include "control/control_plane.hpp"
-#include "control/snapshot_builder.hpp"
+#include "control/backends/snapshot_builder.hpp"
+#include "control/config/config.hpp"
+#include "control/plane/control_plane.hpp"
 
 namespace spillway {
 namespace {

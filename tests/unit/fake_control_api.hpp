@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "control/control_api.hpp"
+#include "control/api/control_api.hpp"
 
 namespace spillway::testing {
 

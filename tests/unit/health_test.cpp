@@ -4,7 +4,7 @@
 // which probe fails and when the backend goes down is decided by the
 // injected clock alone), and one measurement of the detection time with the
 // real clock.
-#include "control/health.hpp"
+#include "control/health/health.hpp"
 
 #include <grp.h>
 #include <gtest/gtest.h>

@@ -1,6 +1,6 @@
 // Host checks (control/host_checks.hpp) against a fake host: each line's
 // outcome and its next step or reason, for what --check-config reports.
-#include "control/host_checks.hpp"
+#include "control/host/host_checks.hpp"
 
 #include <gtest/gtest.h>
 

@@ -16,9 +16,9 @@
 #include <string>
 #include <vector>
 
-#include "control/control_plane.hpp"
-#include "control/intent_journal.hpp"
-#include "control/intent_merge.hpp"
+#include "control/intent/intent_journal.hpp"
+#include "control/intent/intent_merge.hpp"
+#include "control/plane/control_plane.hpp"
 #include "fake_dataplane.hpp"
 
 namespace spillway {

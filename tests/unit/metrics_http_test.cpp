@@ -2,7 +2,7 @@
 // methods, malformed and oversized requests, clients that hang up, the
 // connection limit, timeouts, IPv6) and MetricsWriter's exposition text,
 // checked by `promtool check metrics` where promtool is installed.
-#include "control/metrics_http.hpp"
+#include "control/api/metrics_http.hpp"
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>

@@ -15,9 +15,9 @@
 #include <thread>
 #include <variant>
 
-#include "control/config.hpp"
-#include "control/control_plane.hpp"
-#include "control/snapshot_builder.hpp"
+#include "control/backends/snapshot_builder.hpp"
+#include "control/config/config.hpp"
+#include "control/plane/control_plane.hpp"
 #include "fake_dataplane.hpp"
 
 namespace spillway {

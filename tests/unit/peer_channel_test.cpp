@@ -5,7 +5,7 @@
 // handshake and counted. Then a ControlPlane (fake dataplane) that puts a
 // peer's exception into its published snapshot's exception table and sends
 // its own exports to the peer.
-#include "control/peer_channel.hpp"
+#include "control/tier/peer_channel.hpp"
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
@@ -23,9 +23,9 @@
 #include <string>
 #include <vector>
 
-#include "control/affinity_keeper.hpp"
-#include "control/control_plane.hpp"
-#include "control/snapshot_builder.hpp"
+#include "control/backends/snapshot_builder.hpp"
+#include "control/intent/affinity_keeper.hpp"
+#include "control/plane/control_plane.hpp"
 #include "estate_fixture.hpp"
 #include "fake_dataplane.hpp"
 

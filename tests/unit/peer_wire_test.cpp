@@ -4,7 +4,7 @@
 // round-trip and refuse damage; the secret file and the [tier] section refuse
 // what they must, with a message that says why. (SipHash-2-4 itself is
 // checked against the paper's vectors in flow_key_test.)
-#include "control/peer_wire.hpp"
+#include "control/tier/peer_wire.hpp"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "control/config.hpp"
+#include "control/config/config.hpp"
 #include "estate_fixture.hpp"
 
 namespace spillway {

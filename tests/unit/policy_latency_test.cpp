@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "control/health.hpp"
-#include "control/policy.hpp"
+#include "control/health/health.hpp"
+#include "control/policy/policy.hpp"
 
 namespace spillway {
 namespace {

@@ -3,7 +3,7 @@
 // normalisation, panic, all-down, unknown load, and the churn budget against a
 // real MaglevBuilder (each step within budget, repeated steps converge, health
 // changes bypass the budget).
-#include "control/policy.hpp"
+#include "control/policy/policy.hpp"
 
 #include <gtest/gtest.h>
 

@@ -3,7 +3,7 @@
 // root, what the kernel reports afterwards for the calling thread, a thread
 // that existed before the drop (as the EAL's do) and one started after it
 // (as the announcer is).
-#include "control/privileges.hpp"
+#include "control/host/privileges.hpp"
 
 #include <gtest/gtest.h>
 #include <linux/capability.h>

@@ -1,6 +1,6 @@
 // The Prometheus text parser: the format's edge cases, its limits, and the
 // aggregates load feedback takes from DCGM and vLLM expositions.
-#include "control/prometheus_text.hpp"
+#include "control/health/prometheus_text.hpp"
 
 #include <gtest/gtest.h>
 

@@ -2,7 +2,7 @@
 // ControlApi call with the right arguments; malformed, oversized, ill-typed
 // and unauthorised requests get an error reply and reach nothing; replies
 // are always well-formed JSON.
-#include "control/protocol.hpp"
+#include "control/api/protocol.hpp"
 
 #include <gtest/gtest.h>
 

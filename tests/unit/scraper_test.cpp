@@ -2,7 +2,7 @@
 // then real scrapes over loopback (in-test servers and tests/tools/
 // fake_exporter.py) with injected time: EWMA, staleness, bounded and
 // malformed responses.
-#include "control/scraper.hpp"
+#include "control/health/scraper.hpp"
 
 #include <gtest/gtest.h>
 #include <poll.h>
@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "control/http_client.hpp"
+#include "control/health/http_client.hpp"
 #include "loopback_servers.hpp"
 
 extern char** environ;

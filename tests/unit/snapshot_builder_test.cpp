@@ -2,7 +2,7 @@
 // family, weights and states in Maglev shares, stable indices across reloads,
 // order independence, unresolved next hops, and the kernel parsers on
 // synthetic input (no kernel, no root).
-#include "control/snapshot_builder.hpp"
+#include "control/backends/snapshot_builder.hpp"
 
 #include <gtest/gtest.h>
 #include <linux/neighbour.h>
@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "control/config.hpp"
-#include "control/neighbours.hpp"
+#include "control/backends/neighbours.hpp"
+#include "control/config/config.hpp"
 
 namespace spillway {
 namespace {

@@ -1,0 +1,247 @@
+#include "control/intent/affinity_keeper.hpp"
+
+#include <chrono>
+
+#include "control/sys/durable_file.hpp"
+
+namespace spillway {
+namespace {
+
+// The flows.ckpt read at start is refused above this (10M exceptions fit).
+constexpr std::size_t kMaxCheckpointBytes = std::size_t{1} << 30;
+constexpr std::size_t kMaxTablesBytes = std::size_t{64} << 20;
+// An export that has not finished by then is abandoned (a stalled worker);
+// the next one starts over.
+constexpr Millis kExportGiveUp = 30'000;
+
+Millis steadyNowMs() {
+  return static_cast<Millis>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                 std::chrono::steady_clock::now().time_since_epoch())
+                                 .count());
+}
+
+}  // namespace
+
+AffinityKeeper::AffinityKeeper(Options options, EventLog& events)
+    : options_(std::move(options)), events_(events) {}
+
+std::string AffinityKeeper::path(const char* file) const {
+  return options_.stateDir + "/" + file;
+}
+
+Millis AffinityKeeper::timeoutOf(FlowState s) const noexcept {
+  switch (s) {
+    case FlowState::Embryonic:
+      return options_.timeouts.embryonic;
+    case FlowState::Established:
+    case FlowState::Ending:
+      return options_.timeouts.established;
+    case FlowState::Closing:
+      return options_.timeouts.closing;
+    case FlowState::Udp:
+      return options_.timeouts.udp;
+    case FlowState::Other:
+      return options_.timeouts.other;
+  }
+  return 0;
+}
+
+std::optional<TablesState> AffinityKeeper::restore(Millis now, std::uint64_t unixMs) {
+  if (!enabled()) return std::nullopt;
+  std::string error;
+  std::optional<TablesState> tables;
+  if (auto text = readStateFile(path(kTablesStateFile), kMaxTablesBytes, error)) {
+    auto parsed = decodeTablesState(*text);
+    if (auto* t = std::get_if<TablesState>(&parsed)) {
+      tables = std::move(*t);
+    } else {
+      events_.append(now, "", kEventCheckpoint,
+                     "ignored " + path(kTablesStateFile) + ": " + std::get<std::string>(parsed) +
+                         " (the first tables follow the configuration)");
+    }
+  } else if (!error.empty()) {
+    events_.append(now, "", kEventCheckpoint, "ignored tables state: " + error);
+  }
+  if (auto bytes = readStateFile(path(kFlowCheckpointFile), kMaxCheckpointBytes, error)) {
+    auto parsed = decodeFlowCheckpoint(*bytes, options_.hashSeed);
+    if (auto* c = std::get_if<FlowCheckpoint>(&parsed)) {
+      const Millis down = unixMs > c->writtenUnixMs ? unixMs - c->writtenUnixMs : 0;
+      std::size_t expired = 0;
+      for (const FlowExceptionRecord& r : c->records) {
+        const Millis spent = Millis{r.idleMs} + down;
+        const Millis timeout = timeoutOf(r.state);
+        if (spent >= timeout) {
+          ++expired;
+          continue;
+        }
+        restored_[r.hash] = Restored{r.backendId, r.state, now + (timeout - spent)};
+      }
+      stats_.restoredAtStart = restored_.size();
+      stats_.restoredAlive = restored_.size();
+      restoredChanged_ = !restored_.empty();
+      events_.append(now, "", kEventCheckpoint,
+                     "restored " + std::to_string(restored_.size()) + " flow exceptions from " +
+                         path(kFlowCheckpointFile) + " (written " + std::to_string(down) +
+                         " ms ago; " + std::to_string(expired) + " expired meanwhile)");
+    } else {
+      events_.append(now, "", kEventCheckpoint,
+                     "ignored " + path(kFlowCheckpointFile) + ": " + std::get<std::string>(parsed));
+    }
+  } else if (!error.empty()) {
+    events_.append(now, "", kEventCheckpoint, "ignored flow checkpoint: " + error);
+  }
+  return tables;
+}
+
+void AffinityKeeper::restoredEntries(const std::function<std::uint32_t(std::uint64_t id)>& indexOf,
+                                     std::vector<ExceptionEntry>& out) const {
+  out.reserve(out.size() + restored_.size());
+  for (const auto& [hash, r] : restored_) {
+    const std::uint32_t index = indexOf(r.backendId);
+    if (index != 0) out.push_back(ExceptionEntry{hash, index, r.state});
+  }
+}
+
+bool AffinityKeeper::takeRestoredChanged() noexcept {
+  const bool c = restoredChanged_;
+  restoredChanged_ = false;
+  return c;
+}
+
+void AffinityKeeper::tick(Millis now, std::uint64_t unixMs, std::uint64_t published,
+                          std::uint64_t applied, const std::function<TablesState()>& tables,
+                          const std::function<std::uint64_t(std::uint32_t)>& idOf,
+                          const ExceptionExportHooks& hooks) {
+  if ((!enabled() && options_.exportInterval == 0) || !hooks.request || !hooks.collect) return;
+  if (exporting_) {
+    if (auto flows = hooks.collect(exportN_)) {
+      exporting_ = false;
+      const bool writes = !syncOnly_;
+      complete(now, unixMs, *flows, std::move(*exportTables_), idOf);
+      exportTables_.reset();
+      if (writes) checkpointedGeneration_ = exportGeneration_;
+      exportedGeneration_ = exportGeneration_;
+    } else if (now - exportStarted_ > kExportGiveUp) {
+      exporting_ = false;
+      ++stats_.failures;
+      stats_.lastError = "a worker did not finish exporting its flows within 30 s";
+      events_.append(now, "", kEventCheckpoint, "checkpoint abandoned: " + stats_.lastError);
+    }
+    return;
+  }
+  const bool changed = published > checkpointedGeneration_;
+  const bool placed = placedTotal_ != placedAtWrite_;
+  const bool write =
+      enabled() && (!lastWriteStart_ || (changed && now >= *lastStart_ + options_.minInterval) ||
+                    (placed && now >= *lastWriteStart_ + options_.placedInterval) ||
+                    now >= *lastWriteStart_ + options_.maxInterval);
+  const bool sync =
+      options_.exportInterval > 0 &&
+      (!lastStart_ || now >= *lastStart_ + options_.exportInterval ||
+       (published > exportedGeneration_ && now >= *lastStart_ + options_.minInterval));
+  if (!(write || sync) || applied < published || published == 0) return;
+  syncOnly_ = !write;
+  if (write) {
+    lastWriteStart_ = now;
+    placedAtWrite_ = placedTotal_;
+  }
+  exporting_ = true;
+  exportStarted_ = now;
+  lastStart_ = now;
+  exportGeneration_ = published;
+  exportTables_ = tables();
+  hooks.request(++exportN_);
+}
+
+void AffinityKeeper::finalCheckpoint(Millis now, std::uint64_t unixMs,
+                                     std::vector<ExportedFlow> flows, const TablesState& tables,
+                                     const std::function<std::uint64_t(std::uint32_t)>& idOf) {
+  if (!enabled()) return;
+  exportStarted_ = now;
+  syncOnly_ = false;
+  complete(now, unixMs, flows, tables, idOf);
+}
+
+void AffinityKeeper::complete(Millis now, std::uint64_t unixMs,
+                              const std::vector<ExportedFlow>& flows, TablesState tables,
+                              const std::function<std::uint64_t(std::uint32_t)>& idOf) {
+  std::vector<FlowExceptionRecord> records;
+  records.reserve(flows.size() + restored_.size());
+  // Tracked flows, with how long their entries live on without a packet.
+  std::unordered_map<std::uint64_t, Millis> tracked;
+  tracked.reserve(flows.size());
+  for (const ExportedFlow& f : flows) {
+    const std::uint64_t id = idOf(f.backend);
+    if (id == 0) continue;
+    const Millis timeout = timeoutOf(f.state);
+    const Millis left = timeout > f.idleMs ? timeout - f.idleMs : 0;
+    if (!tracked.emplace(f.hash, left).second) continue;  // on two lcores: keep the first
+    records.push_back(FlowExceptionRecord{f.hash, id, f.state, f.idleMs});
+  }
+  const std::size_t before = restored_.size();
+  for (auto it = restored_.begin(); it != restored_.end();) {
+    // A restored flow leaves once a worker tracks it for at least as long as
+    // the restored record would have kept it.
+    auto t = tracked.find(it->first);
+    const bool covered = t != tracked.end() && now + t->second >= it->second.deadline;
+    if (it->second.deadline <= now || covered) {
+      it = restored_.erase(it);
+      continue;
+    }
+    const Millis left = it->second.deadline - now;
+    const Millis timeout = timeoutOf(it->second.state);
+    records.push_back(
+        FlowExceptionRecord{it->first, it->second.backendId, it->second.state,
+                            static_cast<std::uint32_t>(timeout > left ? timeout - left : 0)});
+    ++it;
+  }
+  if (restored_.size() != before) restoredChanged_ = true;
+  stats_.restoredAlive = restored_.size();
+  if (options_.onExport) options_.onExport(records);
+  if (std::exchange(syncOnly_, false)) return;
+
+  const Millis writeStart = steadyNowMs();
+  if (!dirReady_) {
+    if (auto e = ensureStateDirectory(options_.stateDir)) {
+      ++stats_.failures;
+      stats_.lastError = *e;
+      events_.append(now, "", kEventCheckpoint, "checkpoint failed: " + *e);
+      return;
+    }
+    dirReady_ = true;
+  }
+  const std::string bytes = encodeFlowCheckpoint(options_.hashSeed, unixMs, records);
+  tables.writtenUnixMs = unixMs;
+  std::optional<std::string> error = writeFileDurably(path(kFlowCheckpointFile), bytes);
+  if (!error) error = writeFileDurably(path(kTablesStateFile), encodeTablesState(tables));
+  const Millis writeEnd = steadyNowMs();
+  if (error) {
+    ++stats_.failures;
+    stats_.lastError = *error;
+    dirReady_ = false;
+    events_.append(now, "", kEventCheckpoint, "checkpoint failed: " + *error);
+    return;
+  }
+  // An event for the first checkpoint, the first after a failure, and then
+  // at most one a minute (status and the metrics show every one).
+  const bool quiet = lastEventAt_ && stats_.lastError.empty() && now < *lastEventAt_ + 60'000;
+  ++stats_.checkpoints;
+  stats_.lastAt = now;
+  stats_.lastGeneration = tables.generation;
+  stats_.lastExceptions = records.size();
+  stats_.lastBytes = bytes.size();
+  stats_.lastWriteMs = writeEnd - writeStart;
+  stats_.lastDurationMs = now - exportStarted_ + stats_.lastWriteMs;
+  stats_.lastError.clear();
+  if (!quiet) {
+    lastEventAt_ = now;
+    events_.append(now, "", kEventCheckpoint,
+                   "checkpoint: generation " + std::to_string(tables.generation) + ", " +
+                       std::to_string(records.size()) + " flow exceptions (" +
+                       std::to_string(restored_.size()) + " restored), " +
+                       std::to_string(bytes.size()) + " bytes in " +
+                       std::to_string(stats_.lastWriteMs) + " ms");
+  }
+}
+
+}  // namespace spillway

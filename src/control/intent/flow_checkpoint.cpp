@@ -1,0 +1,184 @@
+#include "control/intent/flow_checkpoint.hpp"
+
+#include <array>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "control/config/config.hpp"
+#include "control/sys/durable_file.hpp"
+#include "spillway/errno_text.hpp"
+
+namespace spillway {
+namespace {
+
+static_assert(std::endian::native == std::endian::little, "the checkpoint is little-endian");
+
+constexpr char kMagic[8] = {'S', 'P', 'W', 'F', 'L', 'O', 'W', '1'};
+constexpr std::uint32_t kVersion = 1;
+constexpr std::size_t kHeaderBytes = 40;
+constexpr std::size_t kRecordBytes = 16;
+constexpr std::uint32_t kMaxIdleSeconds = (std::uint32_t{1} << 24) - 1;
+
+template <class T>
+void put(std::string& out, T value) {
+  char b[sizeof(T)];
+  std::memcpy(b, &value, sizeof(T));
+  out.append(b, sizeof(T));
+}
+
+template <class T>
+T get(std::string_view bytes, std::size_t at) {
+  T v;
+  std::memcpy(&v, bytes.data() + at, sizeof(T));
+  return v;
+}
+
+}  // namespace
+
+std::uint64_t hashSeedTag(std::uint64_t seed) noexcept {
+  // splitmix64's finaliser, twice: one-way enough that the file does not
+  // carry the secret seed, deterministic so every instance agrees.
+  std::uint64_t z = seed + 0x9e3779b97f4a7c15ULL;
+  for (int i = 0; i < 2; ++i) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    z ^= z >> 31;
+  }
+  return z;
+}
+
+std::string encodeFlowCheckpoint(std::uint64_t hashSeed, std::uint64_t writtenUnixMs,
+                                 std::span<const FlowExceptionRecord> records) {
+  std::map<std::uint64_t, std::uint32_t> ordinal;
+  std::vector<std::uint64_t> ids;
+  for (const FlowExceptionRecord& r : records) {
+    if (ordinal.emplace(r.backendId, static_cast<std::uint32_t>(ids.size())).second) {
+      ids.push_back(r.backendId);
+    }
+  }
+  std::string out;
+  out.reserve(kHeaderBytes + ids.size() * 8 + records.size() * kRecordBytes + 4);
+  out.append(kMagic, sizeof kMagic);
+  put<std::uint32_t>(out, kVersion);
+  put<std::uint32_t>(out, static_cast<std::uint32_t>(ids.size()));
+  put<std::uint64_t>(out, hashSeedTag(hashSeed));
+  put<std::uint64_t>(out, writtenUnixMs);
+  put<std::uint64_t>(out, records.size());
+  for (const std::uint64_t id : ids) put<std::uint64_t>(out, id);
+  for (const FlowExceptionRecord& r : records) {
+    const std::uint32_t idle = std::min(r.idleMs / 1000, kMaxIdleSeconds);
+    put<std::uint64_t>(out, r.hash);
+    put<std::uint32_t>(out, ordinal.at(r.backendId));
+    put<std::uint32_t>(out, (static_cast<std::uint32_t>(r.state) << 24) | idle);
+  }
+  put<std::uint32_t>(out, crc32c(out));
+  return out;
+}
+
+std::variant<FlowCheckpoint, std::string> decodeFlowCheckpoint(std::string_view bytes,
+                                                               std::uint64_t hashSeed) {
+  if (bytes.size() < kHeaderBytes + 4) return std::string("truncated (shorter than its header)");
+  if (std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0) {
+    return std::string("not a Spillway flow checkpoint (bad magic)");
+  }
+  const auto version = get<std::uint32_t>(bytes, 8);
+  if (version != kVersion) return "version " + std::to_string(version) + ", expected 1";
+  const auto backends = get<std::uint32_t>(bytes, 12);
+  const auto tag = get<std::uint64_t>(bytes, 16);
+  FlowCheckpoint c;
+  c.writtenUnixMs = get<std::uint64_t>(bytes, 24);
+  const auto count = get<std::uint64_t>(bytes, 32);
+  const std::uint64_t expected =
+      kHeaderBytes + std::uint64_t{backends} * 8 + count * kRecordBytes + 4;
+  if (count > bytes.size() / kRecordBytes || expected != bytes.size()) {
+    return "size " + std::to_string(bytes.size()) + " bytes does not match its header (" +
+           std::to_string(count) + " records, " + std::to_string(backends) + " backends)";
+  }
+  const std::uint32_t crc = get<std::uint32_t>(bytes, bytes.size() - 4);
+  if (crc != crc32c(bytes.substr(0, bytes.size() - 4))) return std::string("CRC mismatch");
+  if (tag != hashSeedTag(hashSeed)) {
+    return std::string("written under another hash_seed: its flow hashes name other flows");
+  }
+  std::vector<std::uint64_t> ids(backends);
+  for (std::uint32_t i = 0; i < backends; ++i)
+    ids[i] = get<std::uint64_t>(bytes, kHeaderBytes + i * 8);
+  const std::size_t base = kHeaderBytes + std::size_t{backends} * 8;
+  c.records.reserve(count);
+  for (std::uint64_t i = 0; i < count; ++i) {
+    const std::size_t at = base + i * kRecordBytes;
+    const auto ord = get<std::uint32_t>(bytes, at + 8);
+    const auto meta = get<std::uint32_t>(bytes, at + 12);
+    const auto state = static_cast<FlowState>(meta >> 24);
+    if (ord >= backends || state < FlowState::Embryonic || state > FlowState::Ending) {
+      return "record " + std::to_string(i) + " is invalid";
+    }
+    const std::uint64_t idleMs = std::uint64_t{meta & kMaxIdleSeconds} * 1000;
+    c.records.push_back(FlowExceptionRecord{
+        get<std::uint64_t>(bytes, at), ids[ord], state,
+        static_cast<std::uint32_t>(std::min<std::uint64_t>(idleMs, UINT32_MAX))});
+  }
+  return c;
+}
+
+std::string encodeTablesState(const TablesState& state) {
+  nlohmann::json vips = nlohmann::json::object();
+  for (const auto& [vip, weights] : state.weights) {
+    nlohmann::json w = nlohmann::json::object();
+    for (const auto& [id, weight] : weights) w[std::to_string(id)] = weight;
+    vips[vip] = w;
+  }
+  nlohmann::json macs = nlohmann::json::object();
+  for (const auto& [id, mac] : state.nextHops) macs[std::to_string(id)] = formatMacAddress(mac);
+  return nlohmann::json{{"version", 1},
+                        {"written_unix_ms", state.writtenUnixMs},
+                        {"generation", state.generation},
+                        {"weights", vips},
+                        {"saturated", state.saturated},
+                        {"next_hops", macs}}
+             .dump(1) +
+         "\n";
+}
+
+std::variant<TablesState, std::string> decodeTablesState(std::string_view text) {
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return std::string("not JSON");
+  try {
+    if (j.at("version").get<int>() != 1) return std::string("version is not 1");
+    TablesState s;
+    s.writtenUnixMs = j.at("written_unix_ms").get<std::uint64_t>();
+    s.generation = j.at("generation").get<std::uint64_t>();
+    for (const auto& [vip, weights] : j.at("weights").items()) {
+      auto& m = s.weights[vip];
+      for (const auto& [id, w] : weights.items()) {
+        std::size_t used = 0;
+        const std::uint64_t key = std::stoull(id, &used);
+        if (used != id.size()) return "vip " + vip + ": backend id '" + id + "' is not a number";
+        if (!w.is_number_unsigned() || w.get<std::uint64_t>() > UINT32_MAX) {
+          return "vip " + vip + ": weight of backend " + id + " is not a 32-bit unsigned number";
+        }
+        m[key] = w.get<std::uint32_t>();
+      }
+    }
+    for (const auto& id : j.at("saturated")) {
+      if (!id.is_number_unsigned()) return std::string("saturated: not a list of backend ids");
+      s.saturated.push_back(id.get<std::uint64_t>());
+    }
+    if (j.contains("next_hops")) {
+      for (const auto& [id, mac] : j.at("next_hops").items()) {
+        std::size_t used = 0;
+        const std::uint64_t key = std::stoull(id, &used);
+        const auto parsed =
+            mac.is_string() ? parseMacAddress(mac.get<std::string>()) : std::nullopt;
+        if (used != id.size() || !parsed) return "next_hops: bad entry for '" + id + "'";
+        s.nextHops[key] = *parsed;
+      }
+    }
+    return s;
+  } catch (const std::exception& e) {
+    return std::string("malformed: ") + e.what();
+  }
+}
+
+}  // namespace spillway

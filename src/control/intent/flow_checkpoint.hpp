@@ -1,0 +1,74 @@
+// The on-disk form of flow affinity (state_dir): what a restarted or crashed
+// spillwayd reads to keep every flow on the backend it had.
+//
+// flows.ckpt: the flow exceptions (spillway/flow_exceptions.hpp), binary,
+// little-endian, written whole by writeFileDurably():
+//   header   40 bytes: magic "SPWFLOW1", u32 version (1), u32 backend count B,
+//            u64 seed tag (a one-way mix of hash_seed: flow hashes are only
+//            meaningful under the seed they were computed with), u64 wall
+//            time of writing (Unix ms), u64 record count N
+//   ids      B x u64: the backend ids the records name, by ordinal
+//   records  N x 16 bytes: u64 flow hash, u32 backend ordinal,
+//            u32 state << 24 | idle seconds (saturated at 2^24 - 1)
+//   trailer  u32 CRC-32C of everything before it
+// 16 bytes per exception plus 8 per backend: 16 MB at 1M exceptions,
+// 160 MB at 10M (the worst case, every tracked flow an exception).
+//
+// tables.json: the weights each VIP's table was last published with, by
+// backend id, the policy's saturation states, the resolved next-hop MACs,
+// the generation and the wall time; so the first tables after a start are
+// the last tables before it, and a restarted daemon forwards at once even
+// when starting its port flushed the kernel's neighbour table.
+//
+// A file that is missing, truncated, of another version, of another seed or
+// failing its CRC is refused as a whole with a reason; nothing half-read is
+// used.
+//
+// Thread contract: plain functions, blocking I/O, control thread.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "control/sys/durable_file.hpp"
+#include "spillway/flow_exceptions.hpp"
+#include "spillway/wire.hpp"
+
+namespace spillway {
+
+inline constexpr const char* kFlowCheckpointFile = "flows.ckpt";
+inline constexpr const char* kTablesStateFile = "tables.json";
+
+struct FlowCheckpoint {
+  std::uint64_t writtenUnixMs = 0;
+  std::vector<FlowExceptionRecord> records;
+};
+
+struct TablesState {
+  std::uint64_t writtenUnixMs = 0;
+  std::uint64_t generation = 0;
+  std::map<std::string, std::map<std::uint64_t, std::uint32_t>> weights;  // by VIP, by id
+  std::vector<std::uint64_t> saturated;                                   // backend ids
+  std::map<std::uint64_t, MacAddress> nextHops;  // resolved next-hop MACs, by backend id
+};
+
+// A one-way mix of hash_seed that names it without revealing it (checkpoint
+// header, peer handshake).
+[[nodiscard]] std::uint64_t hashSeedTag(std::uint64_t seed) noexcept;
+
+// The bytes of flows.ckpt (exposed for tests and the size benchmark).
+[[nodiscard]] std::string encodeFlowCheckpoint(std::uint64_t hashSeed, std::uint64_t writtenUnixMs,
+                                               std::span<const FlowExceptionRecord> records);
+// Parses flows.ckpt bytes; the error says what is wrong.
+[[nodiscard]] std::variant<FlowCheckpoint, std::string> decodeFlowCheckpoint(
+    std::string_view bytes, std::uint64_t hashSeed);
+
+[[nodiscard]] std::string encodeTablesState(const TablesState& state);
+[[nodiscard]] std::variant<TablesState, std::string> decodeTablesState(std::string_view text);
+
+}  // namespace spillway

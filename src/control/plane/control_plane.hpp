@@ -1,0 +1,284 @@
+// The control thread's brain: it ties configuration, backend states, health
+// checks, load scraping and the weight/spillover policy to snapshot builds,
+// and answers the operator (ControlApi: the CLI socket and the metrics).
+//
+// Each tick (a few milliseconds apart, on spillwayd's main lcore):
+//   health probes and load scrapes advance (non-blocking) -> health verdicts
+//   drive BackendStates -> live flow counts from the workers complete drains
+//   -> the policy turns states, base weights and smoothed load into per-VIP
+//   Maglev weights, limited by the churn budget (health, drains and disables
+//   apply at once) -> when anything changed, a new snapshot is built
+//   (changed VIPs in parallel) for the daemon to publish -> indices of
+//   removed backends past the grace period are purged from the workers' flow
+//   tables and recycled (snapshot_builder.hpp) -> backends held out of the
+//   tables until their next hop resolves are logged when held and when they
+//   enter.
+// Decisions and their causes go to the event log; the time from a decision to
+// the moment every worker uses its snapshot is measured (publish latency).
+//
+// Thread contract: control thread only. The data path is reached only
+// through the Dataplane interface (spillway/dataplane.hpp).
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "control/announce/announce_exchange.hpp"
+#include "control/api/control_api.hpp"
+#include "control/api/event_log.hpp"
+#include "control/backends/backend_state.hpp"
+#include "control/backends/snapshot_builder.hpp"
+#include "control/config/config.hpp"
+#include "control/health/health.hpp"
+#include "control/health/scraper.hpp"
+#include "control/intent/affinity_keeper.hpp"
+#include "control/intent/intent_journal.hpp"
+#include "control/policy/byte_rates.hpp"
+#include "control/policy/policy.hpp"
+#include "control/sys/loop_durations.hpp"
+#include "control/tier/peer_channel.hpp"
+#include "spillway/dataplane.hpp"
+
+namespace spillway {
+
+// Operator intent (intent_journal.hpp, intent_merge.hpp): the constructor
+// opens the journal in config.control.stateDir, replays it and lays the
+// overlay over `config` (the file); every accepted mutating command is
+// validated, journaled (durable) and only then applied; a journal that cannot
+// be written rejects the command and changes nothing. `config reload` and
+// `config clear-overrides` build the whole next configuration (file +
+// overlay + backends still draining), trial-build its snapshot and sync the
+// VIP map before changing anything: a failure anywhere changes nothing.
+// A backend the new file no longer names drains (its flows continue) and is
+// removed when its flows end or at the drain deadline.
+class ControlPlane final : public ControlApi {
+ public:
+  // `dataplane` may be null (no data path attached: stats say so, flows are
+  // not counted, nothing is checkpointed); it must outlive this object.
+  // wallClockMs: Unix time in ms (journal records, drain ages and checkpoint
+  // ages across restarts); default the system clock.
+  ControlPlane(Config config, std::string configPath, SnapshotBuilder& builder,
+               Dataplane* dataplane, Millis now, std::function<std::int64_t()> wallClockMs = {});
+
+  // Advances checks, states and policy. True when a new snapshot should be
+  // built and published (takeSnapshot()).
+  bool tick(Millis now);
+  // Builds the next snapshot; null (with the reason logged as an event) when
+  // the build failed, in which case the running one stays.
+  std::unique_ptr<ForwardingSnapshot> takeSnapshot(Millis now);
+  [[nodiscard]] std::uint64_t generation() const noexcept { return generation_; }
+  // Something outside the policy changed the snapshot's inputs (next hops).
+  void markDirty() noexcept { dirty_ = true; }
+  // File descriptors to wait on (health probes, scrapes) besides the timers.
+  [[nodiscard]] std::vector<int> pollFds() const;
+  [[nodiscard]] const Config& config() const noexcept { return config_; }
+  [[nodiscard]] EventLog& events() noexcept { return events_; }
+  // True while the start-up tables are held (warm-up, see tick()).
+  [[nodiscard]] bool warmingUp() const noexcept { return warmup_; }
+  // The last checkpoint, from the stopped workers' exceptions (SIGTERM).
+  void finalCheckpoint(Millis now, std::vector<ExportedFlow> flows);
+  [[nodiscard]] const AffinityKeeper& affinity() const noexcept { return keeper_; }
+  // What the start did with the intent journal (replayed, damage found,
+  // overrides dropped), one line each, for the daemon's log.
+  [[nodiscard]] const std::vector<std::string>& startupReport() const noexcept {
+    return startupReport_;
+  }
+  [[nodiscard]] const IntentJournal& intent() const noexcept { return journal_; }
+  // How long one round of the daemon's control loop (tick, CLI, metrics,
+  // publish) took, by the daemon's clock; exported with the metrics.
+  void recordLoopDuration(double seconds) noexcept { loopDurations_.record(seconds); }
+  [[nodiscard]] const LoopDurations& loopDurations() const noexcept { return loopDurations_; }
+
+  // BGP announcement (control_plane_announce.cpp): the exchange with the
+  // announcer thread (null: announce disabled). syncAnnounce() runs every
+  // loop round: it beats the control heartbeat, hands over the inputs and
+  // turns the announcer's transitions into events.
+  void attachAnnounce(AnnounceExchange* exchange) noexcept { announce_ = exchange; }
+  void syncAnnounce(Millis now);
+  // Health and load known once (or the warm-up limit passed): VIPs may be
+  // announced.
+  [[nodiscard]] bool announceReady(Millis now) const;
+  // With peers: every live peer's exceptions are in a snapshot the workers
+  // applied (or kPeerSyncLimit passed since the start). Without: true.
+  [[nodiscard]] bool peersReady(Millis now) const;
+
+  // ControlApi.
+  ApiResult status() override;
+  ApiResult vipList() override;
+  ApiResult vipShow(const std::string& name) override;
+  ApiResult poolList() override;
+  ApiResult poolShow(const std::string& name) override;
+  ApiResult backendList() override;
+  ApiResult backendAdd(const BackendSpec& spec) override;
+  ApiResult backendRemove(const std::string& name) override;
+  ApiResult backendDrain(const std::string& name) override;
+  ApiResult backendUndrain(const std::string& name) override;
+  ApiResult backendDisable(const std::string& name) override;
+  ApiResult backendEnable(const std::string& name) override;
+  ApiResult backendWeight(const std::string& name, std::uint32_t weight, bool dryRun) override;
+  ApiResult tableShow(const std::string& vip) override;
+  ApiResult tableDigest(const std::string& vip, std::optional<std::uint32_t> chunk) override;
+  ApiResult flows() override;
+  ApiResult stats() override;
+  ApiResult health() override;
+  ApiResult events(std::uint64_t after, std::uint32_t limit) override;
+  ApiResult configCheck(const std::string& path, const PeerCredentials* caller) override;
+  ApiResult configReload(const std::string& path, const PeerCredentials* caller) override;
+  // The daemon's own calls (start-up replay, signals, tests): no caller.
+  ApiResult configCheck(const std::string& path) { return configCheck(path, nullptr); }
+  ApiResult configReload(const std::string& path) { return configReload(path, nullptr); }
+  ApiResult configDump(bool effective) override;
+  ApiResult configClearOverrides(const std::string& backend) override;
+  ApiResult lbDrain() override;
+  ApiResult lbUndrain() override;
+  ApiResult lbStatus() override;
+  std::string metricsText() override;
+
+ private:
+  const BackendConfig* backendNamed(const std::string& name) const;
+  Json backendJson(const BackendConfig& b) const;
+  // SRTT, RTTVAR, the latency score and the policy's latency mark.
+  void latencyJson(Json& j, std::uint64_t id) const;
+  void applyTargets();  // health and scrape targets from config_
+  // Turns states + load into per-VIP weights; returns whether any changed.
+  bool applyPolicy(Millis now, bool forceChurn);
+  PolicyInput policyInput(const VipConfig& vip, Millis now,
+                          const std::map<std::uint64_t, std::uint32_t>* baseOverride) const;
+  ApiResult stateResult(const StateResult& r, const std::string& name, const char* verb);
+  void reconfigure(Config next, Millis now, const std::string& cause);
+  void collectFlows(Millis now);
+  // Start-up: the last process's tables and exceptions (affinity_keeper.hpp).
+  void restoreAffinity(Millis now);
+  [[nodiscard]] bool warmupComplete() const;
+  [[nodiscard]] TablesState tablesState() const;
+  [[nodiscard]] std::uint64_t unixNow() const;
+  void recycleIndices();
+  void noteHolds(Millis now);
+  // LB tier (control_plane_tier.cpp). The snapshot's exception table: the
+  // peers' exceptions on backends that take flows here, then the restored
+  // ones (which win).
+  void startPeers();
+  void refreshExceptions();
+  // The peer channel: poll, and rebuild the exceptions at most every 250 ms.
+  void tickPeers(Millis now, bool statesChanged);
+  // Load-aware placement (control_plane_placement.cpp): every [placement]
+  // rate_interval and after every flow count, the backends' loads and each
+  // placing VIP's total, written where the snapshots' VipPlacement reads.
+  void samplePlacement(Millis now);
+  [[nodiscard]] bool anyVipPlaces() const;
+  [[nodiscard]] double placementLoad(std::uint32_t index) const;
+
+  // Intent.
+  struct ApplyPlan {
+    Config file;
+    Config next;                          // file + overlay + backends still draining
+    IntentOverlay overlay;                // the overrides that still apply
+    std::vector<std::string> dropped;     // overrides that no longer apply
+    std::vector<std::uint64_t> retire;    // no longer named: drain, then removed
+    std::vector<std::string> retireNow;   // no longer named and cannot stay (pool or port gone)
+    std::vector<std::uint64_t> unretire;  // draining because unnamed, named again
+  };
+  std::int64_t wallNow() const { return wallClock_(); }
+  void report(const std::string& line);
+  void replayIntent(Millis now);
+  void applyIntentStates(Millis now, const std::string* only);
+  std::variant<ApplyPlan, ApiError> planApply(Config file, const IntentOverlay& overlay);
+  std::optional<ApiError> commitApply(ApplyPlan& plan, const std::string& cause, Json& changes);
+  std::optional<std::string> trialBuild(const Config& next);
+  // Journals an accepted command before it is applied; an error when it
+  // could not be written (then the command must not be applied).
+  std::optional<ApiError> journal(IntentRecord& record);
+  std::optional<ApiError> precheck(IntentOp op, std::uint64_t id) const;
+  std::uint32_t fileBaseWeight(const BackendConfig& b) const;
+  Json stampJson(const IntentStamp& s) const;
+  // The VIP's current table as backend ids (0 for an empty slot).
+  std::vector<std::uint64_t> tableIds(const std::string& vip) const;
+
+  Config config_;      // running: file + overlay + backends still draining
+  Config fileConfig_;  // the file as last loaded (the base of the overlay)
+  std::string configPath_;
+  SnapshotBuilder& builder_;
+  Dataplane* dataplane_;
+  Millis started_;
+  Millis now_;
+  EventLog events_;
+  BackendStates states_;
+  WeightPolicy policy_;
+  HealthChecker health_;
+  LoadScraper scraper_;
+  LoopDurations loopDurations_;
+  std::function<std::int64_t()> wallClock_;
+  IntentJournal journal_;
+  std::set<std::uint64_t> retiring_;  // draining because the file no longer names them
+  std::vector<std::string> startupReport_;
+
+  std::uint64_t generation_ = 0;
+  // Control rounds (tick()) and the longest gap between two of them in the
+  // current and the previous window of kRoundGapWindowMs (metrics: a stalled
+  // loop shows once it runs again; while stalled, scrapes time out).
+  std::uint64_t rounds_ = 0;
+  std::optional<Millis> lastRound_;
+  Millis roundWindowStart_ = 0;
+  Millis roundGapMax_ = 0;
+  Millis roundGapMaxPrevious_ = 0;
+  bool dirty_ = true;
+  std::uint64_t statesSeen_ = 0;
+  Millis lastChurn_ = 0;
+  std::uint64_t lastChurnSlot_ = 0;  // with peers: the wall-clock slot of the last step
+  std::map<std::string, PolicyDecision> decisions_;                        // by VIP
+  std::map<std::string, std::map<std::uint64_t, std::uint32_t>> weights_;  // applied, by VIP
+
+  std::uint64_t flowCountAsked_ = 0;
+  Millis flowCountAt_ = 0;  // when the pending count was asked; 0 = none pending
+  Millis lastFlowRequest_ = 0;
+  std::vector<LcoreFlowCounts> lastFlows_;
+  std::uint64_t flowsCounted_ = 0;  // the request number lastFlows_ answers
+  // Indices recycled while the pending flow count ran: its numbers for them
+  // may include the purged entries, so they are not used.
+  std::set<std::uint32_t> recycledDuringCount_;
+
+  // Index purge in flight: request number (0 = none) and its indices.
+  std::uint64_t purgeAsked_ = 0;
+  std::uint64_t purgeRequests_ = 0;
+  std::vector<std::uint32_t> purging_;
+
+  // Backends held out of the tables until their next hop resolves: since when.
+  std::map<std::uint64_t, Millis> heldSince_;
+  std::uint64_t heldEntered_ = 0;  // holds that ended with the backend entering
+
+  // Publish latency: decision time of the newest published generation, and
+  // the last few measured latencies.
+  std::optional<std::pair<std::uint64_t, Millis>> pendingApply_;
+  std::vector<Millis> applyLatencies_;
+  std::uint64_t publishes_ = 0;
+
+  AffinityKeeper keeper_;
+  TablesState publishedTables_;  // as of the newest snapshot taken
+  // LB tier ([tier]): null without peers.
+  std::unique_ptr<PeerChannel> peers_;
+  ByteRateMeter byteRates_;
+  std::vector<std::uint64_t> bytesScratch_;
+  Millis nextRateSample_ = 0;
+  std::uint64_t loadsEpoch_ = 0;  // flowsCounted_ as last published to the placement loads
+  bool peersPending_ = false;     // the peers' exceptions changed since the last rebuild
+  Millis peersBuiltAt_ = 0;
+  std::uint64_t peersSyncGeneration_ = 0;  // the first snapshot built once synced
+  bool peersSynced_ = false;               // latched: peersReady()
+  // Warm-up: the start-up tables are the last process's (tables.json) and
+  // the policy holds them until every backend has a settled health verdict
+  // and, where its pool scrapes load, a successful sample; or kWarmupLimit.
+  bool warmup_ = false;
+  Millis warmupStarted_ = 0;
+  std::optional<Millis> warmupTook_;  // how long the last warm-up held the tables
+
+  AnnounceExchange* announce_ = nullptr;
+  [[nodiscard]] Json announceJson() const;
+};
+
+}  // namespace spillway

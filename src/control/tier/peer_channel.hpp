@@ -1,0 +1,224 @@
+// The peer channel of an LB tier: the spillwayd instances behind one ECMP
+// group share their flow exceptions (flow_exceptions.hpp), so an instance
+// that receives a flow it never saw (an instance died, joined, or the router
+// rehashed the survivors) sends it to the backend it already has.
+//
+// Shape (IPVS's sync daemon and conntrackd are the anchors). Both replicate
+// per-connection state between directors; Spillway differs in three ways:
+//   - only exceptions travel: a flow that the table still gives its backend
+//     needs nothing (every instance builds the same Maglev tables from the
+//     same ids, weights and seed), so the traffic is proportional to moved
+//     entries, not to new connections;
+//   - a record names the flow by its keyed hash and the backend by id (16
+//     bytes, the checkpoint's encoding), not the 5-tuple and a real server
+//     address; no per-packet or per-connection message on the data path;
+//   - TCP between configured peers with a shared-secret handshake and a MAC
+//     on every frame (IPVS sync is unauthenticated multicast or UDP;
+//     conntrackd relies on a dedicated link), every buffer bounded.
+//
+// Each instance connects out to every peer and sends its own exceptions on
+// that connection (a full dump, then deltas after each export); it only
+// receives on the connections peers make to it. Heartbeats every second both
+// ways; a connection without a frame for 3 s is dropped and reconnected (the
+// receiver keeps the peer's set for hold_time, then forgets it; a reconnect
+// sends a full dump that replaces it). A slow peer (more than
+// max_output_bytes unsent) is disconnected and later resynced with a dump
+// streamed as its socket drains; it never blocks the control thread.
+//
+// exceptions(): the peers' sets in the order their records were received,
+// for the snapshot's ExceptionTable (of two records of one flow the later
+// wins there: the most recently received).
+//
+// Thread contract: control thread only; poll() never blocks (non-blocking
+// sockets; pollFd() for the daemon's epoll). Time is injected.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "control/api/control_api.hpp"
+#include "control/api/event_log.hpp"
+#include "control/config/config.hpp"
+#include "control/tier/peer_wire.hpp"
+#include "spillway/flow_exceptions.hpp"
+#include "spillway/unique_fd.hpp"
+
+namespace spillway {
+
+class MetricsWriter;
+
+inline constexpr const char* kEventPeer = "peer";  // peer up/down, refused, slow
+
+struct PeerException {
+  std::uint64_t hash = 0;
+  std::uint64_t backendId = 0;
+  FlowState state = FlowState::Established;
+};
+
+struct PeerChannelTimers {
+  Millis heartbeat = 1000;
+  Millis deadAfter = 3000;
+  Millis handshakeTimeout = 3000;
+  Millis reconnect = 1000;
+};
+
+class PeerChannel {
+ public:
+  PeerChannel(TierConfig config, std::uint64_t hashSeed, EventLog& events,
+              PeerChannelTimers timers = {});
+  ~PeerChannel();
+  PeerChannel(const PeerChannel&) = delete;
+  PeerChannel& operator=(const PeerChannel&) = delete;
+
+  // Binds the listening socket; the error says why not (the channel still
+  // connects out).
+  [[nodiscard]] std::optional<std::string> open();
+  [[nodiscard]] int pollFd() const noexcept { return epoll_.get(); }
+  [[nodiscard]] std::uint16_t listenPort() const noexcept { return port_; }
+
+  // Accepts, handshakes, reads, writes, times out, reconnects, expires held
+  // sets. Bounded work per call.
+  void poll(Millis now);
+
+  // This instance's exceptions after an export: sent to every peer as the
+  // difference from what it last got.
+  void publishLocal(std::span<const FlowExceptionRecord> records);
+
+  // True once after the union of the peers' sets changed.
+  bool takeChanged() noexcept;
+  // Every peer's records; a flow held from two peers appears twice, the more
+  // recently received last.
+  [[nodiscard]] std::vector<PeerException> exceptions() const;
+  // What the caller did with exceptions(): records in the exception table,
+  // and records ignored (backend unknown here, or not active/draining).
+  void noteUse(std::size_t inUse, std::size_t ignored) noexcept {
+    inUse_ = inUse;
+    ignored_ = ignored;
+  }
+
+  [[nodiscard]] Json status(Millis now) const;
+  void metrics(MetricsWriter& m, Millis now) const;
+
+  // For tests: the named peer's directions are both connected.
+  [[nodiscard]] bool connected(const std::string& peer) const;
+  // Whether this instance holds what its live peers had: every peer has
+  // either delivered a complete dump since this channel opened, or could not
+  // be reached (an outbound attempt to it failed before its handshake ended
+  // and nothing came from it). A joining instance announces only when synced
+  // (ControlPlane::peersReady), or ECMP would hand it flows whose exceptions
+  // it does not know yet.
+  [[nodiscard]] bool synced() const;
+  [[nodiscard]] std::size_t held(const std::string& peer) const;
+  [[nodiscard]] std::size_t heldTotal() const;
+
+ private:
+  struct Held {
+    std::uint64_t backendId = 0;
+    FlowState state = FlowState::Established;
+    std::uint64_t stamp = 0;  // receive order, for "most recent wins"
+  };
+  struct LocalRecord {
+    std::uint64_t hash = 0;
+    std::uint64_t backendId = 0;
+    FlowState state = FlowState::Established;
+    friend bool operator==(const LocalRecord&, const LocalRecord&) = default;
+  };
+  // Sorted by hash, one record a hash: equality, dumps and differences are
+  // linear scans (no node per record).
+  using LocalSet = std::vector<LocalRecord>;
+  enum class Phase : std::uint8_t { Connecting, AwaitHello, AwaitAuth, AwaitAccept, Up };
+
+  struct Conn {
+    UniqueFd fd;
+    bool outbound = false;
+    int peer = -1;  // index into config_.peers; -1 until authenticated (inbound)
+    Phase phase = Phase::Connecting;
+    std::string remote;
+    std::string in;
+    std::string out;
+    std::size_t outSent = 0;
+    PeerNonce serverNonce{};
+    PeerNonce clientNonce{};
+    SipKey sendKey;
+    SipKey recvKey;
+    std::uint64_t sendSeq = 0;
+    std::uint64_t recvSeq = 0;
+    Millis opened = 0;
+    Millis lastRecv = 0;
+    Millis lastSend = 0;
+    // Outbound, once up: what the peer has (base), and a dump in progress.
+    std::shared_ptr<const LocalSet> base;
+    std::shared_ptr<const LocalSet> dumpOf;
+    std::size_t cursor = 0;
+    bool dumping = false;
+  };
+  struct Peer {
+    TierPeerConfig config;
+    std::optional<std::uint64_t> outConn;
+    std::optional<std::uint64_t> inConn;
+    Millis nextAttempt = 0;
+    std::unordered_map<std::uint64_t, Held> held;
+    std::unordered_map<std::uint64_t, Held> staging;  // a dump being received
+    bool receivingDump = false;
+    bool dumpReceived = false;  // a complete dump arrived since open()
+    bool unreachable = false;   // the last outbound attempt ended before its handshake did
+    std::optional<Millis> downSince;
+    std::optional<Millis> lastFrame;
+    std::string lastError;
+    std::uint64_t recordsIn = 0;
+    std::uint64_t recordsOut = 0;
+    std::uint64_t bytesIn = 0;
+    std::uint64_t bytesOut = 0;
+    std::uint64_t authFailures = 0;
+    std::uint64_t framesRefused = 0;
+    std::uint64_t recordsDropped = 0;
+    std::uint64_t slowDisconnects = 0;
+  };
+
+  void accept(Millis now);
+  void connectOut(std::size_t peer, Millis now);
+  // Reads and handles frames; false when the connection was closed.
+  bool service(std::uint64_t id, Conn& c, Millis now);
+  bool handleHandshake(std::uint64_t id, Conn& c, PeerFrameType type, std::string_view payload,
+                       Millis now);
+  bool handleData(Conn& c, PeerFrameType type, std::string_view payload, Millis now);
+  void up(std::uint64_t id, Conn& c, Millis now);
+  void pump(Conn& c);
+  void send(Conn& c, PeerFrameType type, std::string_view payload);
+  bool flush(Conn& c);
+  void refuse(Conn& c, const std::string& reason);
+  void close(std::uint64_t id, const std::string& why, Millis now);
+  [[nodiscard]] std::string directionState(const std::optional<std::uint64_t>& conn) const;
+  [[nodiscard]] int peerNamed(std::string_view name) const;
+
+  TierConfig config_;
+  std::uint64_t hashSeed_;
+  std::uint64_t seedTag_;
+  SipKey master_;
+  EventLog& events_;
+  PeerChannelTimers timers_;
+  UniqueFd listen_;
+  UniqueFd epoll_;
+  std::uint16_t port_ = 0;
+  std::vector<Peer> peers_;
+  std::map<std::uint64_t, Conn> conns_;
+  std::uint64_t nextConn_ = 1;
+  Millis now_ = 0;
+  std::shared_ptr<const LocalSet> local_;
+  std::uint64_t stamp_ = 0;
+  bool changed_ = false;
+  std::size_t inUse_ = 0;
+  std::size_t ignored_ = 0;
+  std::uint64_t unknownNodes_ = 0;
+  std::uint64_t connectionsRefused_ = 0;
+};
+
+}  // namespace spillway
