@@ -65,7 +65,12 @@ from spillwayd_e2e import Fail as DrillError, log, wait_until  # noqa: E402,F401
 
 
 class Tools:
-    """The built binaries the drill runs."""
+    """The built binaries the drill runs. What must be built is the build's
+    own list, the alias target drill-tools (tests/drill/meson.build, the list
+    the drill suite depends on and scripts/demo builds): every file it names
+    must be there."""
+
+    TARGET = "drill-tools"
 
     def __init__(self, build):
         self.spillwayd = os.path.join(build, "src", "spillwayd", "spillwayd")
@@ -74,10 +79,57 @@ class Tools:
         self.delayline = os.path.join(build, "tests", "tools", "spillway-delayline")
         self.flowcheck = os.path.join(build, "tests", "tools", "spillway-flowcheck")
         self.synflood = os.path.join(build, "tests", "tools", "spillway-synflood")
-        missing = [p for p in (self.spillwayd, self.decap, self.spillwayctl, self.delayline,
-                               self.flowcheck, self.synflood) if not os.access(p, os.X_OK)]
+        needed = self.needed(build)
+        used = {self.spillwayd, self.decap, self.spillwayctl, self.delayline, self.flowcheck,
+                self.synflood}
+        unlisted = sorted(used - set(needed))
+        if unlisted:
+            raise DrillError(f"{self.TARGET} does not list {', '.join(unlisted)} "
+                             "(tests/drill/meson.build: drill_deps)")
+        missing = [p for p in needed if not os.path.exists(p)]
         if missing:
-            raise DrillError("not built: " + ", ".join(missing))
+            raise DrillError(f"not built: {', '.join(missing)} "
+                             f"(build them with: ninja -C {build} {self.TARGET})")
+
+    @classmethod
+    def needed(cls, build):
+        """The files the alias target names, from the build's ninja file."""
+        if not os.path.exists(os.path.join(build, "build.ninja")):
+            raise DrillError(f"no meson build in {build} (meson setup {build}, then "
+                             f"ninja -C {build} {cls.TARGET})")
+        r = subprocess.run(["ninja", "-C", build, "-t", "query", cls.TARGET],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            raise DrillError(f"ninja -t query {cls.TARGET}: {r.stdout.strip()} "
+                             f"{r.stderr.strip()}")
+        return query_inputs(build, r.stdout)
+
+
+def query_inputs(build, text):
+    """The input paths of `ninja -t query TARGET`'s output, followed through
+    phony edges (meson's alias_target names an internal phony target)."""
+    inputs, section = [], None
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("input:"):
+            section = "in"
+        elif stripped.startswith("outputs:"):
+            section = "out"
+        elif section == "in" and stripped and line.startswith("    "):
+            inputs.append(stripped.removeprefix("| ").removeprefix("|| "))
+    files = []
+    for path in inputs:
+        full = os.path.join(build, path)
+        if os.path.exists(full) or "/" in path:
+            files.append(full)
+            continue
+        r = subprocess.run(["ninja", "-C", build, "-t", "query", path], capture_output=True,
+                           text=True)
+        if r.returncode == 0 and "input: phony" in r.stdout:
+            files += query_inputs(build, r.stdout)
+        else:
+            files.append(full)
+    return files
 
 
 class Ctl:
