@@ -11,12 +11,12 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <set>
 
 #include "control/announce/announcer.hpp"
 #include "control/api/cli_server.hpp"
 #include "control/api/metrics_http.hpp"
 #include "control/backends/neighbours.hpp"
+#include "control/backends/next_hop_refresh.hpp"
 #include "control/backends/snapshot_builder.hpp"
 #include "control/host/privileges.hpp"
 #include "control/plane/control_plane.hpp"
@@ -32,7 +32,6 @@ using Clock = std::chrono::steady_clock;
 
 // The control loop's pacing timer.
 constexpr long kLoopPeriodMs = 5;
-constexpr auto kNeighbourRefresh = std::chrono::milliseconds(250);
 
 std::atomic<bool> gStop{false};
 
@@ -253,15 +252,13 @@ int runDaemon(const Config& configIn, const DaemonOptions& options) {
 
   KernelNeighbourSource kernel;
   NeighbourResolver resolver(kernel);
-  resolver.refresh(config);
-  builder.refreshNextHops(resolver);
-  resolver.solicitUnresolved(config);
-
   const auto start = Clock::now();
   auto millis = [&] {
     return static_cast<Millis>(
         std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count());
   };
+  NextHopRefresh nextHops(resolver, builder);
+  nextHops.prime(config, millis());
   ControlPlane control(config, options.configPath, builder, dataplane.get(), millis());
   for (const std::string& line : control.startupReport()) log(line);
   auto first = control.takeSnapshot(millis());
@@ -323,9 +320,8 @@ int runDaemon(const Config& configIn, const DaemonOptions& options) {
   dataplane->start();
   log("running " + std::to_string(config.dataplane.lcores.size()) + " worker lcore(s)");
 
-  auto lastStats = start, lastNeighbours = start, lastRx = start;
+  auto lastStats = start, lastRx = start;
   std::uint64_t rxSeen = 0;
-  std::set<std::uint64_t> solicitedHeld;
   // SIGTERM with VIPs announced: withdraw first, forward for the grace
   // period while the router moves the flows, then stop.
   std::optional<Clock::time_point> stopAt;
@@ -347,31 +343,10 @@ int runDaemon(const Config& configIn, const DaemonOptions& options) {
     const auto now = Clock::now();
     const Millis nowMs = millis();
     dataplane->reclaim();
-    if (now - lastNeighbours >= kNeighbourRefresh) {
-      lastNeighbours = now;
-      resolver.refresh(control.config());
-      const std::size_t changed = builder.refreshNextHops(resolver);
-      // Unresolved next hops: have the kernel ask (ARP / ND) for the next round.
-      resolver.solicitUnresolved(control.config());
-      if (changed > 0) control.markDirty();
-    }
     cli.poll();
-    // Backends added at run time stay out of the tables until their next hop
-    // resolves: the kernel is asked at once and looked at every loop period.
-    if (const std::vector<std::uint64_t> held = builder.heldForNextHop(); !held.empty()) {
-      resolver.refresh(control.config(), held);
-      if (builder.refreshNextHops(resolver) > 0) control.markDirty();
-      std::vector<std::uint64_t> ask;
-      for (std::uint64_t id : builder.heldForNextHop()) {
-        if (solicitedHeld.insert(id).second) ask.push_back(id);
-      }
-      if (!ask.empty()) resolver.solicitUnresolved(control.config(), ask);
-      std::erase_if(solicitedHeld, [&](std::uint64_t id) {
-        return std::find(held.begin(), held.end(), id) == held.end();
-      });
-    } else {
-      solicitedHeld.clear();
-    }
+    // Next hops (src/control/backends/next_hop_refresh.hpp), after the
+    // commands so a backend added this round is looked at at once.
+    if (nextHops.poll(control.config(), nowMs)) control.markDirty();
     metrics.poll();
     control.syncAnnounce(nowMs);
     if (control.tick(nowMs)) {

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "control/backends/neighbours.hpp"
+#include "control/backends/next_hop_refresh.hpp"
 #include "control/backends/snapshot_builder.hpp"
 #include "control/config/config.hpp"
 #include "control/plane/control_plane.hpp"
@@ -562,6 +563,48 @@ TEST(BackendReadiness, RunTimeAddIsHeldUntilItsNextHopResolvesThenEntersWithAnEv
   EXPECT_EQ(rig.builder.runtime(id)->nextHopMac, mac);
   s = rig.builder.build(400);
   EXPECT_GT(entriesOf(*s, rig.builder.indexOf(id)), 0u);
+}
+
+// The control loop's next-hop policy (NextHopRefresh), on injected time:
+// every backend once a period, a held one every round and asked for once.
+TEST(NextHopRefresh, EveryBackendEachPeriodAHeldOneEveryRoundAskedForOnce) {
+  MapNeighbours kernel;
+  NeighbourResolver resolver(kernel);
+  Rig rig(estate("kernel_interface = \"sw-p0\"\n"));
+  NextHopRefresh nextHops(resolver, rig.builder);
+  const BackendConfig base = rig.control.config().backends.at(0);
+  nextHops.prime(rig.control.config(), 0);
+  EXPECT_EQ(kernel.solicited, std::vector<std::string>{formatIpAddress(base.address)});
+  ASSERT_NE(rig.builder.runtime(base.id), nullptr);
+  EXPECT_FALSE(rig.builder.runtime(base.id)->nextHopMac);
+
+  // The kernel learns base's MAC: taken at the next period, not before.
+  const MacAddress baseMac{2, 0, 0, 0, 0, 0x21};
+  kernel.entries.push_back(NeighbourEntry{base.address, baseMac});
+  EXPECT_FALSE(nextHops.poll(rig.control.config(), 100));
+  EXPECT_FALSE(rig.builder.runtime(base.id)->nextHopMac);
+  EXPECT_FALSE(nextHops.poll(rig.control.config(), NextHopRefresh::kRefreshPeriodMs - 1));
+  EXPECT_TRUE(nextHops.poll(rig.control.config(), NextHopRefresh::kRefreshPeriodMs));
+  EXPECT_EQ(rig.builder.runtime(base.id)->nextHopMac, baseMac);
+  EXPECT_FALSE(nextHops.poll(rig.control.config(), NextHopRefresh::kRefreshPeriodMs + 5));
+
+  // A backend added at run time is held: looked at every round, the kernel
+  // asked for it once however many rounds it stays held.
+  BackendSpec spec = specFor(1);
+  spec.id.reset();
+  ASSERT_TRUE(std::holds_alternative<Json>(rig.control.backendAdd(spec)));
+  const std::uint64_t id = backendIdFromName(spec.name);
+  ASSERT_EQ(rig.builder.heldForNextHop(), std::vector<std::uint64_t>{id});
+  kernel.solicited.clear();
+  for (Millis t = 260; t < 280; t += 5) EXPECT_FALSE(nextHops.poll(rig.control.config(), t));
+  EXPECT_EQ(kernel.solicited, std::vector<std::string>{spec.address});
+  const MacAddress mac{2, 0, 0, 0, 0, 0x42};
+  kernel.entries.push_back(NeighbourEntry{parseIpAddress(spec.address).value(), mac});
+  EXPECT_TRUE(nextHops.poll(rig.control.config(), 285));  // within the period: held
+  EXPECT_TRUE(rig.builder.heldForNextHop().empty());
+  EXPECT_EQ(rig.builder.runtime(id)->nextHopMac, mac);
+  EXPECT_FALSE(nextHops.poll(rig.control.config(), 290));
+  EXPECT_EQ(kernel.solicited, std::vector<std::string>{spec.address});
 }
 
 TEST(BackendReadiness, StaticMacsAndTheFirstConfigurationAreNeverHeld) {
