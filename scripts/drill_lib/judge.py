@@ -735,7 +735,30 @@ def judge(d):
     for a in d.actions:
         if a["result"] != "ok":
             check(f"action[{a['do']} {a.get('target', '')}]", False, a["result"])
+    judge_floor(d, flows, grpc, len(verdicts), check)
     return m, verdicts
+
+
+def judge_floor(d, flows, grpc, evaluated, check):
+    """A floor under the verdicts: a drill that judged no invariant, or less
+    traffic than its scenario declares ([traffic]: flows, grpc_streams,
+    elephants, probe_rate; the runner's defaults), proves nothing and fails."""
+    traffic = d.sc.get("traffic", {})
+    want = {"long-lived flows": traffic.get("flows", 60),
+            "gRPC streams": traffic.get("grpc_streams", 0),
+            "elephants": len(traffic.get("elephants", [])),
+            "new-flow probes": 1 if traffic.get("probe_rate", 20) > 0 else 0}
+    got = {"long-lived flows": flows["total"],
+           "gRPC streams": grpc["total"] if grpc else 0,
+           "elephants": len(d.elephant_results),
+           "new-flow probes": len(d.flow_report["probes"])}
+    short = [f"{k} {got[k]} (declared {'some' if k == 'new-flow probes' else want[k]})"
+             for k in want if got[k] < want[k]]
+    check("judged", evaluated > 0 and not short,
+          f"{evaluated} invariant verdicts over " +
+          ", ".join(f"{got[k]} {k}" for k in got) +
+          ("" if evaluated else "; no invariant was evaluated") +
+          ("" if not short else "; fewer than the scenario declares: " + ", ".join(short)))
 
 
 def judge_intent(d, intended, check, rel, grace_s=1.0):

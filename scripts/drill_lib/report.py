@@ -11,7 +11,8 @@ SCHEMA = 1
 
 def build(d, measurements, verdicts):
     sc = d.sc
-    ok = all(v["ok"] for v in verdicts)
+    # No verdict is no proof: a report without any fails.
+    ok = bool(verdicts) and all(v["ok"] for v in verdicts)
     return {
         "schema": SCHEMA,
         "scenario": sc["name"],

@@ -19,6 +19,7 @@ sys.path.insert(0, os.path.join(ROOT, "scripts", "drill_lib"))
 
 import intent  # noqa: E402
 import judge  # noqa: E402
+import report  # noqa: E402
 import scenario  # noqa: E402
 from monitor import Monitor  # noqa: E402
 
@@ -410,6 +411,28 @@ class JudgeTest(unittest.TestCase):
                                  '"added": true}, {"backend": "onprem1", "weight": [100, 200]}]}')
         self.assertTrue(d.verdicts()["reload_reply[5 s]"]["ok"])
 
+    # -- a floor: a drill that judged less traffic than it declares fails --------
+    def test_drill_that_judged_less_than_declared_fails(self):
+        d = self.drill(extra={"traffic": {"flows": 2, "probe_rate": 20}})
+        v = d.verdicts()["judged"]
+        self.assertFalse(v["ok"])
+        self.assertIn("fewer than the scenario declares: long-lived flows 0 (declared 2)",
+                      v["detail"])
+        d.flow_report["flows"] = [
+            {"id": i, "backend": "onprem1", "opened": T0 + 1, "state": "open_at_end",
+             "connect_ms": 2.0, "max_stall_ms": 0, "local_port": 0} for i in (1, 2)]
+        self.assertTrue(d.verdicts()["judged"]["ok"])
+        d.flow_report["probes"] = []
+        v = d.verdicts()["judged"]
+        self.assertFalse(v["ok"])
+        self.assertIn("new-flow probes 0 (declared some)", v["detail"])
+
+    def test_report_without_verdicts_fails(self):
+        d = self.drill()
+        d.wan_counters = None
+        m, _ = judge.judge(d)
+        self.assertFalse(report.build(d, m, [])["passed"])
+        self.assertTrue(report.build(d, m, [{"name": "x", "ok": True, "detail": ""}])["passed"])
 
 class ByteBalanceTest(unittest.TestCase):
     """bytes_balance_max: the flow checker's bytes per backend (by each flow's
@@ -588,6 +611,7 @@ class ScenarioFormatTest(unittest.TestCase):
             with self.assertRaises(scenario.ScenarioError) as e:
                 scenario.validate(sc, "x")
             self.assertIn(msg, str(e.exception))
+
 
 
 if __name__ == "__main__":
