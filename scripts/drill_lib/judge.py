@@ -22,17 +22,12 @@ drill's own failures excuse (a killed backend until it left the tables, a
 restart's outage).
 """
 import math
-import os
-import sys
 
 import intent as intent_mod
+import tier as tier_mod
+from estate import CLIENT, DATA_PORT, VIP_FLOWS
+from estate_harness import maglev_model
 from scenario import DEFAULT_AVOID_GRACE_S, DEFAULT_CONNECT_SLOW_MS
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
-                                "tests", "e2e"))
-import maglev_model  # noqa: E402
-from estate import CLIENT, DATA_PORT, VIP_FLOWS  # noqa: E402
-import tier as tier_mod  # noqa: E402
 
 # "error": a gRPC stream that ended in an RPC error (reset, unavailable,
 # corrupt echo) is broken whether or not it stalled first.

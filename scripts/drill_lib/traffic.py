@@ -13,7 +13,7 @@ balancer hashes them independently, so they may land on different backends,
 which iperf3 cannot survive. The drill therefore places each elephant: the
 bulk client's namespace has one ephemeral port (IPERF_CONTROL_PORT) for the
 control connections, and for each elephant the drill searches a data port
-(iperf3 --cport) whose flow the Maglev model (tests/e2e/maglev_model.py, an
+(iperf3 --cport) whose flow the Maglev model (scripts/estate_harness/maglev_model.py, an
 independent SipHash + Maglev implementation) puts on the same backend as the
 control connection. The server port is chosen the same way, so that the
 control connection lands on the backend the scenario names.
@@ -21,15 +21,12 @@ control connection lands on the backend the scenario names.
 import json
 import os
 import re
-import sys
 import time
 
 from estate import (BULK, CLIENT, DATA_PORT, GRPC_PORT, GRPC_STREAM, IPERF_BASE_PORT,
-                    IPERF_CONTROL_PORT, PY, ROOT, SEED, VIP_FLOWS, VIP_GRPC, DrillError,
+                    IPERF_CONTROL_PORT, PY, SEED, VIP_FLOWS, VIP_GRPC, DrillError,
                     wait_until)
-
-sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
-import maglev_model  # noqa: E402
+from estate_harness import maglev_model
 
 
 class FlowCheck:
@@ -111,7 +108,7 @@ class LiveTable:
     """Where spillwayd's CURRENT table of VIP `vip` sends a new TCP flow: the
     table rebuilt from `backend list` (each backend's id, index and applied
     Maglev weight per VIP) and `vip list` (table size) with the reference
-    arithmetic (tests/unit/maglev_reference.py), since the tables are a pure
+    arithmetic (scripts/estate_harness/maglev_reference.py), since the tables are a pure
     function of (ids, weights, seed). Used to place elephants that start
     after the starting configuration has changed (a backend added, a spill
     to a pool that had no entries at the start)."""

@@ -4,24 +4,21 @@ synthetic drills: no estate, no root. Each test shows a judgement that the
 judge once got wrong (issue #10) now catching what it must, next to the
 same drill without the fault passing.
 
-    /usr/bin/python3 tests/drill/judge_test.py [-v]
+    PYTHONPATH=scripts/drill_lib:scripts /usr/bin/python3 tests/drill/judge_test.py [-v]
 """
 import copy
 import os
-import sys
 import tempfile
 import types
 import unittest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
-sys.path.insert(0, os.path.join(ROOT, "scripts", "drill_lib"))
+import intent  # scripts/drill_lib and scripts/ on PYTHONPATH (tests/drill/meson.build)
+import judge
+import report
+import scenario
+from monitor import Monitor
 
-import intent  # noqa: E402
-import judge  # noqa: E402
-import report  # noqa: E402
-import scenario  # noqa: E402
-from monitor import Monitor  # noqa: E402
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 T0 = 1_796_000_000.0  # unix seconds, as the drill records them
 ONPREM = ["onprem1", "onprem2", "onprem3"]

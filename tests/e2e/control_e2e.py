@@ -55,11 +55,10 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import maglev_model  # noqa: E402
-import spillwayd_e2e as swe  # noqa: E402
-from spillwayd_e2e import CLIENT, Fail, Skip, log, wait_until, PY, VIP_NCCL, VIP_GRPC  # noqa: E402
+from estate_harness import estate as swe
+from estate_harness import maglev_model
+from estate_harness.ctl import Ctl
+from estate_harness.estate import CLIENT, PY, VIP_NCCL, Fail, Skip, checks, log, wait_until
 
 FAKE_EXPORTER = os.path.join(swe.ROOT, "tests", "tools", "fake_exporter.py")
 IDENTITY_SERVER = swe.IDENTITY_SERVER
@@ -67,50 +66,6 @@ HEALTH_TCP = ["[pool.health]", 'kind = "tcp"', "port = 8000", ""]
 LOAD = ["[pool.load]", "enabled = true", "port = 9400", "interval = 0.2", "timeout = 0.15",
         "stale_after = 2", "smoothing = 1.0", ""]
 METRICS = "127.0.0.1:9550"
-
-
-class Ctl:
-    """spillwayctl --json against the estate's daemon."""
-
-    def __init__(self, exe, sock):
-        self.exe, self.sock = exe, sock
-
-    def raw(self, *args, timeout=10):
-        return subprocess.run([self.exe, "--socket", self.sock, "--json"] + [str(a) for a in args],
-                              capture_output=True, text=True, timeout=timeout)
-
-    def __call__(self, *args):
-        r = self.raw(*args)
-        if r.returncode != 0:
-            raise Fail(f"spillwayctl {' '.join(map(str, args))} exited {r.returncode}: "
-                       f"{r.stderr.strip()[-400:]}")
-        try:
-            return json.loads(r.stdout)
-        except ValueError:
-            raise Fail(f"spillwayctl {' '.join(map(str, args))}: not JSON: {r.stdout[:300]!r}") \
-                from None
-
-    # -- views ----------------------------------------------------------------
-    def backends(self):
-        return {b["name"]: b for b in self("backend", "list")}
-
-    def entries(self, vip=None):
-        """{vip: {backend: entries}} from table show."""
-        t = self("table", "show", *([vip] if vip else []))
-        return {v["vip"]: {b["backend"]: b["entries"] for b in v["backends"]} for v in t["tables"]}
-
-    def pool_share(self, vip, pool):
-        return {p["pool"]: p["share"] for p in self("vip", "show", vip).get("pools", [])}.get(pool)
-
-    def events(self):
-        """Every event in the daemon's log, page by page."""
-        out, after = [], 0
-        while True:
-            page = self("events", "--after", after, "--limit", 1000)
-            out += page["events"]
-            if len(page["events"]) < 1000 or page["next"] <= after:
-                return out
-            after = page["next"]
 
 
 def established(e, ns, remote=None, local_port=None):
@@ -187,6 +142,7 @@ def start_estate(e, ctl_exe, onprem, cloud, only=None, tag="ctl", metrics=None, 
 
 # --- the tests ----------------------------------------------------------------
 
+@checks(6)
 def test_health(e, ctl_exe):
     lb, ctl = start_estate(e, ctl_exe, 3, 2, pool_tables={"onprem": HEALTH_TCP,
                                                           "cloud": HEALTH_TCP})
@@ -259,6 +215,7 @@ def test_health(e, ctl_exe):
     return f"detection {took:.3f} s"
 
 
+@checks(5)
 def test_spillover(e, ctl_exe):
     e.topology_up(onprem=3, cloud=2)
     e.start_servers(ports=(8000,))
@@ -336,6 +293,7 @@ def projection(ctl):
                 b.get("weight")) for n, b in ctl.backends().items()}
 
 
+@checks(31)
 def test_cli(e, ctl_exe):
     policy = ["[policy]", "churn_budget = 0.05", "churn_interval = 1", "drain_timeout = 30", "",
               "[control]", f'metrics_listen = "{METRICS}"']
@@ -560,6 +518,7 @@ def test_cli(e, ctl_exe):
     return None
 
 
+@checks(13)
 def test_restart(e, ctl_exe):
     policy = ["[policy]", "drain_timeout = 300", ""]
     only = {"onprem1", "onprem2", "cloud1"}
@@ -631,6 +590,7 @@ HOLD = 20.0
 ECHO_TIMEOUT = 10.0
 
 
+@checks(9)
 def affinity(e, ctl_exe, kill):
     e.topology_up(onprem=3, cloud=2)
     e.start_servers(ports=(8000,))
@@ -712,6 +672,7 @@ def affinity(e, ctl_exe, kill):
     return f"{HELD - len(bad)} of {HELD} held flows kept ({len(moved)} moved); outage {gap:.2f} s"
 
 
+@checks(6)
 def test_top(e, ctl_exe):
     """spillwayctl top in a real terminal (tmux, 160x50): pools, backends and
     events on screen, refreshed (a killed backend shows as failed, with its
@@ -797,6 +758,7 @@ def thread_status(pid):
     return out
 
 
+@checks(13)
 def test_privileges(e, ctl_exe):
     """[control] user: spillwayd starts as root and runs as the user with
     only cap_net_raw (an af_packet port, no [announce]): every thread, not
@@ -921,8 +883,10 @@ TESTS = {"health": ("e2e-control-health", test_health),
          "cli": ("e2e-control-cli", test_cli),
          "restart": ("e2e-control-restart", test_restart),
          "affinity-restart": ("e2e-affinity-restart",
-                              lambda e, ctl: affinity(e, ctl, kill=False)),
-         "affinity-crash": ("e2e-affinity-crash", lambda e, ctl: affinity(e, ctl, kill=True)),
+                              checks(affinity.min_checks)(
+                                  lambda e, ctl: affinity(e, ctl, kill=False))),
+         "affinity-crash": ("e2e-affinity-crash", checks(affinity.min_checks)(
+             lambda e, ctl: affinity(e, ctl, kill=True))),
          "privileges": ("e2e-privileges", test_privileges)}
 
 

@@ -16,7 +16,7 @@ names the backend in its first line).
   distribution  1,000 connections to VIP nccl (every TCP port) from the
                 client's address and 200 to VIP grpc (port 50051, M = 4099)
                 from a second address. Every connection must complete on the
-                backend that tests/e2e/maglev_model.py predicts from the
+                backend that scripts/estate_harness/maglev_model.py predicts from the
                 configuration (SipHash-1-3 flow hash, weighted Maglev table);
                 the client's wire (wire_tap.py) must show every reply coming
                 from its backend's MAC, never the gateway's (DSR), and
@@ -64,371 +64,18 @@ Exit 0 when all passed, 1 when any failed, 77 (skipped) without root, network
 namespaces or veth. Every wait polls against a deadline.
 """
 import json
-import glob
 import os
 import re
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
-sys.path.insert(0, HERE)
-import maglev_model  # noqa: E402
-
-PY = "/usr/bin/python3"
-TOPOLOGY = os.path.join(ROOT, "scripts", "topology")
-IDENTITY_SERVER = os.path.join(ROOT, "tests", "tools", "identity_server.py")
-FANOUT = os.path.join(ROOT, "tests", "tools", "fanout_client.py")
-WIRE_TAP = os.path.join(HERE, "wire_tap.py")
-BULK_ECHO = os.path.join(HERE, "bulk_echo.py")
-
-VIP_NCCL = "192.0.2.10"
-VIP_GRPC = "192.0.2.11"
-CLIENT = "10.99.0.100"
-CLIENT2 = "10.99.0.101"
-LB_ADDR = "10.99.0.2"
-CLIENT6 = "fd00:99::100"
-LB_ADDR6 = "fd00:99::2"
-VIP6 = "2001:db8:ffff::10"
-SEED = "0x0e2e5eed1b4d5eed"
-# Unequal weights, so the check sees the weighted fill, not an even split.
-WEIGHTS = {"onprem1": 100, "onprem2": 200, "onprem3": 100, "cloud1": 50, "cloud2": 100}
-
-
-class Skip(Exception):
-    pass
-
-
-class Fail(Exception):
-    pass
-
-
-def log(msg):
-    print(msg, flush=True)
-
-
-def wait_until(what, predicate, timeout, interval=0.05):
-    """Polls predicate() until it returns a true value (returned) or the
-    deadline passes (Fail)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise Fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
-
-
-class Lb:
-    """One spillwayd process in the gateway's namespace."""
-
-    def __init__(self, proc, stats, stdout, stderr):
-        self.proc, self.stats, self.stdout, self.stderr = proc, stats, stdout, stderr
-
-    def read_stats(self):
-        try:
-            with open(self.stats) as f:
-                return json.load(f)
-        except (OSError, ValueError):
-            return None
-
-    def log_tail(self):
-        try:
-            with open(self.stderr) as f:
-                return "".join(f.readlines()[-20:])
-        except OSError:
-            return ""
-
-
-class Estate:
-    def __init__(self, test, spillwayd, decap):
-        self.test = test
-        self.spillwayd = spillwayd
-        self.decap = decap
-        self.prefix = f"swe{os.getpid()}"
-        self.work = tempfile.mkdtemp(prefix=f"swe-{test}-")
-        self.procs = []
-        self.up = False
-        self.backends = []  # (name, namespace, address)
-        self.backends6 = {}  # name -> IPv6 fabric address, with --ipv6
-        self.pmd = "af_packet"  # the gateway port's PMD: af_packet or af_xdp
-        self.passed = 0
-        self.failed = 0
-
-    # -- checks ---------------------------------------------------------------
-    def check(self, name, ok, detail=""):
-        if ok:
-            self.passed += 1
-        else:
-            self.failed += 1
-        log(f"{'ok  ' if ok else 'FAIL'} {name}{': ' + detail if detail else ''}")
-        return ok
-
-    # -- processes ------------------------------------------------------------
-    def ns(self, host):
-        return f"{self.prefix}-{host}"
-
-    def run(self, args, ns=None, check=True, timeout=60, env=None):
-        if ns is not None:
-            args = ["ip", "netns", "exec", ns] + args
-        r = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env)
-        if check and r.returncode != 0:
-            raise Fail(f"{' '.join(args)} exited {r.returncode}: {r.stderr.strip()[-500:]}")
-        return r
-
-    def spawn(self, args, ns=None, stdout=None, stderr=None):
-        """A background process; `ip netns exec` execs the command, so the
-        Popen's pid is the command's own."""
-        if ns is not None:
-            args = ["ip", "netns", "exec", ns] + args
-        out = open(stdout, "w") if stdout else subprocess.DEVNULL
-        err = open(stderr, "w") if stderr else subprocess.DEVNULL
-        p = subprocess.Popen(args, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
-        self.procs.append(p)
-        return p
-
-    def stop(self, p, timeout=10):
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-            try:
-                p.wait(timeout)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        if p in self.procs:
-            self.procs.remove(p)
-        return p.returncode
-
-    def cleanup(self):
-        for p in list(self.procs):
-            try:
-                self.stop(p, timeout=5)
-            except Exception:  # noqa: BLE001 - best effort on the way out
-                pass
-        if self.up:
-            subprocess.run([TOPOLOGY, "down", "--prefix", self.prefix], capture_output=True)
-        # The EAL's runtime directories of our --file-prefix(es).
-        for d in glob.glob(f"/var/run/dpdk/{self.prefix}*"):
-            shutil.rmtree(d, ignore_errors=True)
-        if os.environ.get("SWE_KEEP_WORK"):
-            log(f"work files kept in {self.work}")
-        else:
-            shutil.rmtree(self.work, ignore_errors=True)
-
-    # -- the estate -----------------------------------------------------------
-    def topology_up(self, onprem, cloud, ipv6=False, tier=0):
-        """tier: N instances lb1..lbN behind a router with FRR (self.instances
-        lists (name, namespace, address))."""
-        env = dict(os.environ, SW_DECAP=self.decap)
-        opts = ["--prefix", self.prefix, "--onprem", str(onprem), "--cloud", str(cloud)]
-        opts += ["--ipv6"] if ipv6 else []
-        opts += ["--tier", str(tier)] if tier else []
-        self.up = True
-        self.run([TOPOLOGY, "up"] + opts, env=env)
-        text = self.run([TOPOLOGY, "env"] + opts).stdout
-        self.backends = [tuple(line.split()[1:4]) for line in text.splitlines()
-                         if line.startswith("backend ")]
-        self.backends6 = {line.split()[1]: line.split()[3] for line in text.splitlines()
-                          if line.startswith("backend6 ")}
-        self.instances = [tuple(line.split()[1:4]) for line in text.splitlines()
-                          if line.startswith("instance ")]
-        for name, ns, _ in self.backends:
-            if "prog/xdp" not in self.run(["ip", "-n", ns, "link", "show", "eth0"]).stdout:
-                raise Fail(f"spillway-decap is not attached on {name}'s eth0")
-
-    def mac(self, host):
-        info = json.loads(self.run(["ip", "-j", "-n", self.ns(host), "link", "show", "eth0"])
-                          .stdout)
-        return info[0]["address"]
-
-    def start_servers(self, ports=(8000, 50051)):
-        for name, ns, _ in self.backends:
-            self.spawn([PY, IDENTITY_SERVER, name] + [str(p) for p in ports], ns=ns,
-                       stderr=os.path.join(self.work, f"{name}.log"))
-        for name, ns, _ in self.backends:
-            for port in ports:
-                wait_until(f"{name} listening on :{port}", lambda: self.run(
-                    ["ss", "-Hltn", f"sport = :{port}"], ns=ns).stdout.strip(), 20)
-
-    def write_config(self, answer_ping=True, addresses=None, extra_vips=(), mtu=1600,
-                     priorities=None, pool_tables=None, extra=(), only=None, weights=None,
-                     path=None, check=True, lb_addr=LB_ADDR, host="lb"):
-        """The gateway's configuration. addresses: backend name -> tunnel
-        address (default: its IPv4 fabric address); extra_vips: [[vip]]
-        tables as lists of lines. For the control-plane tests
-        (control_e2e.py): priorities: pool -> priority (default 0 each);
-        pool_tables: pool -> lines after its [[pool]] keys ([pool.health],
-        [pool.load]); extra: top-level lines ([policy], [control]); only: the
-        backend names to configure (default all); weights: name -> weight
-        (default WEIGHTS); path: write there instead of spillway.toml (and
-        leave self.config alone); check: run --check-config; lb_addr: the
-        gateway port's address (a tier instance's own)."""
-        addresses = addresses or {}
-        priorities = priorities or {}
-        pool_tables = pool_tables or {}
-        weights = WEIGHTS if weights is None else weights
-        lines = [
-            "# Generated by tests/e2e/spillwayd_e2e.py.",
-            "[dataplane]", "lcores = [1]", f'hash_seed = "{SEED}"', "flow_capacity = 65536", "",
-            "[[port]]", 'name = "fabric"', f'devargs = "net_{self.pmd}0,iface=eth0"',
-            f'address = "{lb_addr}"'] + ([f'address6 = "{LB_ADDR6}"'] if self.backends6 else []) + [
-            f"mtu = {mtu}", 'kernel_interface = "eth0"', "",
-            "[[pool]]", 'name = "onprem"', 'site = "onprem"',
-            f"priority = {priorities.get('onprem', 0)}", 'encap = "ipip"', "",
-            *pool_tables.get("onprem", ()),
-            # Both pools at one priority level, so new flows spread over every
-            # backend by weight and every encapsulation carries traffic
-            # (spillover between levels has its own test).
-            "[[pool]]", 'name = "cloud"', 'site = "cloud"',
-            f"priority = {priorities.get('cloud', 0)}", 'encap = "gue"', "",
-            *pool_tables.get("cloud", ()),
-            "[[vip]]", 'name = "nccl"', f'address = "{VIP_NCCL}"', 'protocol = "tcp"', "port = 0",
-            'pools = ["onprem", "cloud"]', f"answer_ping = {'true' if answer_ping else 'false'}",
-            "",
-            "[[vip]]", 'name = "grpc"', f'address = "{VIP_GRPC}"', 'protocol = "tcp"',
-            "port = 50051", "table_size = 4099", 'pools = ["onprem", "cloud"]', "",
-        ]
-        for vip in extra_vips:
-            lines += ["[[vip]]"] + list(vip) + [""]
-        lines += list(extra) + ([""] if extra else [])
-        for name, _, addr in self.backends:
-            if only is not None and name not in only:
-                continue
-            addr = addresses.get(name, addr)
-            pool = name.rstrip("0123456789")
-            lines += ["[[backend]]", f'name = "{name}"', f'address = "{addr}"',
-                      f'pool = "{pool}"', f"weight = {weights.get(name, 100)}", ""]
-        main = path is None
-        path = path or os.path.join(self.work, "spillway.toml")
-        with open(path, "w") as f:
-            f.write("\n".join(lines))
-        if check:
-            # In the gateway's namespace: the host checks look for its interface.
-            # In the gateway's namespace: the host checks look for its interfaces.
-            self.run([self.spillwayd, "--check-config", path], ns=self.ns(host))
-        if main:
-            self.config = path
-        return path
-
-    def start_lb(self, tag, metrics_listen="", host="lb", config=None, user=None,
-                 run_dir=None):
-        """spillwayd in `host`'s namespace; another host than "lb" (a tier
-        instance) gets its own EAL file prefix, socket (self.socket(host))
-        and state directory. With `user` it runs as that user after start-up
-        (--user), writing its statistics and state under `run_dir`."""
-        own = "" if host == "lb" else f"-{host}"
-        run_dir = run_dir or self.work
-        stats = os.path.join(run_dir, f"stats-{tag}.json")
-        stdout = os.path.join(self.work, f"final-{tag}.json")
-        stderr = os.path.join(self.work, f"spillwayd-{tag}.log")
-        p = self.spawn([self.spillwayd, "--no-huge", "-m", "512", "--file-prefix",
-                        self.prefix + own,
-                        "--", "--config", config or self.config, "--stats-file", stats,
-                        "--stats-interval-ms", "100",
-                        "--control-socket", self.socket(host),
-                        "--state-dir", os.path.join(run_dir, "state" + own),
-                        ] + (["--metrics-listen", metrics_listen] if metrics_listen is not None
-                             else []) + (["--user", user] if user is not None else []),
-                       ns=self.ns(host), stdout=stdout,
-                       stderr=stderr)
-        return Lb(p, stats, stdout, stderr)
-
-    def socket(self, host="lb"):
-        return os.path.join(self.work, "spillway.sock" if host == "lb" else f"{host}.sock")
-
-    def wait_ready(self, lb, timeout=30):
-        """Ready: every backend's next hop resolved (so the tables hold every
-        backend) and every worker running the latest snapshot."""
-        def ready():
-            if lb.proc.poll() is not None:
-                raise Fail(f"spillwayd exited {lb.proc.returncode}:\n{lb.log_tail()}")
-            s = lb.read_stats()
-            return s if s and all(b["next_hop_resolved"] for b in s["backends"]) and all(
-                w["snapshot_generation"] == s["generation"] for w in s["workers"]) else None
-        try:
-            return wait_until("spillwayd ready (next hops resolved)", ready, timeout)
-        except Fail as e:
-            raise Fail(f"{e}\n{lb.log_tail()}") from None
-
-    def stop_lb(self, lb, timeout=10):
-        """SIGTERM; returns (exit code, seconds to exit, final stats from stdout)."""
-        t0 = time.monotonic()
-        rc = self.stop(lb.proc, timeout)
-        took = time.monotonic() - t0
-        try:
-            with open(lb.stdout) as f:
-                final = json.loads(f.read().strip().splitlines()[-1])
-        except (OSError, ValueError, IndexError):
-            final = None
-        return rc, took, final
-
-    def quiesce(self, lb, timeout=10):
-        """Waits until spillwayd's rx count holds still over three stats
-        periods (the last ACKs and FINs have gone through)."""
-        seen = []
-
-        def still():
-            s = lb.read_stats()
-            if s:
-                seen.append(s["rx_packets"])
-            return len(seen) >= 4 and len(set(seen[-4:])) == 1
-        wait_until("spillwayd to go quiet", still, timeout, interval=0.1)
-
-    def start_tap(self, tag, vips=(VIP_NCCL, VIP_GRPC)):
-        ready = os.path.join(self.work, f"tap-{tag}.ready")
-        out = os.path.join(self.work, f"tap-{tag}.json")
-        args = [PY, WIRE_TAP, "--iface", "eth0", "--ready", ready, "--out", out]
-        for v in vips:
-            args += ["--vip", v]
-        p = self.spawn(args, ns=self.ns("client"),
-                       stderr=os.path.join(self.work, f"tap-{tag}.log"))
-        wait_until("wire tap listening", lambda: os.path.exists(ready) or p.poll() is not None,
-                   10)
-        if p.poll() is not None:
-            raise Fail(f"wire tap exited {p.returncode}")
-        return p, out
-
-    def stop_tap(self, tap):
-        p, out = tap
-        self.stop(p)
-        with open(out) as f:
-            return json.load(f)
-
-    def finish_held(self, client, out, lb, tap, wait):
-        """The end of a held-connections test: waits for the fanout client,
-        lets spillwayd go quiet, stops the wire tap and spillwayd. Returns
-        (the client's result, the tap's flows, spillwayd's final stats)."""
-        try:
-            client.wait(wait)
-        except subprocess.TimeoutExpired:
-            raise Fail("fanout_client did not finish") from None
-        self.procs.remove(client)
-        with open(out) as f:
-            result = json.load(f)
-        self.quiesce(lb)
-        wire = self.stop_tap(tap)
-        rc, _, final = self.stop_lb(lb)
-        if final is None:
-            raise Fail(f"spillwayd printed no final statistics (exit {rc})")
-        return result, wire, final
-
-    def fanout(self, vip, port, count, tag, hold=0.0, timeout=5.0, background=False):
-        out = os.path.join(self.work, f"fanout-{tag}.json")
-        args = [PY, FANOUT, vip, str(port), str(count), "--parallel", "64", "--timeout",
-                str(timeout), "--json", out]
-        if hold:
-            args += ["--hold", str(hold)]
-        if background:
-            return self.spawn(args, ns=self.ns("client"),
-                              stderr=os.path.join(self.work, f"fanout-{tag}.log")), out
-        self.run(args, ns=self.ns("client"), check=False, timeout=120)
-        with open(out) as f:
-            return json.load(f)
+from estate_harness import maglev_model
+from estate_harness.estate import (BULK_ECHO, CLIENT, CLIENT2, CLIENT6, IDENTITY_SERVER,
+                                   LB_ADDR, PY, VIP6, VIP_GRPC, VIP_NCCL, Estate, Fail, Skip,
+                                   checks, log, preflight, run_test, wait_until)
 
 
 def ping_ok(r, count):
@@ -543,6 +190,7 @@ def distribution_table(e, model, runs, per_vip):
         log(row)
 
 
+@checks(5)
 def test_distribution(e):
     e.topology_up(onprem=3, cloud=2)
     client = e.ns("client")
@@ -596,6 +244,7 @@ def expected_decap(pool, backend_v6):
     return [f"decap_{gue}ip4{outer}", f"decap_{gue}ip6{outer}"]
 
 
+@checks(2)
 def test_ipv6(e):
     e.topology_up(onprem=3, cloud=2, ipv6=True)
     # Mixed tunnel families: every encapsulation the dataplane writes for
@@ -652,6 +301,7 @@ def test_ipv6(e):
     return f"{passed} of {total} connections on the predicted backend"
 
 
+@checks(10)
 def test_restart(e):
     hold, timeout, held = 12.0, 10.0, 50
     e.topology_up(onprem=3, cloud=2)
@@ -738,6 +388,7 @@ def test_restart(e):
     return f"{held - len(bad)} of {held} held connections survived the restart"
 
 
+@checks(11)
 def test_host_traffic(e):
     e.topology_up(onprem=2, cloud=0)
     e.start_servers(ports=(8000,))
@@ -849,6 +500,7 @@ def test_host_traffic(e):
     return None
 
 
+@checks(1)
 def test_restart_late_neighbour(e):
     """A restart while one backend's next hop answers ARP late (a slow host,
     a router that is busy): its held flows must wait for it, not move.
@@ -905,6 +557,7 @@ def test_restart_late_neighbour(e):
     return None
 
 
+@checks(2)
 def test_pmtu(e):
     e.topology_up(onprem=3, cloud=2, ipv6=True)
     v6 = {"onprem1", "onprem2", "cloud1"}
@@ -969,6 +622,7 @@ print(len(frames))
 """
 
 
+@checks(6)
 def test_fragments(e):
     """IPv4 fragments on an af_packet port (DPDK 22.11's PMD joins a fanout
     group with PACKET_FANOUT_FLAG_DEFRAG: the kernel reassembles before
@@ -1053,6 +707,7 @@ def test_fragments(e):
     return f"ipv4_fragment +{frag}, kernel reassembly {got}, ring drops {missed} of {sent}"
 
 
+@checks(5)
 def test_distribution_af_xdp(e):
     # AF_XDP mode: Spillway's XDP program hands only VIP traffic to spillwayd
     # (through DPDK's af_xdp sockets) and passes everything else to the
@@ -1061,6 +716,7 @@ def test_distribution_af_xdp(e):
     return test_distribution(e)
 
 
+@checks(7)
 def test_crash_af_xdp(e):
     e.pmd = "af_xdp"
     e.topology_up(onprem=2, cloud=1)
@@ -1138,44 +794,6 @@ TESTS = {"distribution": ("e2e-af-packet-distribution", test_distribution),
          "restart-late-neighbour": ("e2e-restart-late-neighbour", test_restart_late_neighbour),
          "host-traffic": ("e2e-exception-free-host-traffic", test_host_traffic),
          "fragments": ("e2e-af-packet-fragments", test_fragments)}
-
-
-def preflight():
-    if os.geteuid() != 0:
-        raise Skip("needs root (network namespaces, XDP, af_packet)")
-    for tool in ("ip", "ss", "ping"):
-        if shutil.which(tool) is None:
-            raise Skip(f"'{tool}' not found")
-    probe = f"swe{os.getpid()}-probe"
-    r = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
-    if r.returncode != 0:
-        raise Skip(f"cannot create network namespaces: {r.stderr.strip()}")
-    try:
-        r = subprocess.run(["ip", "-n", probe, "link", "add", "name", "a", "type", "veth", "peer",
-                            "name", "b"], capture_output=True, text=True)
-        if r.returncode != 0:
-            raise Skip(f"cannot create veth pairs: {r.stderr.strip()}")
-    finally:
-        subprocess.run(["ip", "netns", "del", probe], capture_output=True)
-
-
-def run_test(e, name, fn, *args):
-    """Runs fn(e, *args) on the estate, cleans up, prints the summary line;
-    returns the exit code."""
-    def on_signal(signum, _):
-        raise KeyboardInterrupt(f"signal {signum}")
-    signal.signal(signal.SIGTERM, on_signal)
-    summary = None
-    try:
-        summary = fn(e, *args)
-    except Fail as f:
-        e.check("harness", False, str(f))
-    except KeyboardInterrupt:
-        e.check("harness", False, "interrupted")
-    finally:
-        e.cleanup()
-    log(f"{name}: {e.passed} passed, {e.failed} failed" + (f" ({summary})" if summary else ""))
-    return 0 if e.failed == 0 else 1
 
 
 def main():

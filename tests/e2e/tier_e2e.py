@@ -27,15 +27,12 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import spillwayd_e2e as swe  # noqa: E402
-from control_e2e import Ctl  # noqa: E402
-from spillwayd_e2e import Fail, Skip, log, wait_until, VIP_NCCL, VIP_GRPC  # noqa: E402
+from estate_harness import estate as swe
+from estate_harness.ctl import Ctl
+from estate_harness.estate import VIP_GRPC, VIP_NCCL, Skip, checks, log, wait_until
 
 VIP_SOLO = "192.0.2.12"  # only the cloud pool: disabling cloud1 empties it
 BOUND_S = 0.5
@@ -69,6 +66,7 @@ def tap_packets(e, host):
     return info["rx"]["packets"] + info["tx"]["packets"]
 
 
+@checks(15)
 def test_announce(e, ctl_exe):
     e.topology_up(onprem=1, cloud=1, tier=2)
     (lb1, _, addr1), (lb2, _, addr2) = e.instances

@@ -6,7 +6,7 @@ spillwayd must transmit and count, and checks the actual output against it:
 
   - the model: the flow key of each packet (parsed by hand), its SipHash-1-3
     hash and the VIP's weighted Maglev table, both from
-    tests/unit/maglev_reference.py (written from the papers, not from the C++),
+    scripts/estate_harness/maglev_reference.py (written from the papers, not from the C++),
     give the backend of every new flow; a dict plays the flow table, so later
     packets of a flow, and ICMP errors quoting it, keep its backend;
   - every output packet is paired, in order (one worker lcore keeps the input
@@ -25,10 +25,8 @@ validate() returns a list of problems (empty: all good).
 """
 
 import ipaddress
-import os
 import socket
 import struct
-import sys
 import tomllib
 from collections import Counter, defaultdict
 
@@ -39,8 +37,9 @@ from scapy.layers.inet6 import IPv6 as ScapyIPv6
 from scapy.layers.inet6 import in6_chksum
 from scapy.utils import checksum as inet_checksum
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "unit"))
-import maglev_reference  # noqa: E402  (the project's independent SipHash + Maglev)
+# The project's independent SipHash + Maglev (scripts/estate_harness; meson
+# puts scripts/ on PYTHONPATH).
+from estate_harness import maglev_reference
 
 # DPDK's net_pcap reports 02:70:63:61:70:<n> ("pcap") for its n-th device;
 # the port's `mac` key applies only where the driver has no MAC of its own.

@@ -9,7 +9,7 @@ of input frames, each annotated with its fate as the design says it must be
   forward            a VIP flow packet, encapsulated to the flow's backend;
                      WHICH backend is not written here: golden_check.py
                      predicts it from the configuration (SipHash-1-3 flow hash
-                     and Maglev table, via tests/unit/maglev_reference.py)
+                     and Maglev table, via scripts/estate_harness/maglev_reference.py)
   forward_icmp       an ICMP error quoting a VIP flow, steered to that flow's
                      backend (same prediction, from the quoted flow)
   reply echo         ICMP / ICMPv6 echo reply from a VIP with answer_ping

@@ -76,7 +76,7 @@ TEST(FlowHasher, MatchesCanonicalMessage) {
 
 // SipHash-1-3 of the canonical message of 10.1.2.3:40000 -> 192.0.2.10:443
 // TCP under seed 0, computed by an independent Python SipHash-1-3 with the
-// same seed expansion (the one in tests/unit/maglev_reference.py).
+// same seed expansion (the one in scripts/estate_harness/maglev_reference.py).
 constexpr std::uint64_t kPinnedHashSeed0 = 4260534513905693514ULL;
 
 TEST(FlowHasher, SameSeedSameHashEverywhere) {

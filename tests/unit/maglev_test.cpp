@@ -12,7 +12,7 @@
 namespace spillway {
 namespace {
 
-// The seed of the golden tables below (tests/unit/maglev_reference.py uses it too).
+// The seed of the golden tables below (scripts/estate_harness/maglev_reference.py uses it too).
 constexpr std::uint64_t kSeed = 0x5350494C4C574159;
 
 using Entries = std::vector<std::uint32_t>;
@@ -62,7 +62,7 @@ TEST(Maglev, PaperTable1) {
   EXPECT_EQ(after.value().shares[1].entries, 3u);
 }
 
-// Golden values from `/usr/bin/python3 tests/unit/maglev_reference.py`, an
+// Golden values from `/usr/bin/python3 scripts/estate_harness/maglev_reference.py`, an
 // independent Python reimplementation of SipHash-1-3, FlowHasher's seed
 // expansion, hashId and the weighted fill; they are pasted here literally.
 TEST(Maglev, GoldenHashesAndPermutationsMatchReference) {

@@ -1,8 +1,8 @@
 #!/usr/bin/python3
 """Predicts which backend spillwayd gives a new flow, from its TOML
-configuration alone, for the end-to-end tests (spillwayd_e2e.py).
+configuration alone, for the end-to-end tests and the drills.
 
-The arithmetic is tests/unit/maglev_reference.py's (SipHash-1-3, the key
+The arithmetic is maglev_reference.py's (SipHash-1-3, the key
 expansion, the weighted permutation fill), imported, not copied. What this
 module adds is the mapping from a configuration to the table inputs, written
 from the headers' contracts rather than from the C++:
@@ -15,16 +15,15 @@ from the headers' contracts rather than from the C++:
     dport(2) proto(1) version(1 = 4) and two zero bytes (flow_key.hpp);
   * slot: ((hash >> 32) * M) >> 32 (maglev.hpp, MaglevTable::slotOf).
 
-    maglev_model.py CONFIG.toml [SRC SPORT VIP DPORT]   # shares, or one flow
+Shares per backend, or one flow's backend (from the repository's root):
+    PYTHONPATH=scripts python3 -m estate_harness.maglev_model CONFIG.toml [SRC SPORT VIP DPORT]
 """
 import ipaddress
 import math
-import os
 import sys
 import tomllib
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "unit"))
-import maglev_reference as ref  # noqa: E402
+from estate_harness import maglev_reference as ref
 
 DEFAULT_WEIGHT = 100
 DEFAULT_TABLE_SIZE = 65537

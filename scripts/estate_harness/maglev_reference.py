@@ -13,7 +13,7 @@ Written from the specifications, not translated from the C++:
     (offset + j * skip) mod M and probing the table itself.
 
 Prints the golden tables that tests/unit/maglev_test.cpp holds literally.
-Run: /usr/bin/python3 tests/unit/maglev_reference.py
+Run: /usr/bin/python3 scripts/estate_harness/maglev_reference.py
 """
 
 MASK = (1 << 64) - 1
