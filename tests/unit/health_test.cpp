@@ -463,12 +463,12 @@ Millis detectionAfterDeath(bool blackhole, Millis phase) {
   const HealthTransition& t = d.transitions[0];
   EXPECT_FALSE(t.up);
   const Millis detected = t.at - died;
-  std::printf("[ detected ] dead TCP backend (%s), died %llu ms after a probe: detected after "
-              "%llu ms (interval %llu, timeout %llu, fall %u); cause: %s\n",
-              blackhole ? "SYNs dropped" : "port refuses", static_cast<unsigned long long>(phase),
-              static_cast<unsigned long long>(detected),
-              static_cast<unsigned long long>(c.interval),
-              static_cast<unsigned long long>(c.timeout), c.fall, t.cause.c_str());
+  std::printf(
+      "[ detected ] dead TCP backend (%s), died %llu ms after a probe: detected after "
+      "%llu ms (interval %llu, timeout %llu, fall %u); cause: %s\n",
+      blackhole ? "SYNs dropped" : "port refuses", static_cast<unsigned long long>(phase),
+      static_cast<unsigned long long>(detected), static_cast<unsigned long long>(c.interval),
+      static_cast<unsigned long long>(c.timeout), c.fall, t.cause.c_str());
   // The next `fall` probes fail: the first starts within an interval of the
   // death, and a dropped SYN fails only at its timeout.
   EXPECT_LE(detected, c.fall * c.interval + (blackhole ? c.timeout : 0)) << t.cause;
