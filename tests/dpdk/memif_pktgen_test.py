@@ -40,45 +40,26 @@ import sys
 import tempfile
 import time
 
+from estate_harness.estate_toml import write_estate_toml  # PYTHONPATH: scripts/
+
 SKIP = 77
 LINK_STALLED = 3  # spillway-pktgen: its warm pass saw no frame leave for 3 s
 
-CONFIG = """[dataplane]
-lcores = {lcores}
-hash_seed = "0x1234abcd5678ef90"
-flow_capacity = 1048576
-
-[[port]]
-name = "memif0"
-devargs = "net_memif0,role=server,socket={sock},socket-abstract=no,id=0"
-address = "198.51.100.2"
-mtu = 9000
-mac = "02:00:00:00:00:02"
-
-[[pool]]
-name = "gpu"
-site = "onprem"
-encap = "ipip"
-
-[control]
-socket = "{ctl}"
-metrics_listen = ""
-
-[[vip]]
-name = "t"
-address = "192.0.2.10"
-protocol = "tcp"
-port = 80
-pools = ["gpu"]
-"""
-
-BACKEND = """
-[[backend]]
-name = "b{i}"
-address = "10.99.0.{i}"
-pool = "gpu"
-mac = "02:00:00:00:01:{i:02x}"
-"""
+def write_config(path, sock, ctl, lcores):
+    """spillwayd's configuration: one memif port, one pool, one VIP and five
+    backends with static MACs (the frames' destinations the generator checks)."""
+    write_estate_toml(
+        path,
+        dataplane={"lcores": lcores, "hash_seed": "0x1234abcd5678ef90", "flow_capacity": 1048576},
+        ports=[{"name": "memif0",
+                "devargs": f"net_memif0,role=server,socket={sock},socket-abstract=no,id=0",
+                "address": "198.51.100.2", "mtu": 9000, "mac": "02:00:00:00:00:02"}],
+        pools=[{"name": "gpu", "site": "onprem", "encap": "ipip"}],
+        sections={"control": {"socket": ctl, "metrics_listen": ""}},
+        vips=[{"name": "t", "address": "192.0.2.10", "protocol": "tcp", "port": 80,
+               "pools": ["gpu"]}],
+        backends=[{"name": f"b{i}", "address": f"10.99.0.{i}", "pool": "gpu",
+                   "mac": f"02:00:00:00:01:{i:02x}"} for i in range(1, 6)])
 
 
 def last_json(text):
@@ -102,9 +83,7 @@ def run_case(spillwayd, pktgen, workers):
     sock = os.path.join(tmp, "memif.sock")
     config = os.path.join(tmp, "spillway.toml")
     lcores = list(range(1, workers + 1))
-    with open(config, "w") as f:
-        f.write(CONFIG.format(sock=sock, ctl=os.path.join(tmp, "ctl.sock"), lcores=lcores))
-        f.write("".join(BACKEND.format(i=i) for i in range(1, 6)))
+    write_config(config, sock, os.path.join(tmp, "ctl.sock"), lcores)
     tag = "swmemiftest%d_%d" % (os.getpid(), workers)
     stats = os.path.join(tmp, "stats.json")
     mem = ["--no-huge", "-m", "512"]

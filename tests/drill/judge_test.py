@@ -16,6 +16,7 @@ import intent  # scripts/drill_lib and scripts/ on PYTHONPATH (tests/drill/meson
 import judge
 import report
 import scenario
+from estate_harness.estate_toml import estate_toml
 from monitor import Monitor
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
@@ -23,27 +24,13 @@ ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
 T0 = 1_796_000_000.0  # unix seconds, as the drill records them
 ONPREM = ["onprem1", "onprem2", "onprem3"]
 CLOUD = ["cloud1"]
-CONFIG = """
-[dataplane]
-hash_seed = "0x0d7111d7111d7111"
-[[pool]]
-name = "onprem"
-priority = 0
-[[pool]]
-name = "cloud"
-priority = 1
-[[vip]]
-name = "nccl"
-address = "192.0.2.10"
-protocol = "tcp"
-port = 0
-pools = ["onprem", "cloud"]
-""" + "".join(f"""
-[[backend]]
-name = "{n}"
-address = "10.0.0.{i}"
-pool = "{n.rstrip('0123456789')}"
-""" for i, n in enumerate(ONPREM + CLOUD, start=1))
+CONFIG = estate_toml(
+    dataplane={"hash_seed": "0x0d7111d7111d7111"},
+    pools=[{"name": "onprem", "priority": 0}, {"name": "cloud", "priority": 1}],
+    vips=[{"name": "nccl", "address": "192.0.2.10", "protocol": "tcp", "port": 0,
+           "pools": ["onprem", "cloud"]}],
+    backends=[{"name": n, "address": f"10.0.0.{i}", "pool": n.rstrip("0123456789")}
+              for i, n in enumerate(ONPREM + CLOUD, start=1)])
 
 
 def sample(t, states=None, entries=None, shares=None, weights=None, down=False):
