@@ -24,6 +24,7 @@
 #include "control/backends/table_digest.hpp"
 #include "control/plane/control_plane.hpp"
 #include "control/tier/tier_client.hpp"
+#include "tests/unit/estate_fixture.hpp"
 #include "tests/unit/fake_control_api.hpp"
 #include "tests/unit/fake_dataplane.hpp"
 
@@ -168,8 +169,7 @@ std::string estate(const std::vector<std::string>& order) {
   std::string text(std::istreambuf_iterator<char>(f), {});
   text = text.substr(0, text.find("[[backend]]")) + "[control]\nstate_dir = \"\"\n";
   for (const std::string& n : order) {
-    text += "\n[[backend]]\nname = \"" + n + "\"\naddress = \"10.0.0." +
-            std::to_string(10 + (n.back() - '0')) + "\"\npool = \"a\"\n";
+    text += test::backendToml(n, "10.0.0." + std::to_string(10 + (n.back() - '0')), "a");
   }
   return text;
 }

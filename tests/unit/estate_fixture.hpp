@@ -1,11 +1,23 @@
-// A small estate for control-plane tests (affinity, peer wire and channel):
-// one port, one pool, one VIP (table size 1009), backends b1..bN; a test
-// appends its own [control] and [tier] sections.
+// Test estates' TOML for the C++ tests: backendToml() writes one [[backend]]
+// table (the one place the tests spell it), and onePoolEstate() a small
+// estate for control-plane tests (affinity, peer wire and channel): one port,
+// one pool, one VIP (table size 1009), backends b1..bN; a test appends its
+// own [control] and [tier] sections.
+//
+// Thread contract: pure functions.
 #pragma once
 
 #include <string>
 
 namespace spillway::test {
+
+// "\n[[backend]]" with its name, address and pool, then `extra` (more key
+// lines, each ending in a newline).
+inline std::string backendToml(const std::string& name, const std::string& address,
+                               const std::string& pool, const std::string& extra = "") {
+  return "\n[[backend]]\nname = \"" + name + "\"\naddress = \"" + address + "\"\npool = \"" + pool +
+         "\"\n" + extra;
+}
 
 inline std::string onePoolEstate(int backends) {
   std::string text = R"([dataplane]
@@ -31,8 +43,7 @@ table_size = 1009
 pools = ["onprem"]
 )";
   for (int i = 1; i <= backends; ++i) {
-    text += "\n[[backend]]\nname = \"b" + std::to_string(i) + "\"\naddress = \"10.0.1." +
-            std::to_string(i) + "\"\npool = \"onprem\"\n";
+    text += backendToml("b" + std::to_string(i), "10.0.1." + std::to_string(i), "onprem");
   }
   return text;
 }

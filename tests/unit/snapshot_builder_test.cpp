@@ -18,6 +18,7 @@
 
 #include "control/backends/neighbours.hpp"
 #include "control/config/config.hpp"
+#include "estate_fixture.hpp"
 
 namespace spillway {
 namespace {
@@ -67,18 +68,14 @@ pools = ["cloud"]
 )";
 }
 
-std::string backend(const std::string& name, const std::string& address, const std::string& pool,
-                    const std::string& extra = "") {
-  return "\n[[backend]]\nname = \"" + name + "\"\naddress = \"" + address + "\"\npool = \"" + pool +
-         "\"\n" + extra;
-}
+using test::backendToml;
 
 const std::vector<std::string> kBackends = {
-    backend("a1", "10.0.1.1", "onprem"),
-    backend("a2", "10.0.1.2", "onprem", "weight = 200\n"),
-    backend("a3", "fd00:1::3", "onprem"),
-    backend("c1", "10.9.0.1", "cloud"),
-    backend("c2", "fd09::2", "cloud", "mac = \"02:00:00:00:00:c2\"\n"),
+    backendToml("a1", "10.0.1.1", "onprem"),
+    backendToml("a2", "10.0.1.2", "onprem", "weight = 200\n"),
+    backendToml("a3", "fd00:1::3", "onprem"),
+    backendToml("c1", "10.9.0.1", "cloud"),
+    backendToml("c2", "fd09::2", "cloud", "mac = \"02:00:00:00:00:c2\"\n"),
 };
 
 Config load(const std::string& text) {
@@ -294,7 +291,7 @@ TEST(SnapshotBuilder, StableIndicesAcrossReloadsWithRemovalAndAddition) {
   // Remove a2, add a4.
   std::vector<std::string> next = kBackends;
   next.erase(next.begin() + 1);
-  next.push_back(backend("a4", "10.0.1.4", "onprem"));
+  next.push_back(backendToml("a4", "10.0.1.4", "onprem"));
   ASSERT_FALSE(b.setConfig(estate(next)));
   auto s = b.build(2);
   ASSERT_TRUE(s);
@@ -323,13 +320,13 @@ TEST(SnapshotBuilder, ReloadKeepsRuntimeStateButAppliesConfigChanges) {
   ASSERT_TRUE(b.setEffectiveWeight(id("a1"), 7));
   ASSERT_TRUE(b.setEffectiveWeight(id("a3"), 9));
   std::vector<std::string> next = kBackends;
-  next[2] = backend("a3", "fd00:1::3", "onprem", "weight = 150\n");
+  next[2] = backendToml("a3", "fd00:1::3", "onprem", "weight = 150\n");
   ASSERT_FALSE(b.setConfig(estate(next)));
   EXPECT_EQ(b.runtime(id("a1"))->state, BackendState::Draining);
   EXPECT_EQ(b.runtime(id("a1"))->effectiveWeight, 7u);
   EXPECT_EQ(b.runtime(id("a3"))->effectiveWeight, 150u);  // the configured weight changed
 
-  next[3] = backend("c1", "10.9.0.1", "cloud", "state = \"disabled\"\n");
+  next[3] = backendToml("c1", "10.9.0.1", "cloud", "state = \"disabled\"\n");
   ASSERT_FALSE(b.setConfig(estate(next)));
   EXPECT_EQ(b.runtime(id("c1"))->state, BackendState::Disabled);
 }
@@ -487,7 +484,7 @@ TEST(Neighbours, ReloadWithANewAddressForgetsTheResolvedMac) {
   ASSERT_TRUE(b.setNextHopMac(id("a1"), MacAddress{2, 0, 0, 0, 1, 1}));
   ASSERT_TRUE(b.setNextHopMac(id("c1"), MacAddress{2, 0, 0, 0, 1, 2}));
   std::vector<std::string> next = kBackends;
-  next[0] = backend("a1", "10.0.1.100", "onprem");
+  next[0] = backendToml("a1", "10.0.1.100", "onprem");
   ASSERT_FALSE(b.setConfig(estate(next, "kernel_interface = \"sw-p0\"\n")));
   EXPECT_FALSE(b.runtime(id("a1"))->nextHopMac);
   EXPECT_TRUE(b.runtime(id("c1"))->nextHopMac);
