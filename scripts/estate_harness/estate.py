@@ -337,19 +337,24 @@ class Estate:
         """The end of a held-connections test: waits for the fanout client,
         lets spillwayd go quiet, stops the wire tap and spillwayd. Returns
         (the client's result, the tap's flows, spillwayd's final stats)."""
-        try:
-            client.wait(wait)
-        except subprocess.TimeoutExpired:
-            raise Fail("fanout_client did not finish") from None
-        self.procs.remove(client)
-        with open(out) as f:
-            result = json.load(f)
+        result = self.fanout_result(client, out, wait)
         self.quiesce(lb)
         wire = self.stop_tap(tap)
         rc, _, final = self.stop_lb(lb)
         if final is None:
             raise Fail(f"spillwayd printed no final statistics (exit {rc})")
         return result, wire, final
+
+    def fanout_result(self, client, out, wait):
+        """A background fanout client's result, once it has finished (within
+        `wait` seconds, or Fail)."""
+        try:
+            client.wait(wait)
+        except subprocess.TimeoutExpired:
+            raise Fail("fanout_client did not finish") from None
+        self.procs.remove(client)
+        with open(out) as f:
+            return json.load(f)
 
     def fanout(self, vip, port, count, tag, hold=0.0, timeout=5.0, background=False):
         out = os.path.join(self.work, f"fanout-{tag}.json")

@@ -113,13 +113,7 @@ def steady(ctl, quiet=1.5, timeout=15):
 
 def finish(e, proc_out, timeout=40):
     p, out = proc_out
-    try:
-        p.wait(timeout)
-    except subprocess.TimeoutExpired:
-        raise Fail("fanout_client did not finish") from None
-    e.procs.remove(p)
-    with open(out) as f:
-        return json.load(f)
+    return e.fanout_result(p, out, timeout)
 
 
 def exporter_set(e, ns, query):
