@@ -45,6 +45,11 @@ FLOOD_SLACK_S = 1.5
 NAMED = 8
 TAKEDOWN = {"kill", "link-down"}
 LEAVE = {"kill", "link-down", "drain", "remove", "disable"}
+# What ends a leave: the actions that bring the backend back. Anything else on
+# it (close-flows, weight, set-load) leaves the no-new-flows window open.
+RETURNS = {"kill": {"start-servers"}, "link-down": {"link-up"},
+           "drain": {"undrain", "enable", "add"}, "remove": {"add", "undrain", "enable"},
+           "disable": {"enable", "undrain"}, "reload-remove": {"add"}}
 
 
 def flood_seen(drops):
@@ -291,9 +296,15 @@ def judge(d):
                                  d.actions)
     probes = d.flow_report["probes"]
 
-    def next_action_on(target, after):
-        return min([b["t"] for b in d.actions if b.get("target") == target and
-                    b["t"] > after] + [t_end])
+    def returns_at(target, after, leave):
+        """When the backend left by `leave` at `after` comes back: the first
+        later action that returns it (a reload that adds it again counts for
+        a reload's removal), or the drill's end."""
+        back = RETURNS[leave]
+        return min([b["t"] for b in d.actions if b["t"] > after and (
+            (b.get("target") == target and b["do"] in back) or
+            (leave == "reload-remove" and b["do"] == "reload" and target in b.get("add", [])))] +
+            [t_end])
 
     # Restarts: outage windows, and for a crash the loss window from the last
     # checkpoint the daemon reported before the kill.
@@ -352,7 +363,7 @@ def judge(d):
                for n in a.get("remove", [])]
     for a, target, do in sorted(leaves, key=lambda x: x[0]["t"]):
         a = dict(a, do=do)
-        until = next_action_on(target, a["t"])
+        until = returns_at(target, a["t"], do)
         r = {"at": a["at"], "do": a["do"], "target": target}
         if a["do"] in TAKEDOWN:
             t = mon.first(a["t"], lambda s: s["backends"].get(target, {}).get("state") ==

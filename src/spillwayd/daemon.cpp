@@ -224,6 +224,21 @@ int runDaemon(const Config& configIn, const DaemonOptions& options) {
   std::optional<RunAsUser> runAs;
   if (auto e = prepareRunAs(config, runAs)) return fail(*e);
 
+  // The freeze guard ([announce]): a process of its own, forked before the
+  // EAL and any thread start (control/announce/freeze_guard.hpp).
+  std::unique_ptr<FreezeGuard> freezeGuard;
+  if (config.announce.enabled) {
+    std::string guardError;
+    freezeGuard = FreezeGuard::start(FreezeGuard::Options{config.announce.device,
+                                                          config.announce.freezeMs,
+                                                          config.announce.periodMs,
+                                                          runAs,
+                                                          {},
+                                                          log},
+                                     guardError);
+    if (!freezeGuard) return fail(guardError);
+  }
+
   DpdkDataplane::Options dpOptions;
   dpOptions.ealArgs = options.ealArgs;
   dpOptions.lcores = config.dataplane.lcores;
@@ -309,12 +324,15 @@ int runDaemon(const Config& configIn, const DaemonOptions& options) {
   AnnounceExchange announceExchange;
   std::unique_ptr<Announcer> announcer;
   if (config.announce.enabled) {
-    announcer = std::make_unique<Announcer>(Announcer::Options{config.announce, millis, log},
-                                            announceExchange, *dataplane);
+    announcer = std::make_unique<Announcer>(
+        Announcer::Options{config.announce, millis, log, freezeGuard.get()}, announceExchange,
+        *dataplane);
     control.attachAnnounce(&announceExchange);
     control.syncAnnounce(millis());
     if (auto e = announcer->start()) return fail(*e);
-    log("announcing VIPs through device " + config.announce.device + " after warm-up");
+    log("announcing VIPs through device " + config.announce.device +
+        " after warm-up; freeze guard pid " + std::to_string(freezeGuard->pid()) + ", " +
+        std::to_string(config.announce.freezeMs) + " ms");
   }
 
   dataplane->start();
@@ -379,7 +397,8 @@ int runDaemon(const Config& configIn, const DaemonOptions& options) {
       break;
     }
   }
-  if (announcer) announcer->stop();  // the device and any route left go with it
+  if (freezeGuard) freezeGuard->stop();  // before the announcer stops beating it
+  if (announcer) announcer->stop();      // the device and any route left go with it
   dataplane->stop();
   // The last checkpoint: every exception of the stopped flow tables.
   {

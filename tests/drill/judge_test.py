@@ -176,6 +176,40 @@ class JudgeTest(unittest.TestCase):
         # And the general new-flow verdict counts them too.
         self.assertFalse(d.verdicts()["new_flows"]["ok"])
 
+    def test_drain_window_lasts_until_the_backend_returns(self):
+        # close-flows on the drained backend does not end its no-new-flows
+        # window: new flows that reach it after are counted, until undrain.
+        acts = [{"at": 5, "do": "drain", "target": "onprem2"},
+                {"at": 8, "do": "close-flows", "target": "onprem2"},
+                {"at": 15, "do": "undrain", "target": "onprem2"}]
+        inv = {"new_flows_avoid": True, "table_removal_max_s": 1.0}
+
+        def drained(t):
+            return sample(t, states={"onprem2": "draining"},
+                          entries={"onprem1": 150, "onprem3": 150})
+        d = self.drill(acts, inv)
+        d.set_samples(drained, lo=5.5, hi=15)
+        for p in d.flow_report["probes"]:
+            if T0 + 5 <= p["t"] < T0 + 15 and p["backend"] == "onprem2":
+                p["backend"] = "onprem1"
+        self.assertTrue(d.verdicts()["new_flows_avoid[onprem2]"]["ok"])
+        leaked = 0
+        for p in d.flow_report["probes"]:
+            if T0 + 10 <= p["t"] < T0 + 11 and p["backend"] == "onprem1":
+                p["backend"] = "onprem2"
+                leaked += 1
+        v = d.verdicts()["new_flows_avoid[onprem2]"]
+        self.assertFalse(v["ok"])
+        self.assertIn(str(leaked), v["detail"])
+        # After the undrain new flows may reach it again.
+        for p in d.flow_report["probes"]:
+            if T0 + 10 <= p["t"] < T0 + 11 and p["backend"] == "onprem2":
+                p["backend"] = "onprem1"
+        for p in d.flow_report["probes"]:
+            if T0 + 16 <= p["t"] < T0 + 17 and p["backend"] == "onprem1":
+                p["backend"] = "onprem2"
+        self.assertTrue(d.verdicts()["new_flows_avoid[onprem2]"]["ok"])
+
     def test_failures_before_removal_of_a_killed_backend_are_excused(self):
         acts = [{"at": 5, "do": "kill", "target": "onprem2"}]
         d = self.drill(acts, {"new_flows_avoid": True, "table_removal_max_s": 1.0})

@@ -15,6 +15,9 @@ router's kernel routing table (what ECMP forwards by):
     one brings it back (the hold-down's length is announce_test's, on
     injected time);
   - a cut link takes lb1's next hop out through BFD (time printed);
+  - SIGSTOP of lb2 (a frozen process, bfdd still answering): the freeze
+    guard takes its next hop out (time printed); after SIGCONT it comes
+    back and lb status counts the freeze;
   - SIGKILL of lb2 takes its next hop out (the kernel destroys its announce
     device, and the routes with it; time printed);
   - SIGTERM of lb1 withdraws before the process exits (withdraw_grace_ms);
@@ -40,7 +43,7 @@ VIP_SOLO = "192.0.2.12"  # only the cloud pool: disabling cloud1 empties it
 HEALTH = ["[pool.health]", 'kind = "tcp"', "port = 8000", "interval = 0.2", "timeout = 0.15",
           "rise = 2", "fall = 50", ""]
 ANNOUNCE = ["[announce]", "enabled = true", 'device = "spillway0"', "hold_down_ms = 500",
-            "withdraw_grace_ms = 1500"]
+            "withdraw_grace_ms = 1500", "freeze_ms = 300"]
 SOLO = ['name = "solo"', f'address = "{VIP_SOLO}"', 'protocol = "tcp"', "port = 8000",
         "table_size = 4099", 'pools = ["cloud"]']
 
@@ -67,7 +70,7 @@ def tap_packets(e, host):
     return info["rx"]["packets"] + info["tx"]["packets"]
 
 
-@checks(15)
+@checks(18)
 def test_announce(e, ctl_exe):
     e.topology_up(onprem=1, cloud=1, tier=2)
     (lb1, _, addr1), (lb2, _, addr2) = e.instances
@@ -151,6 +154,24 @@ def test_announce(e, ctl_exe):
     e.run(link + ["up"])
     wait_until("lb1's next hop back after the link returns",
                lambda: next_hops(e, VIP_NCCL) == {addr1, addr2}, 20)
+
+    # A process that stops running while its host and bfdd go on: only the
+    # freeze guard, a process of its own, can withdraw.
+    took, _ = measure(e, "lb2's next hop withdrawn by the freeze guard",
+                      lambda: lbs[lb2].proc.send_signal(signal.SIGSTOP), VIP_NCCL,
+                      lambda hops: hops == {addr1})
+    timings["sigstop"] = took
+    e.check("SIGSTOP of lb2: the freeze guard takes its next hop out", True,
+            f"{took * 1000:.0f} ms (freeze_ms = 300)")
+    took, _ = measure(e, "lb2's next hop back after SIGCONT",
+                      lambda: lbs[lb2].proc.send_signal(signal.SIGCONT), VIP_NCCL,
+                      lambda hops: hops == {addr1, addr2}, 20)
+    status = ctls[lb2]("lb", "status")
+    e.check("SIGCONT: lb2 announces again, the freeze counted",
+            status["freezes"] == 1 and status["state"] == "announced",
+            f"{took * 1000:.0f} ms (hold_down_ms = 500); freezes {status['freezes']}")
+    r = e.fanout(VIP_NCCL, 8000, 20, "tier")
+    e.check("connections through the tier after the freeze", r["ok"] == 20, f"{r['ok']}/20 ok")
 
     took, _ = measure(e, "lb2's next hop withdrawn", lambda: lbs[lb2].proc.kill(), VIP_NCCL,
                       lambda hops: hops == {addr1})

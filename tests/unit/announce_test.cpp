@@ -1,12 +1,16 @@
 // The announcement decision (control/announce_policy.hpp): which VIPs are
 // announced and why the others are withdrawn, on injected time and inputs.
 #include <gtest/gtest.h>
+#include <poll.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <string>
 #include <vector>
 
 #include "control/announce/announce_policy.hpp"
 #include "control/announce/announcer.hpp"
+#include "control/announce/freeze_guard.hpp"
 #include "fake_dataplane.hpp"
 
 namespace spillway {
@@ -190,6 +194,42 @@ TEST(AnnouncePolicy, VipsFollowTheConfiguration) {
   EXPECT_EQ(s.policy.state(), AnnounceState::Withdrawn);
 }
 
+TEST(AnnouncePolicy, AFreezeWithdrawsEveryVipThenHoldsDown) {
+  Scenario s;
+  s.at(10);
+  EXPECT_EQ(s.announced(), (Names{"web", "api"}));
+  // The process ran again after the freeze guard took the routes: this round
+  // says why, whatever the beats say (they moved again).
+  s.in.frozen = true;
+  s.at(5000);
+  s.in.frozen = false;
+  EXPECT_EQ(s.announced(), Names{});
+  EXPECT_EQ(s.reason(0), WithdrawReason::Frozen);
+  EXPECT_EQ(toString(WithdrawReason::Frozen), "frozen");
+  s.at(5500);  // beating, but within hold_down_ms of the freeze
+  EXPECT_EQ(s.reason(1), WithdrawReason::HoldDown);
+  s.at(6000);
+  EXPECT_EQ(s.announced(), (Names{"web", "api"}));
+}
+
+// --- The freeze guard's decision ------------------------------------------------
+
+TEST(FreezeWatch, TripsOnceWhenTheBeatStopsAndRearmsWhenItMoves) {
+  FreezeWatch w(100);
+  EXPECT_FALSE(w.observe(0, 1000));  // the announcer has not started
+  EXPECT_FALSE(w.observe(0, 5000));  // a beat of 0 is never a freeze
+  EXPECT_FALSE(w.observe(1, 5010));
+  EXPECT_FALSE(w.observe(2, 5020));
+  EXPECT_FALSE(w.observe(2, 5119));  // 99 ms without a beat
+  EXPECT_TRUE(w.observe(2, 5120));   // 100 ms: act
+  EXPECT_TRUE(w.tripped());
+  EXPECT_FALSE(w.observe(2, 9000));  // once per freeze
+  EXPECT_FALSE(w.observe(3, 9010));  // beating again: re-armed
+  EXPECT_FALSE(w.tripped());
+  EXPECT_FALSE(w.observe(3, 9109));
+  EXPECT_TRUE(w.observe(3, 9110));
+}
+
 TEST(AnnouncePolicy, ReasonsHaveStableNames) {
   EXPECT_EQ(toString(WithdrawReason::NoActiveBackend), "no_active_backend");
   EXPECT_EQ(toString(WithdrawReason::DataplaneStalled), "dataplane_stalled");
@@ -205,6 +245,7 @@ class FakeRoutes final : public VipRoutes {
     std::vector<std::string> routes;  // formatted addresses
     std::optional<std::string> failWithdraw;
     bool open = false;
+    int restores = 0;
   };
   explicit FakeRoutes(State& state) : s_(state) {}
   std::optional<std::string> open(const std::string&) override {
@@ -224,6 +265,10 @@ class FakeRoutes final : public VipRoutes {
     s_.open = false;
     s_.routes.clear();
   }
+  std::optional<std::string> restore() override {
+    ++s_.restores;
+    return std::nullopt;
+  }
 
  private:
   State& s_;
@@ -237,14 +282,14 @@ struct AnnouncerRig {
   bool workerStuck = false;
   std::unique_ptr<Announcer> announcer;
 
-  AnnouncerRig() {
+  explicit AnnouncerRig(FreezeGuard* guard = nullptr) {
     dataplane.rounds = {1};
     AnnounceConfig c;
     c.enabled = true;
     c.holdDownMs = 500;
     announcer =
-        std::make_unique<Announcer>(Announcer::Options{c, [this] { return now; }, {}}, exchange,
-                                    dataplane, std::make_unique<FakeRoutes>(routes));
+        std::make_unique<Announcer>(Announcer::Options{c, [this] { return now; }, {}, guard},
+                                    exchange, dataplane, std::make_unique<FakeRoutes>(routes));
     EXPECT_FALSE(announcer->openDevice());
   }
   // The control thread's round, then the announcer's.
@@ -313,6 +358,99 @@ TEST(Announcer, AStoppedWorkerOrStoppingWithdrawsEverything) {
   EXPECT_EQ(s.exchange.outcome().vips[1].reason, WithdrawReason::Stopping);
   s.announcer->stop();
   EXPECT_FALSE(s.routes.open);
+}
+
+// The guard is a process of its own: it acts while this one does not beat,
+// once, and counts it in the shared page.
+struct GuardPipe {
+  int fds[2] = {-1, -1};
+  GuardPipe() { EXPECT_EQ(::pipe(fds), 0); }
+  ~GuardPipe() {
+    ::close(fds[0]);
+    ::close(fds[1]);
+  }
+  // What the guard wrote, waiting up to 10 s for it.
+  std::string read() const {
+    pollfd p{fds[0], POLLIN, 0};
+    if (::poll(&p, 1, 10'000) != 1) return "";
+    char buf[64];
+    const ssize_t n = ::read(fds[0], buf, sizeof buf);
+    return n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : "";
+  }
+};
+
+std::unique_ptr<FreezeGuard> startGuard(const GuardPipe& pipe) {
+  FreezeGuard::Options o;
+  o.device = "spw-test0";
+  o.freezeMs = 60;
+  o.periodMs = 10;
+  const int out = pipe.fds[1];
+  o.act = [out](const std::string& device) -> std::optional<std::string> {
+    if (::write(out, device.data(), device.size()) < 0) return "write failed";
+    return std::nullopt;
+  };
+  std::string error;
+  auto guard = FreezeGuard::start(std::move(o), error);
+  EXPECT_TRUE(guard) << error;
+  return guard;
+}
+
+TEST(FreezeGuard, ActsInItsOwnProcessWhenTheBeatStopsAndCountsIt) {
+  GuardPipe pipe;
+  auto guard = startGuard(pipe);
+  ASSERT_TRUE(guard);
+  EXPECT_GT(guard->pid(), 0);
+  EXPECT_NE(guard->pid(), ::getpid());
+  guard->beat();
+  EXPECT_EQ(pipe.read(), "spw-test0");  // this process stopped beating
+  // The count is published after the act; poll for it.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (guard->trips() == 0 && std::chrono::steady_clock::now() < deadline) ::usleep(1000);
+  EXPECT_EQ(guard->trips(), 1u);
+  guard->beat();  // running again: the next freeze is a new one
+  EXPECT_EQ(pipe.read(), "spw-test0");
+  while (guard->trips() < 2 && std::chrono::steady_clock::now() < deadline) ::usleep(1000);
+  EXPECT_EQ(guard->trips(), 2u);
+  guard->stop();
+  EXPECT_EQ(guard->pid(), 0);
+}
+
+TEST(FreezeGuard, NeverActsBeforeTheFirstBeat) {
+  GuardPipe pipe;
+  auto guard = startGuard(pipe);
+  ASSERT_TRUE(guard);
+  pollfd p{pipe.fds[0], POLLIN, 0};
+  EXPECT_EQ(::poll(&p, 1, 300), 0);  // five freeze limits without a beat: nothing
+  EXPECT_EQ(guard->trips(), 0u);
+}
+
+TEST(Announcer, AfterAFreezeTheDeviceComesBackEmptyAndTheVipsAfterHoldDown) {
+  GuardPipe pipe;
+  auto guard = startGuard(pipe);
+  ASSERT_TRUE(guard);
+  AnnouncerRig r(guard.get());
+  r.at(20);
+  EXPECT_EQ(r.routes.routes, (Names{"192.0.2.10", "192.0.2.11"}));
+  (void)r.exchange.takeTransitions();
+  // No round: the guard acts; the kernel drops the down device's routes.
+  EXPECT_EQ(pipe.read(), "spw-test0");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (guard->trips() == 0 && std::chrono::steady_clock::now() < deadline) ::usleep(1000);
+  ASSERT_EQ(guard->trips(), 1u);
+  guard->stop();  // no second freeze while this slow test machine runs the rest
+  r.routes.routes.clear();
+  r.at(3000);
+  EXPECT_EQ(r.routes.restores, 1);
+  EXPECT_EQ(r.routes.routes, Names{});
+  EXPECT_EQ(r.exchange.outcome().freezes, 1u);
+  const auto t = r.exchange.takeTransitions();
+  ASSERT_EQ(t.size(), 2u);
+  EXPECT_EQ(t[0].reason, WithdrawReason::Frozen);
+  r.at(3200);  // hold-down
+  EXPECT_EQ(r.routes.routes, Names{});
+  r.at(3600);  // both routes added again: the announcer forgot the ones the kernel dropped
+  EXPECT_EQ(r.routes.routes, (Names{"192.0.2.10", "192.0.2.11"}));
+  EXPECT_EQ(r.routes.restores, 1);
 }
 
 }  // namespace

@@ -672,6 +672,7 @@ stall_ms = 100
 control_stall_ms = 800
 hold_down_ms = 2000
 withdraw_grace_ms = 0
+freeze_ms = 250
 )",
                                          "t.toml");
   ASSERT_TRUE(on.ok()) << formatErrors(on.errors());
@@ -683,6 +684,8 @@ withdraw_grace_ms = 0
   EXPECT_EQ(a.controlStallMs, 800u);
   EXPECT_EQ(a.holdDownMs, 2000u);
   EXPECT_EQ(a.withdrawGraceMs, 0u);
+  EXPECT_EQ(a.freezeMs, 250u);
+  EXPECT_EQ(off.value().announce.freezeMs, 1000u);
 }
 
 TEST(Config, AnnounceErrorsNameTheKey) {
@@ -694,6 +697,8 @@ TEST(Config, AnnounceErrorsNameTheKey) {
       {"period_ms = 50\nstall_ms = 60", "announce.stall_ms"},
       {"period_ms = 1000", "announce.period_ms"},
       {"withdraw_grace_ms = -1", "announce.withdraw_grace_ms"},
+      {"freeze_ms = 10", "announce.freeze_ms"},
+      {"period_ms = 50\nfreeze_ms = 140", "announce.freeze_ms"},
       {"enabled = \"yes\"", "announce.enabled"},
       {"stall = 200", "announce.stall"},
   };

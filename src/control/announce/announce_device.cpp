@@ -32,17 +32,34 @@ std::optional<std::string> AnnounceDevice::open(const std::string& name) {
     return "TUNSETIFF " + name + ": " + errnoText(errno);
   // No IPv6 link-local address, so the kernel sends no ND or MLD into it.
   if (std::ofstream mode("/proc/sys/net/ipv6/conf/" + name + "/addr_gen_mode"); mode) mode << "1\n";
-  UniqueFd sock(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
-  if (!sock.valid()) return "socket: " + errnoText(errno);
-  if (::ioctl(sock.get(), SIOCGIFFLAGS, &ifr) != 0)
-    return "SIOCGIFFLAGS " + name + ": " + errnoText(errno);
-  ifr.ifr_flags = static_cast<short>(ifr.ifr_flags | IFF_UP | IFF_NOARP);
-  if (::ioctl(sock.get(), SIOCSIFFLAGS, &ifr) != 0)
-    return "SIOCSIFFLAGS " + name + ": " + errnoText(errno);
+  if (auto e = setLinkUp(name, true)) return e;
   ifindex_ = static_cast<int>(if_nametoindex(name.c_str()));
   if (ifindex_ == 0) return "device " + name + " vanished: " + errnoText(errno);
   tap_ = std::move(tap);
   name_ = name;
+  return std::nullopt;
+}
+
+std::optional<std::string> AnnounceDevice::restore() {
+  if (!tap_.valid()) return "announce device is not open";
+  return setLinkUp(name_, true);
+}
+
+std::optional<std::string> setLinkUp(const std::string& name, bool up) {
+  if (name.empty() || name.size() >= IFNAMSIZ)
+    return "device name \"" + name + "\": 1 to 15 characters";
+  UniqueFd sock(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  if (!sock.valid()) return "socket: " + errnoText(errno);
+  ifreq ifr{};
+  std::memcpy(ifr.ifr_name, name.c_str(), name.size());
+  if (::ioctl(sock.get(), SIOCGIFFLAGS, &ifr) != 0) {
+    if (!up && errno == ENODEV) return std::nullopt;  // gone: nothing to take down
+    return "SIOCGIFFLAGS " + name + ": " + errnoText(errno);
+  }
+  const int flags = up ? ifr.ifr_flags | IFF_UP | IFF_NOARP : ifr.ifr_flags & ~IFF_UP;
+  ifr.ifr_flags = static_cast<short>(flags);
+  if (::ioctl(sock.get(), SIOCSIFFLAGS, &ifr) != 0)
+    return "SIOCSIFFLAGS " + name + ": " + errnoText(errno);
   return std::nullopt;
 }
 

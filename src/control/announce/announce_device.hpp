@@ -46,6 +46,9 @@ class VipRoutes {
   [[nodiscard]] virtual std::optional<std::string> withdraw(const IpAddress& vip) = 0;
   // Destroys the device and with it every route (what a process death does).
   virtual void close() noexcept = 0;
+  // Brings the device up again after the freeze guard (freeze_guard.hpp) set
+  // it down; the kernel dropped its routes, so it comes back with none.
+  [[nodiscard]] virtual std::optional<std::string> restore() { return std::nullopt; }
 };
 
 class AnnounceDevice final : public VipRoutes {
@@ -56,6 +59,7 @@ class AnnounceDevice final : public VipRoutes {
   [[nodiscard]] std::optional<std::string> announce(const IpAddress& vip) override;
   [[nodiscard]] std::optional<std::string> withdraw(const IpAddress& vip) override;
   void close() noexcept override { tap_.reset(); }
+  [[nodiscard]] std::optional<std::string> restore() override;
   [[nodiscard]] int ifindex() const noexcept { return ifindex_; }
 
  private:
@@ -66,5 +70,9 @@ class AnnounceDevice final : public VipRoutes {
   std::string name_;
   int ifindex_ = 0;
 };
+
+// Sets the interface `name` up (and NOARP) or down (SIOCSIFFLAGS). Setting
+// down a device that no longer exists is not an error.
+[[nodiscard]] std::optional<std::string> setLinkUp(const std::string& name, bool up);
 
 }  // namespace spillway

@@ -49,6 +49,7 @@ struct AnnounceOutcome {
   std::string device;
   std::string error;  // the last kernel error (device or route), "" when none
   std::uint64_t decisions = 0;
+  std::uint64_t freezes = 0;  // times the freeze guard set the device down
 };
 
 class AnnounceExchange {

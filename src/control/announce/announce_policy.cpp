@@ -6,8 +6,8 @@ namespace spillway {
 namespace {
 
 bool automatic(WithdrawReason r) noexcept {
-  return r == WithdrawReason::ControlStalled || r == WithdrawReason::DataplaneStalled ||
-         r == WithdrawReason::NoActiveBackend;
+  return r == WithdrawReason::Frozen || r == WithdrawReason::ControlStalled ||
+         r == WithdrawReason::DataplaneStalled || r == WithdrawReason::NoActiveBackend;
 }
 
 }  // namespace
@@ -18,6 +18,8 @@ std::string_view toString(WithdrawReason reason) noexcept {
       return "";
     case WithdrawReason::Stopping:
       return "stopping";
+    case WithdrawReason::Frozen:
+      return "frozen";
     case WithdrawReason::ControlStalled:
       return "control_stalled";
     case WithdrawReason::DataplaneStalled:
@@ -72,6 +74,8 @@ const std::vector<VipAnnouncement>& AnnouncePolicy::decide(const AnnounceInput& 
   WithdrawReason global = WithdrawReason::None;
   if (in.stopping) {
     global = WithdrawReason::Stopping;
+  } else if (in.frozen) {
+    global = WithdrawReason::Frozen;
   } else if (controlStalled) {
     global = WithdrawReason::ControlStalled;
   } else if (dataplaneStalled) {

@@ -7,6 +7,10 @@
 // Rules (issue 11, item 1), in the order a reason wins:
 //   stopping            SIGTERM: everything withdrawn first, forwarding goes on
 //                       for withdraw_grace_ms so the router moves the flows.
+//   frozen              the whole process stopped running (SIGSTOP, a hung
+//                       host) long enough for the freeze guard
+//                       (freeze_guard.hpp) to set the device down: this
+//                       round, then hold_down like the stalls.
 //   control_stalled     the control loop's heartbeat did not advance for
 //                       control_stall_ms (its inputs are stale).
 //   dataplane_stalled   a worker's round counter did not advance for stall_ms
@@ -36,6 +40,7 @@ namespace spillway {
 enum class WithdrawReason : std::uint8_t {
   None,  // announced
   Stopping,
+  Frozen,
   ControlStalled,
   DataplaneStalled,
   WarmingUp,
@@ -67,6 +72,7 @@ struct AnnounceInput {
   bool warm = false;                        // health and load known (ControlPlane::announceReady)
   bool drained = false;                     // lb drain
   bool stopping = false;                    // SIGTERM seen
+  bool frozen = false;                      // the freeze guard acted since the last round
   std::vector<std::uint64_t> workerRounds;  // one per worker, any values
   std::uint64_t controlRounds = 0;
   std::vector<AnnounceVipInput> vips;

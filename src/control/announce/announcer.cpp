@@ -65,6 +65,25 @@ void Announcer::round(Millis now) {
   input.warm = in.warm;
   input.drained = in.drained;
   input.stopping = in.stopping;
+  if (options_.guard != nullptr) {
+    options_.guard->beat();
+    // The guard set the device down while this process did not run: the
+    // kernel dropped the routes; bring the device back with none, and let
+    // the policy hold the VIPs down like after any stall.
+    if (const std::uint64_t trips = options_.guard->trips(); trips != guardTrips_) {
+      guardTrips_ = trips;
+      input.frozen = true;
+      installed_.clear();
+      ++outcome_.freezes;
+      const auto e = device_->restore();
+      if (options_.log) {
+        options_.log("announce: this process was frozen for about " +
+                     std::to_string(now - lastRound_) + " ms; the freeze guard withdrew every VIP" +
+                     (e ? "; bringing the device up failed: " + *e : ""));
+      }
+    }
+  }
+  lastRound_ = now;
   input.workerRounds = dataplane_.workerRounds();
   input.controlRounds = exchange_.controlBeats();
   input.vips = std::move(in.vips);

@@ -22,6 +22,7 @@
 #include "control/announce/announce_device.hpp"
 #include "control/announce/announce_exchange.hpp"
 #include "control/announce/announce_policy.hpp"
+#include "control/announce/freeze_guard.hpp"
 #include "control/config/config.hpp"
 #include "spillway/dataplane.hpp"
 
@@ -33,6 +34,7 @@ class Announcer {
     AnnounceConfig config;
     std::function<Millis()> clock;                // the control plane's clock
     std::function<void(const std::string&)> log;  // called on the announcer thread
+    FreezeGuard* guard = nullptr;                 // beaten every round; none in tests
   };
   // `routes`: the announce device (a fake in tests).
   Announcer(Options options, AnnounceExchange& exchange, const Dataplane& dataplane,
@@ -60,6 +62,8 @@ class Announcer {
   std::unique_ptr<VipRoutes> device_;
   AnnounceOutcome outcome_;
   std::vector<VipAnnouncement> installed_;  // routes in the kernel now
+  std::uint64_t guardTrips_ = 0;            // the guard's trips already handled
+  Millis lastRound_ = 0;
   std::thread thread_;
   std::mutex mutex_;
   std::condition_variable wake_;

@@ -1551,6 +1551,13 @@ void Loader::loadAnnounce(const toml::table& root, std::set<std::string>& used) 
   ms("control_stall_ms", 100, 60'000, c.controlStallMs);
   ms("hold_down_ms", 0, 600'000, c.holdDownMs);
   ms("withdraw_grace_ms", 0, 60'000, c.withdrawGraceMs);
+  ms("freeze_ms", 50, 60'000, c.freezeMs);
+  if (c.freezeMs < 3 * c.periodMs) {
+    s.fail(t->get("freeze_ms") != nullptr ? "freeze_ms" : "period_ms",
+           "freeze_ms (" + std::to_string(c.freezeMs) +
+               ") must be at least three times period_ms (" + std::to_string(c.periodMs) +
+               "): one late announcer round is not a freeze");
+  }
   if (c.stallMs < 2 * c.periodMs) {
     s.fail(t->get("stall_ms") != nullptr ? "stall_ms" : "period_ms",
            "stall_ms (" + std::to_string(c.stallMs) + ") must be at least twice period_ms (" +

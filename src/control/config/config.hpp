@@ -244,6 +244,7 @@ struct AnnounceConfig {
   Millis controlStallMs = 1000;      // the control loop's heartbeat frozen this long withdraws
   Millis holdDownMs = 1000;          // an automatic withdrawal's cause must stay clear this long
   Millis withdrawGraceMs = 1000;     // SIGTERM: withdrawn, forwarding this long, then stop
+  Millis freezeMs = 1000;  // no announcer round this long: the freeze guard sets the device down
 };
 
 // The LB tier's peer channel ([tier], peer_channel.hpp): the instances this

@@ -18,6 +18,7 @@ Json announceStatusJson(const AnnounceConfig& config, const AnnounceOutcome* out
   out["state"] = std::string(toString(outcome->state));
   out["since_ms"] = outcome->stateSince;
   out["for_ms"] = now >= outcome->stateSince ? now - outcome->stateSince : 0;
+  out["freezes"] = outcome->freezes;
   if (!outcome->error.empty()) out["error"] = outcome->error;
   Json vips = Json::array();
   for (const VipAnnouncement& v : outcome->vips) {
@@ -39,6 +40,10 @@ void appendAnnounceMetrics(MetricsWriter& m, const AnnounceOutcome* outcome, boo
   m.gauge("spillway_lb_drained", "1 while the operator drains this instance (lb drain).", {},
           drained ? 1 : 0);
   if (outcome == nullptr) return;
+  m.counter("spillway_announce_freezes_total",
+            "Times this process stopped running long enough for the freeze guard to set the "
+            "announce device down ([announce] freeze_ms).",
+            {}, outcome->freezes);
   for (const VipAnnouncement& v : outcome->vips) {
     m.gauge("spillway_vip_announced",
             "1 when the VIP's route is announced to the router, 0 when withdrawn.",
@@ -53,6 +58,7 @@ Json announceConfigJson(const AnnounceConfig& c) {
               {"stall_ms", c.stallMs},
               {"control_stall_ms", c.controlStallMs},
               {"hold_down_ms", c.holdDownMs},
+              {"freeze_ms", c.freezeMs},
               {"withdraw_grace_ms", c.withdrawGraceMs}};
 }
 
