@@ -56,7 +56,7 @@ TIER_PORT = 7900
 # scripts/bootstrap creates (README "Privileges"). SPILLWAY_DRILL_USER=""
 # keeps it root.
 RUN_AS_USER = os.environ.get("SPILLWAY_DRILL_USER", "spillway")
-INSTANCE_STOPS = ("kill-instance", "stop-instance", "lb-drain")
+INSTANCE_STOPS = ("kill-instance", "stop-instance", "lb-drain", "freeze-instance")
 
 
 def tier_address(i):
@@ -225,9 +225,10 @@ class Estate:
         return self.instances[self.primary].stats
 
     def running(self):
-        """The instances whose spillwayd runs now."""
+        """The instances whose spillwayd runs now (a frozen one does not:
+        freeze-instance)."""
         return [i for i in self.instances.values() if i.proc is not None and
-                i.proc.poll() is None]
+                i.proc.poll() is None and not getattr(i, "frozen", False)]
 
     # -- processes -------------------------------------------------------------
     def ns(self, host):

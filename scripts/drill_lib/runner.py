@@ -6,11 +6,13 @@ from the start of traffic ("drill time").
 import json
 import os
 import shutil
+import signal
 import subprocess
 import threading
 import time
 
 import attack
+import scenario
 from estate import (HEALTH_PORT, VIP_FLOWS, VIP_GRPC, DrillError, Estate, log, wait_until)
 from monitor import Monitor
 from tier import TierMonitor
@@ -122,7 +124,7 @@ class Drill:
         and announced: the router's route to the flows' VIP has them all as
         next hops before traffic begins."""
         e = self.e
-        late = {a["target"] for a in self.sc["action"] if a["do"] == "start-instance"}
+        late = scenario.late_instances(self.sc["action"])
         first = [n for n in e.instances if n not in late]
         for name in first:
             e.start_lb(name)
@@ -241,6 +243,11 @@ class Drill:
             e.start_lb(target)
             e.wait_ready(name=target)
             rec["ready_s"] = round(time.time() - rec["t"], 3)
+        elif do in ("freeze-instance", "thaw-instance"):
+            sig = signal.SIGSTOP if do == "freeze-instance" else signal.SIGCONT
+            e.instances[target].frozen = do == "freeze-instance"
+            e.instances[target].proc.send_signal(sig)
+            rec["signal"] = sig.name
         elif do == "flap":
             what = a.get("what", "health")
             targets = ([target] if target else a.get("targets") or

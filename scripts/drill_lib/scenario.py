@@ -43,7 +43,11 @@ ACTIONS = {
     "stop-instance": (False, False),   # SIGTERM: withdraw, then stop
     "lb-drain": (False, False),        # spillwayctl lb drain: withdraw, keep forwarding
     "lb-undrain": (False, False),
-    "start-instance": (False, False),  # an instance joins (not started with the others)
+    "start-instance": (False, False),  # an instance joins (its first action: not started
+                                       # with the others) or comes back after a stop or kill
+    "freeze-instance": (False, False),  # SIGSTOP: the process stops running, its host and
+                                        # FRR go on (the freeze guard must withdraw it)
+    "thaw-instance": (False, False),    # SIGCONT
     # Attacks (attack.py), from the client's namespace through the gateway:
     "syn-flood": (False, False),   # spillway-synflood for `for` s at `rate` (0: full speed)
                                    # to the flows' VIP, `port` (default the flows' 9000)
@@ -52,7 +56,18 @@ ACTIONS = {
     "pause-flows": (False, False),  # the long-lived flows send nothing for `for` s
 }
 INSTANCE_ACTIONS = ("kill-instance", "stop-instance", "lb-drain", "lb-undrain",
-                    "start-instance")
+                    "start-instance", "freeze-instance", "thaw-instance")
+
+
+def late_instances(actions):
+    """Instances that join during the drill: those whose first action is
+    start-instance. An instance stopped or killed and then started again is
+    a restart: it starts with the others."""
+    first = {}
+    for a in sorted(actions, key=lambda a: a["at"]):
+        if a["do"] in INSTANCE_ACTIONS:
+            first.setdefault(a.get("target"), a["do"])
+    return {n for n, do in first.items() if do == "start-instance"}
 
 INVARIANTS = {"others_broken_max", "victims_broken_min", "victims", "detection_max_s",
               "table_removal_max_s", "new_flows_avoid", "drain_complete_max_s",
@@ -61,7 +76,7 @@ INVARIANTS = {"others_broken_max", "victims_broken_min", "victims", "detection_m
               "restart_outage_max_s", "new_flows_failed_max", "intent_kept",
               "flows_before_checkpoint_keep_backend", "reload_reply_names_changes",
               "elephants_placed", "router_withdraw_max_s", "joins_after_warmup",
-              "instances_carry_flows",
+              "instances_carry_flows", "freeze_withdraw_max_s",
               # Latency (issue #12): the preferred region and degraded marks in
               # the control samples, the measured share of one backend.
               "region", "region_switches_max", "latency_mark", "backend_share",

@@ -167,15 +167,26 @@ def judge_tier(d, check, rel):
     """The tier invariants; returns the report's "tier" measurements."""
     e, inv, mon = d.e, d.sc["invariants"], d.tier_monitor
     addr = {n: i.address for n, i in e.instances.items()}
-    out = {"instances": {}, "router": [], "withdrawals": [], "joins": []}
+    out = {"instances": {}, "router": [], "withdrawals": [], "joins": [], "thaws": []}
     for name in e.instances:
         out["instances"][name] = mon.flow_counts(name)
     out["router"] = [{"t": rel(t), "vip": vip, "next_hops": hops}
                      for t, vip, hops in mon.router]
-    bound = inv.get("router_withdraw_max_s")
     for a in d.actions:
         name = a.get("target")
-        if a["do"] in ("kill-instance", "stop-instance", "lb-drain"):
+        # A frozen process withdraws nothing itself: its freeze guard does,
+        # within [announce] freeze_ms + a period + the speaker's update.
+        bound = inv.get("freeze_withdraw_max_s" if a["do"] == "freeze-instance"
+                        else "router_withdraw_max_s")
+        if a["do"] == "thaw-instance":
+            t_back = mon.first_change(VIP_FLOWS, a["t"], lambda h, x=addr[name]: x in h)
+            out["thaws"].append({"at": a["at"], "instance": name,
+                                 "announced_after_s": round(t_back - a["t"], 3)
+                                 if t_back else None})
+            check(f"rejoins_after_thaw[{name}]", t_back is not None,
+                  f"{name} back in the router's next hops "
+                  f"{round(t_back - a['t'], 3) if t_back else 'never'} s after SIGCONT")
+        if a["do"] in ("kill-instance", "stop-instance", "lb-drain", "freeze-instance"):
             row = {"at": a["at"], "do": a["do"], "instance": name}
             # How settled the tables were: flows on entries that moved less
             # than one export before an instance dies may go with it.
