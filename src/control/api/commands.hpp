@@ -10,9 +10,11 @@
 //     from the rows ("backend.drain" is `spillwayctl backend drain NAME`) and
 //     checks a request with checkCommandArgs() before it sends it;
 //   - the protocol fuzz target draws commands and arguments from the rows;
-//   - the intent journal's operations are the rows' journal ops (the plane's
-//     replay and its test, intent_test, check that every journaled operation
-//     has its row);
+//   - each operation the intent journal records is the journal op of one
+//     row (commands_test holds the two together); the plane's replay merges
+//     the journal into the configuration (intent_merge.hpp) rather than
+//     calling the handlers again, which would journal every record twice and
+//     restart the drains' clocks;
 //   - README.md's spillwayctl reference is compared with the rows by a unit
 //     test (commands_test).
 // A new command is a row here, a ControlApi method, its implementation in the

@@ -25,9 +25,10 @@
 // Authorisation is the second gate behind the socket file's mode: read-only
 // commands are served to any peer that could connect; commands that change
 // state (Access::Write) only to root and the uids/gids of the AccessPolicy.
-// Two commands depend on their arguments: backend.weight with dry_run:true
-// changes nothing and is read-only; config.check with a path makes the
-// daemon read a file of the peer's choosing and needs write access.
+// Two commands depend on their arguments (their rows' writesWith):
+// backend.weight with dry_run:true changes nothing and is read-only;
+// config.check with a path makes the daemon read a file of the peer's
+// choosing and needs write access.
 // config.check and config.reload hand the peer's credentials to the
 // ControlApi, which bounds which files a peer other than root may name and
 // what it is told of them (config_access.hpp).
