@@ -28,6 +28,8 @@
 #include <ctime>
 #include <filesystem>
 #include <iostream>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -35,6 +37,7 @@
 #include <vector>
 
 #include "control/api/cli_client.hpp"
+#include "control/api/commands.hpp"
 #include "control/api/protocol.hpp"
 #include "control/config/config.hpp"
 #include "control/tier/tier_client.hpp"
@@ -516,7 +519,7 @@ int runOnTier(const GlobalOptions& options, std::string_view command, const Json
   }
   if (failed.empty()) return kExitOk;
   const CommandSpec* spec = findCommand(command);
-  const bool write = spec != nullptr && spec->access == Access::Write;
+  const bool write = spec != nullptr && commandWrites(*spec, args);
   std::cerr << "spillwayctl: " << command << " failed on " << failed
             << (succeeded.empty() ? "" : (write ? "; applied on " : "; answered by ") + succeeded)
             << '\n';
@@ -584,6 +587,105 @@ std::string absolutePath(const std::string& path) {
   return ec ? path : absolute.lexically_normal().string();
 }
 
+// One argument of a command-table row as a CLI11 positional or option, and
+// the value it parsed into.
+struct ArgSlot {
+  const CommandSpec* command = nullptr;
+  const ArgSpec* arg = nullptr;
+  std::string text;
+  std::uint64_t number = 0;
+  bool flag = false;
+  CLI::Option* option = nullptr;
+};
+
+std::string positionalName(std::string_view name) {
+  return header(name);  // NAME, VIP, PATH, WEIGHT
+}
+
+std::string optionName(std::string_view name) {
+  std::string out = "--" + std::string(name);
+  std::replace(out.begin(), out.end(), '_', '-');
+  return out;
+}
+
+// The subcommands of the command table (commands.hpp): "backend.drain" is
+// `backend drain NAME`, with the row's help, its arguments as positionals or
+// options with their help and ranges. Returns the subcommand of each row by
+// its name; `selected` is set to the row the parse chose.
+std::map<std::string, CLI::App*, std::less<>> addTableCommands(
+    CLI::App& app, std::vector<std::unique_ptr<ArgSlot>>& slots, std::string& selected) {
+  std::map<std::string, CLI::App*, std::less<>> byName;
+  std::map<std::string, CLI::App*, std::less<>> groups;
+  for (const CommandSpec& row : commandTable()) {
+    CLI::App* parent = &app;
+    std::string word(row.name);
+    if (const auto dot = row.name.find('.'); dot != std::string_view::npos) {
+      const std::string group(row.name.substr(0, dot));
+      word = std::string(row.name.substr(dot + 1));
+      auto& g = groups[group];
+      if (g == nullptr) {
+        std::string help;
+        for (const CommandGroup& cg : commandGroups()) {
+          if (cg.name == group) help = std::string(cg.help);
+        }
+        g = app.add_subcommand(group, help)->require_subcommand(1);
+      }
+      parent = g;
+    }
+    CLI::App* sub = parent->add_subcommand(word, std::string(row.help));
+    sub->callback([&selected, name = std::string(row.name)] { selected = name; });
+    byName[std::string(row.name)] = sub;
+    for (const ArgSpec& arg : row.args) {
+      auto slot = std::make_unique<ArgSlot>();
+      slot->command = &row;
+      slot->arg = &arg;
+      const std::string name = arg.positional ? positionalName(arg.name) : optionName(arg.name);
+      const std::string help(arg.help);
+      switch (arg.type) {
+        case ArgType::String:
+          slot->option = sub->add_option(name, slot->text, help);
+          break;
+        case ArgType::Uint32:
+        case ArgType::Uint64: {
+          const std::uint64_t max =
+              arg.type == ArgType::Uint32 ? std::min<std::uint64_t>(arg.max, UINT32_MAX) : arg.max;
+          slot->option = sub->add_option(name, slot->number, help)->check(CLI::Range(arg.min, max));
+          break;
+        }
+        case ArgType::Bool:
+          slot->option = sub->add_flag(name, slot->flag, help);
+          break;
+      }
+      if (arg.required) slot->option->required();
+      slots.push_back(std::move(slot));
+    }
+  }
+  return byName;
+}
+
+// The request's arguments from what the parse gave the row's slots.
+Json argsOf(const CommandSpec& row, const std::vector<std::unique_ptr<ArgSlot>>& slots) {
+  Json args = Json::object();
+  for (const auto& slot : slots) {
+    if (slot->command != &row || slot->option->count() == 0) continue;
+    const std::string key(slot->arg->name);
+    switch (slot->arg->type) {
+      case ArgType::String:
+        // The daemon's working directory is not ours.
+        args[key] = key == "path" ? absolutePath(slot->text) : slot->text;
+        break;
+      case ArgType::Uint32:
+      case ArgType::Uint64:
+        args[key] = slot->number;
+        break;
+      case ArgType::Bool:
+        if (slot->flag) args[key] = true;
+        break;
+    }
+  }
+  return args;
+}
+
 int run(int argc, char** argv) {
   CLI::App app{"spillwayctl: operate a running spillwayd through its CLI socket", "spillwayctl"};
   app.fallthrough();
@@ -601,23 +703,18 @@ int run(int argc, char** argv) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
 
-  std::string command;  // the protocol command the parse selected
-  Json args = Json::object();
-  enum class Mode { Once, Watch, Events } mode = Mode::Once;
+  std::string command;  // the protocol command (or top, tier.status) the parse selected
+  std::vector<std::unique_ptr<ArgSlot>> slots;
+  const auto byName = addTableCommands(app, slots, command);
 
-  const auto simple = [&](CLI::App* parent, const std::string& name, const std::string& cmd,
-                          const std::string& help) {
-    return parent->add_subcommand(name, help)->callback([&, cmd] { command = cmd; });
-  };
-
-  simple(&app, "status", "status",
-         "uptime, generation, backend counts by state, warm-up, checkpoint, spillover and panic "
-         "state per VIP");
-
+  // What only this client does: top, tier status, and the repeating forms of
+  // stats and events.
   TopOptions top;
-  auto* topCmd = simple(&app, "top", "top",
-                        "live full-screen view: pools, backends (state, flows, pps, bytes/s, GPU, "
-                        "queue, RTT) and the latest events; q or Ctrl-C quits");
+  auto* topCmd = app.add_subcommand("top",
+                                    "live full-screen view: pools, backends (state, flows, pps, "
+                                    "bytes/s, GPU, queue, RTT) and the latest events; q or Ctrl-C "
+                                    "quits")
+                     ->callback([&] { command = "top"; });
   topCmd->add_flag("--once", top.once,
                    "print one plain-text report (two samples --interval apart) and exit");
   topCmd->add_option("--interval", top.intervalSeconds, "seconds between refreshes (default 1)")
@@ -625,106 +722,29 @@ int run(int argc, char** argv) {
   topCmd->add_option("--events", top.eventLines, "latest events shown (default 8)")
       ->check(CLI::Range(1u, 1000u));
 
-  auto* vip = app.add_subcommand("vip", "virtual IPs")->require_subcommand(1);
-  simple(vip, "list", "vip.list", "every VIP");
-  std::string vipName;
-  simple(vip, "show", "vip.show", "one VIP in detail")->add_option("NAME", vipName)->required();
-
-  auto* pool = app.add_subcommand("pool", "backend pools")->require_subcommand(1);
-  simple(pool, "list", "pool.list", "every pool");
-  std::string poolName;
-  simple(pool, "show", "pool.show", "one pool in detail")->add_option("NAME", poolName)->required();
-
-  auto* backend = app.add_subcommand("backend", "backends")->require_subcommand(1);
-  simple(backend, "list", "backend.list", "every backend: state, weights, health, load, flows");
-  std::string backendName;
-  std::string address;
-  std::string poolOfBackend;
-  std::uint32_t weight = 100;
-  std::uint64_t id = 0;
-  std::string mac;
-  std::string port;
-  auto* add = simple(backend, "add", "backend.add", "add a backend");
-  add->add_option("NAME", backendName, "backend name")->required();
-  add->add_option("--address", address, "its IPv4 or IPv6 address")->required();
-  add->add_option("--pool", poolOfBackend, "its pool")->required();
-  auto* weightOption = add->add_option("--weight", weight, "base weight (default 100)");
-  auto* idOption = add->add_option("--id", id, "stable id (default: hash of the name)");
-  auto* macOption = add->add_option("--mac", mac, "next-hop MAC override");
-  auto* portOption = add->add_option("--port", port, "egress port name");
-  for (const auto& [name, cmd, help] :
-       std::vector<std::tuple<std::string, std::string, std::string>>{
-           {"remove", "backend.remove", "remove a backend (after draining it)"},
-           {"drain", "backend.drain", "no new flows; tracked flows continue"},
-           {"undrain", "backend.undrain", "take new flows again"},
-           {"disable", "backend.disable", "take it out of service (operator)"},
-           {"enable", "backend.enable", "return it to service"}}) {
-    simple(backend, name, cmd, help)->add_option("NAME", backendName, "backend name")->required();
-  }
-  std::uint32_t newWeight = 0;
-  bool dryRun = false;
-  auto* weightCmd = simple(backend, "weight", "backend.weight",
-                           "set the base weight; --dry-run shows the predicted move");
-  weightCmd->add_option("NAME", backendName, "backend name")->required();
-  weightCmd->add_option("WEIGHT", newWeight, "new base weight")->required();
-  weightCmd->add_flag("--dry-run", dryRun, "predict the table move without applying it");
-
-  auto* table = app.add_subcommand("table", "Maglev tables")->require_subcommand(1);
-  std::string tableVip;
-  simple(table, "show", "table.show", "entries per backend and generation")
-      ->add_option("VIP", tableVip, "one VIP (default: all)");
-
-  simple(&app, "flows", "flows", "tracked flows per backend and per lcore");
-
   double watchSeconds = 0;
   std::uint64_t count = 0;
-  auto* stats = simple(&app, "stats", "stats", "data-path counters: packets, drops by reason");
+  CLI::App* stats = byName.at("stats");
   auto* watchOption = stats->add_option("--watch", watchSeconds, "repeat every SECONDS (default 2)")
                           ->expected(0, 1)
                           ->check(CLI::NonNegativeNumber);
   stats->add_option("--count", count, "stop after N reports (default: never)");
 
-  simple(&app, "health", "health", "health checks per backend: state, streaks, last error, RTT");
-
   bool follow = false;
-  std::uint64_t after = 0;
-  std::uint32_t limit = kDefaultEventsLimit;
   double interval = 1.0;
-  auto* eventsCmd = simple(&app, "events", "events", "state changes with their causes");
+  CLI::App* eventsCmd = byName.at("events");
   eventsCmd->add_flag("--follow,-f", follow, "keep printing new events");
-  eventsCmd->add_option("--after", after, "events after this sequence number");
-  eventsCmd->add_option("--limit", limit, "at most this many per request")
-      ->check(CLI::Range(1u, kMaxEventsLimit));
   eventsCmd->add_option("--interval", interval, "seconds between polls with --follow")
       ->check(CLI::PositiveNumber);
   eventsCmd->add_option("--count", count, "with --follow: stop after N polls");
 
-  auto* config = app.add_subcommand("config", "configuration")->require_subcommand(1);
-  std::string configPath;
-  simple(config, "check", "config.check", "validate a file (default: the running one's)")
-      ->add_option("PATH", configPath);
-  simple(config, "reload", "config.reload", "load and apply a file (default: the running one's)")
-      ->add_option("PATH", configPath);
-  bool effective = false;
-  simple(config, "dump", "config.dump", "the running configuration")
-      ->add_flag("--effective", effective,
-                 "the file merged with runtime overrides, and where each value comes from");
-  std::string clearBackend;
-  simple(config, "clear-overrides", "config.clear-overrides",
-         "forget runtime overrides (journaled): the file's values apply again")
-      ->add_option("--backend", clearBackend, "only this backend's (default: every backend's)");
-
-  auto* lb = app.add_subcommand("lb", "this instance's BGP announcement of its VIPs")
-                 ->require_subcommand(1);
-  simple(lb, "drain", "lb.drain",
-         "withdraw every VIP from the router (journaled: kept across restarts); flows continue");
-  simple(lb, "undrain", "lb.undrain", "announce the VIPs again");
-  simple(lb, "status", "lb.status", "announcement state, and per VIP announced or why not");
   auto* tierCmd =
       app.add_subcommand("tier", "a tier of instances (needs --tier)")->require_subcommand(1);
-  simple(tierCmd, "status", "tier.status",
-         "per instance the generation, warm-up and every VIP's table fingerprint, and the "
-         "entries that differ from the most common table");
+  tierCmd
+      ->add_subcommand("status",
+                       "per instance the generation, warm-up and every VIP's table fingerprint, "
+                       "and the entries that differ from the most common table")
+      ->callback([&] { command = "tier.status"; });
 
   try {
     app.parse(argc, argv);
@@ -734,27 +754,16 @@ int run(int argc, char** argv) {
   }
   if (command.empty()) return kExitUsage;
 
-  if (command == "vip.show") args["name"] = vipName;
-  if (command == "pool.show") args["name"] = poolName;
-  if (command.starts_with("backend.") && command != "backend.list") args["name"] = backendName;
-  if (command == "backend.add") {
-    args["address"] = address;
-    args["pool"] = poolOfBackend;
-    if (weightOption->count() > 0) args["weight"] = weight;
-    if (idOption->count() > 0) args["id"] = id;
-    if (macOption->count() > 0) args["mac"] = mac;
-    if (portOption->count() > 0) args["port"] = port;
+  Json args = Json::object();
+  if (const CommandSpec* row = findCommand(command)) {
+    args = argsOf(*row, slots);
+    // The server checks again; a request it would refuse is not sent.
+    if (auto problem = checkCommandArgs(*row, args)) {
+      std::cerr << "spillwayctl: " << *problem << '\n';
+      return kExitUsage;
+    }
   }
-  if (command == "backend.weight") {
-    args["weight"] = newWeight;
-    if (dryRun) args["dry_run"] = true;
-  }
-  if (command == "table.show" && !tableVip.empty()) args["vip"] = tableVip;
-  if ((command == "config.check" || command == "config.reload") && !configPath.empty()) {
-    args["path"] = absolutePath(configPath);  // the daemon's working directory is not ours
-  }
-  if (command == "config.dump" && effective) args["effective"] = true;
-  if (command == "config.clear-overrides" && !clearBackend.empty()) args["backend"] = clearBackend;
+  enum class Mode { Once, Watch, Events } mode = Mode::Once;
   if (command == "stats" && watchOption->count() > 0) mode = Mode::Watch;
   if (command == "events") mode = Mode::Events;
 
@@ -762,6 +771,8 @@ int run(int argc, char** argv) {
     std::cerr << "spillwayctl: top shows one instance: give its --socket, not --tier\n";
     return kExitUsage;
   }
+  const std::uint64_t after = args.value("after", std::uint64_t{0});
+  const std::uint32_t limit = args.value("limit", kDefaultEventsLimit);
   if (command == "tier.status" || !options.tierPath.empty()) {
     if (options.tierPath.empty()) {
       std::cerr << "spillwayctl: tier status needs --tier FILE (or SPILLWAY_TIER)\n";

@@ -1,11 +1,11 @@
 // libFuzzer target for the CLI socket protocol, in two modes picked by the
 // first byte:
 //  - '{' or JSON white space: the input is one raw request message;
-//  - anything else: the bytes choose a command (every one in
-//    protocolCommands()) and, per argument, whether it is left out, well
-//    typed (names, addresses, MACs, numbers at their edges) or ill typed,
-//    plus an unknown argument now and then, so every command's arguments
-//    reach validation and, past it, the handler.
+//  - anything else: the bytes choose a command (every row of the command
+//    table, commands.hpp) and, per argument, whether it is left out, well
+//    typed (names, addresses, MACs, numbers at the edges of the row's range
+//    and of their type) or ill typed, plus an unknown argument now and then,
+//    so every command's arguments reach validation and, past it, the handler.
 // Each request is handled once for root and once for a peer without write
 // access, by a FakeControlApi: whatever the bytes, handleRequest must return
 // a well-formed reply, make at most one ControlApi call, make none for a
@@ -111,8 +111,10 @@ Json stringValue(std::string_view arg, Choices& c) {
   return pick(c, kNames);
 }
 
-Json numberValue(ArgType type, Choices& c) {
-  switch (c.byte() % 6) {
+// Numbers at the edges of the row's range (and one past them) and of the
+// JSON integer types, or any.
+Json numberValue(const ArgSpec& a, Choices& c) {
+  switch (c.byte() % 8) {
     case 0:
       return 0;
     case 1:
@@ -123,8 +125,12 @@ Json numberValue(ArgType type, Choices& c) {
       return std::numeric_limits<std::uint64_t>::max();
     case 4:
       return c.byte();
+    case 5:
+      return c.byte() % 2 == 0 ? a.min : a.min - 1;
+    case 6:
+      return c.byte() % 2 == 0 ? a.max : a.max + 1;
     default:
-      return type == ArgType::Uint32 ? Json(c.number() & 0xffffffff) : Json(c.number());
+      return a.type == ArgType::Uint32 ? Json(c.number() & 0xffffffff) : Json(c.number());
   }
 }
 
@@ -148,7 +154,7 @@ Json illTyped(Choices& c) {
 }
 
 std::string structuredRequest(Choices& c, const CommandSpec*& command) {
-  const std::span<const CommandSpec> commands = protocolCommands();
+  const std::span<const CommandSpec> commands = commandTable();
   command = &commands[c.byte() % commands.size()];
   Json args = Json::object();
   for (const ArgSpec& a : command->args) {
@@ -164,7 +170,7 @@ std::string structuredRequest(Choices& c, const CommandSpec*& command) {
         break;
       case ArgType::Uint32:
       case ArgType::Uint64:
-        args[std::string(a.name)] = numberValue(a.type, c);
+        args[std::string(a.name)] = numberValue(a, c);
         break;
       case ArgType::Bool:
         args[std::string(a.name)] = c.byte() % 2 == 1;

@@ -60,11 +60,12 @@ stray=$(find src/control -maxdepth 1 -name '*.[ch]pp')
 if [ -n "$stray" ]; then
   echo "sources outside a room of src/control:"; echo "$stray"; status=1
 fi
-# spillwayctl links the client libraries only: the API's wire, the tier
-# client and table digests; of the configuration it reads the defaults of
-# ControlConfig (a header's inline values, nothing linked).
+# spillwayctl links the client libraries only: the API's wire (the command
+# table, the codec, the client), the tier client and table digests; of the
+# configuration it reads the defaults of ControlConfig (a header's inline
+# values, nothing linked).
 ctl_up=$(grep -HoE '#\s*include\s*"control/[a-z_/]+\.hpp"' src/spillwayctl/* |
-  grep -vE '"control/(api/(protocol|cli_client|control_api)|tier/(tier_client|tier_file)|backends/table_digest|config/config)\.hpp"')
+  grep -vE '"control/(api/(commands|protocol|cli_client|control_api)|tier/(tier_client|tier_file)|backends/table_digest|config/config)\.hpp"')
 if [ -n "$ctl_up" ]; then
   echo "spillwayctl includes the daemon's rooms:"; echo "$ctl_up"; status=1
 fi

@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "control/api/commands.hpp"
 #include "fake_control_api.hpp"
 
 extern char** environ;
@@ -824,6 +825,48 @@ TEST_F(SpillwayctlTest, UsageErrorsExitTwo) {
   }
   EXPECT_TRUE(api_.calls.empty());
   EXPECT_EQ(ctl({"--help"}).exitCode, 0);
+}
+
+// spillwayctl's subcommands come from the command table: each row's help is
+// in its group's help (or the top level's), and each argument's help in the
+// command's own.
+TEST_F(SpillwayctlTest, HelpIsTheCommandTable) {
+  for (const CommandSpec& c : commandTable()) {
+    const std::string name(c.name);
+    std::vector<std::string> path;
+    for (std::size_t start = 0, dot = 0; dot != std::string::npos; start = dot + 1) {
+      dot = name.find('.', start);
+      path.push_back(name.substr(start, dot == std::string::npos ? dot : dot - start));
+    }
+    std::vector<std::string> parent(path.begin(), path.end() - 1);
+    parent.push_back("--help");
+    const CtlRun listing = ctl(parent, /*withSocket=*/false);
+    EXPECT_EQ(listing.exitCode, 0) << name;
+    EXPECT_NE(listing.out.find(std::string(c.help)), std::string::npos)
+        << name << ": " << listing.out;
+    path.push_back("--help");
+    const CtlRun own = ctl(path, /*withSocket=*/false);
+    EXPECT_EQ(own.exitCode, 0) << name;
+    for (const ArgSpec& a : c.args) {
+      EXPECT_NE(own.out.find(std::string(a.help)), std::string::npos)
+          << name << " " << a.name << ": " << own.out;
+    }
+  }
+  EXPECT_TRUE(api_.calls.empty());
+}
+
+// An argument out of the row's range is refused before anything is sent.
+TEST_F(SpillwayctlTest, TableChecksBeforeSending) {
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"table", "digest", "--chunk", "1"},
+        {"events", "--limit", "1001"},
+        {"backend", "weight", "gpu-a1", "4294967296"}}) {
+    const CtlRun run = ctl(args);
+    EXPECT_EQ(run.exitCode, 2) << args[0] << " " << args[1] << ": " << run.err;
+  }
+  EXPECT_TRUE(api_.calls.empty());
+  const CtlRun digest = ctl({"table", "digest", "web", "--chunk", "2"});
+  EXPECT_EQ(digest.exitCode, 0) << digest.err;
 }
 
 TEST_F(SpillwayctlTest, UnreachableSocketExitsThreeNamingIt) {

@@ -106,14 +106,14 @@ TEST(Protocol, EveryCommandReachesItsCall) {
     EXPECT_EQ(api.calls[0], c.call);
     covered.insert(parseJson(c.request)["cmd"].get<std::string>());
   }
-  for (const CommandSpec& spec : protocolCommands()) {
+  for (const CommandSpec& spec : commandTable()) {
     EXPECT_TRUE(covered.contains(std::string(spec.name))) << spec.name << " has no happy case";
   }
 }
 
 TEST(Protocol, CommandListIsTheReference) {
   std::vector<std::string> names;
-  for (const CommandSpec& spec : protocolCommands()) names.emplace_back(spec.name);
+  for (const CommandSpec& spec : commandTable()) names.emplace_back(spec.name);
   EXPECT_EQ(names, (std::vector<std::string>{"status",
                                              "vip.list",
                                              "vip.show",

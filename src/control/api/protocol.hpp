@@ -9,10 +9,12 @@
 // daemon: a request must be a JSON object of valid UTF-8, at most
 // kMaxRequestBytes, nested at most kMaxRequestDepth deep, with no duplicate
 // key, exactly the keys "v" (the integer 1), "cmd" (a known command) and
-// optionally "args" (an object holding exactly the command's arguments, each
-// of its type: strings non-empty, without control characters and at most
+// optionally "args" (an object holding exactly the command's arguments as its
+// row in the command table declares them, checked by checkCommandArgs():
+// strings non-empty, without control characters and at most
 // kMaxArgStringBytes; integers non-negative JSON integers within their range;
-// booleans true or false). Anything else is an error reply and no ControlApi
+// booleans true or false). The row's handler makes the ControlApi call
+// (commands.hpp). Anything else is an error reply and no ControlApi
 // call is made. Errors found here have the codes
 //   too_large, bad_json, bad_request, unsupported_version, unknown_command,
 //   forbidden, busy (a read in one of the CLI server's change slots),
@@ -23,9 +25,10 @@
 // Authorisation is the second gate behind the socket file's mode: read-only
 // commands are served to any peer that could connect; commands that change
 // state (Access::Write) only to root and the uids/gids of the AccessPolicy.
-// Two commands depend on their arguments: backend.weight with dry_run:true
-// changes nothing and is read-only; config.check with a path makes the
-// daemon read a file of the peer's choosing and needs write access.
+// Two commands depend on their arguments (their rows' writesWith):
+// backend.weight with dry_run:true changes nothing and is read-only;
+// config.check with a path makes the daemon read a file of the peer's
+// choosing and needs write access.
 // config.check and config.reload hand the peer's credentials to the
 // ControlApi, which bounds which files a peer other than root may name and
 // what it is told of them (config_access.hpp).
@@ -45,6 +48,7 @@
 #include <string_view>
 #include <vector>
 
+#include "control/api/commands.hpp"
 #include "control/api/control_api.hpp"
 
 namespace spillway {
@@ -54,9 +58,6 @@ inline constexpr std::size_t kMaxRequestBytes = 64 * 1024;
 // A larger reply is replaced by a reply_too_large error.
 inline constexpr std::size_t kMaxReplyBytes = 4 * 1024 * 1024;
 inline constexpr std::size_t kMaxRequestDepth = 8;
-inline constexpr std::size_t kMaxArgStringBytes = 4096;
-inline constexpr std::uint32_t kDefaultEventsLimit = 100;
-inline constexpr std::uint32_t kMaxEventsLimit = 1000;
 
 // Who may run commands that change state. Root always may.
 struct AccessPolicy {
@@ -65,25 +66,6 @@ struct AccessPolicy {
 
   [[nodiscard]] bool mayWrite(const PeerCredentials& peer) const noexcept;
 };
-
-enum class ArgType : std::uint8_t { String, Uint32, Uint64, Bool };
-enum class Access : std::uint8_t { Read, Write };
-
-struct ArgSpec {
-  std::string_view name;
-  ArgType type;
-  bool required;
-};
-
-struct CommandSpec {
-  std::string_view name;  // "backend.drain"
-  Access access;
-  std::span<const ArgSpec> args;
-};
-
-// Every command, in the order of the reference.
-[[nodiscard]] std::span<const CommandSpec> protocolCommands() noexcept;
-[[nodiscard]] const CommandSpec* findCommand(std::string_view name) noexcept;
 
 // What one request came to; the server logs writes with the peer.
 struct RequestOutcome {
