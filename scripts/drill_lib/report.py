@@ -142,8 +142,14 @@ def summary(rep, out_dir):
             lines.append(f"  {w['do']} {w['instance']} at {w['at']} s: the router stopped using "
                          f"it after " + ", ".join(
                              f"{w[v]} s ({v})" for v in w
-                             if v not in ("at", "do", "instance", "tables_unchanged_for_s")) +
-                         f"; the tables had not changed for {w['tables_unchanged_for_s']} s")
+                             if v not in ("at", "do", "instance", "tables_unchanged_for_s",
+                                          "own_tables_unchanged_for_s")) +
+                         f"; its own tables had not changed for "
+                         f"{w.get('own_tables_unchanged_for_s')} s (the monitored instance's "
+                         f"for {w['tables_unchanged_for_s']} s)")
+        for th in tier.get("thaws", []):
+            lines.append(f"  thaw-instance {th['instance']} at {th['at']} s: in the router's next "
+                         f"hops again after {th['announced_after_s']} s")
         for j in tier["joins"]:
             lines.append(f"  start-instance {j['instance']} at {j['at']} s: warm after "
                          f"{j['warm_after_s']} s, in the router's next hops after "

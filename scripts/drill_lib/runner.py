@@ -232,7 +232,17 @@ class Drill:
                                   "before": before})
             rec["signal"] = sig
             rec["outage_s"] = round(outage, 3)
-        elif do in ("kill-instance", "stop-instance"):
+        elif do in ("kill-instance", "stop-instance", "freeze-instance"):
+            # How long the instance's own tables had been quiet when it went
+            # (its status just before: a step it made right before dying is
+            # what peers may not have heard of).
+            try:
+                st = e.instances[target].ctl.call("status")
+                rec["own_tables_quiet_s"] = round(
+                    (st["now_ms"] - st["tables_changed_ms"]) / 1000.0, 3)
+            except (OSError, ValueError, KeyError, DrillError):
+                rec["own_tables_quiet_s"] = None
+        if do in ("kill-instance", "stop-instance"):
             sig = "KILL" if do == "kill-instance" else "TERM"
             rc = e.stop_lb(sig, name=target)
             rec["signal"], rec["exit"] = sig, rc
@@ -243,7 +253,7 @@ class Drill:
             e.start_lb(target)
             e.wait_ready(name=target)
             rec["ready_s"] = round(time.time() - rec["t"], 3)
-        elif do in ("freeze-instance", "thaw-instance"):
+        if do in ("freeze-instance", "thaw-instance"):
             sig = signal.SIGSTOP if do == "freeze-instance" else signal.SIGCONT
             e.instances[target].frozen = do == "freeze-instance"
             e.instances[target].proc.send_signal(sig)

@@ -193,6 +193,10 @@ def judge_tier(d, check, rel):
             t_change = last_table_change(d.monitor.samples, a["t"])
             row["tables_unchanged_for_s"] = (round(a["t"] - t_change, 3)
                                              if t_change is not None else None)
+            # The instance's own last table step, from its status just before
+            # the action (the monitored instance's tables may have settled
+            # earlier than the dying one's).
+            row["own_tables_unchanged_for_s"] = a.get("own_tables_quiet_s")
             for vip in (VIP_FLOWS, VIP_GRPC):
                 t = mon.first_change(vip, a["t"], lambda h, x=addr[name]: x not in h)
                 row[vip] = round(t - a["t"], 3) if t is not None else None

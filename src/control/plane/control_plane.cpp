@@ -517,7 +517,9 @@ std::unique_ptr<ForwardingSnapshot> ControlPlane::takeSnapshot(Millis now) {
   ++publishes_;
   // What a checkpoint writes with the exceptions judged against this
   // snapshot: the weights it was built with, not later ones.
-  publishedTables_ = tablesState();
+  TablesState tables = tablesState();
+  if (tables.weights != publishedTables_.weights) tablesChangedMs_ = now;
+  publishedTables_ = std::move(tables);
   dirty_ = false;
   pendingApply_ = {generation_, now};
   return s;

@@ -260,6 +260,7 @@ class ControlPlane final : public ControlApi {
 
   AffinityKeeper keeper_;
   TablesState publishedTables_;  // as of the newest snapshot taken
+  Millis tablesChangedMs_ = 0;   // when a snapshot last carried other weights (tables)
   // LB tier ([tier]): null without peers.
   std::unique_ptr<PeerChannel> peers_;
   ByteRateMeter byteRates_;

@@ -38,6 +38,7 @@ ApiResult ControlPlane::status() {
               {"backends", config_.backends.size()},
               {"backends_by_state", byState},
               {"publishes", publishes_},
+              {"tables_changed_ms", tablesChangedMs_},
               {"last_publish_latency_ms", latency},
               {"backend_indices",
                {{"max", ix.maxBackends},
