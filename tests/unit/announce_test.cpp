@@ -415,15 +415,6 @@ TEST(FreezeGuard, ActsInItsOwnProcessWhenTheBeatStopsAndCountsIt) {
   EXPECT_EQ(guard->pid(), 0);
 }
 
-TEST(FreezeGuard, NeverActsBeforeTheFirstBeat) {
-  GuardPipe pipe;
-  auto guard = startGuard(pipe);
-  ASSERT_TRUE(guard);
-  pollfd p{pipe.fds[0], POLLIN, 0};
-  EXPECT_EQ(::poll(&p, 1, 300), 0);  // five freeze limits without a beat: nothing
-  EXPECT_EQ(guard->trips(), 0u);
-}
-
 TEST(Announcer, AfterAFreezeTheDeviceComesBackEmptyAndTheVipsAfterHoldDown) {
   GuardPipe pipe;
   auto guard = startGuard(pipe);
