@@ -138,6 +138,17 @@ class Drill:
         self.tier_monitor.start()
 
     # -- actions ---------------------------------------------------------------------
+    def own_tables_quiet(self, name):
+        """How long instance `name`'s own tables had not changed, from its
+        status just before it is killed, stopped or frozen (a step it made
+        right before is what its peers may not have heard of); None when it
+        does not answer."""
+        try:
+            st = self.e.instances[name].ctl.call("status")
+            return round((st["now_ms"] - st["tables_changed_ms"]) / 1000.0, 3)
+        except (OSError, ValueError, KeyError, DrillError):
+            return None
+
     def act(self, a):
         e, do, target = self.e, a["do"], a.get("target")
         rec = {"at": round(time.time() - self.t0, 3), "t": time.time(), "do": do}
@@ -232,17 +243,8 @@ class Drill:
                                   "before": before})
             rec["signal"] = sig
             rec["outage_s"] = round(outage, 3)
-        elif do in ("kill-instance", "stop-instance", "freeze-instance"):
-            # How long the instance's own tables had been quiet when it went
-            # (its status just before: a step it made right before dying is
-            # what peers may not have heard of).
-            try:
-                st = e.instances[target].ctl.call("status")
-                rec["own_tables_quiet_s"] = round(
-                    (st["now_ms"] - st["tables_changed_ms"]) / 1000.0, 3)
-            except (OSError, ValueError, KeyError, DrillError):
-                rec["own_tables_quiet_s"] = None
-        if do in ("kill-instance", "stop-instance"):
+        elif do in ("kill-instance", "stop-instance"):
+            rec["own_tables_quiet_s"] = self.own_tables_quiet(target)
             sig = "KILL" if do == "kill-instance" else "TERM"
             rc = e.stop_lb(sig, name=target)
             rec["signal"], rec["exit"] = sig, rc
@@ -253,7 +255,9 @@ class Drill:
             e.start_lb(target)
             e.wait_ready(name=target)
             rec["ready_s"] = round(time.time() - rec["t"], 3)
-        if do in ("freeze-instance", "thaw-instance"):
+        elif do in ("freeze-instance", "thaw-instance"):
+            if do == "freeze-instance":
+                rec["own_tables_quiet_s"] = self.own_tables_quiet(target)
             sig = signal.SIGSTOP if do == "freeze-instance" else signal.SIGCONT
             e.instances[target].frozen = do == "freeze-instance"
             e.instances[target].proc.send_signal(sig)
