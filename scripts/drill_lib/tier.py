@@ -135,18 +135,20 @@ class TierMonitor(Sampler):
 
 
 def excused_windows(d):
-    """New flows whose first SYN went to an instance the drill killed, before
-    the router stopped sending to it: lost with the instance (TCP retries
-    after 1 s). From the kill until the router's last next hop through it
-    went (or 1 s, if it never went: router_withdraw_max_s fails then)."""
+    """New flows whose first SYN went to an instance the drill killed or
+    froze, before the router stopped sending to it: lost with the instance,
+    or waiting in a process that does not run (TCP retries after 1 s). From
+    the kill or freeze until the router's last next hop through it went (or
+    1 s, if it never went: router_withdraw_max_s / freeze_withdraw_max_s
+    fail then)."""
     out, mon = [], d.tier_monitor
     for a in d.actions:
-        if a["do"] != "kill-instance":
+        if a["do"] not in ("kill-instance", "freeze-instance"):
             continue
         x = d.e.instances[a["target"]].address
         gone = [mon.first_change(v, a["t"], lambda h: x not in h) for v in (VIP_FLOWS, VIP_GRPC)]
         until = max((g for g in gone if g is not None), default=a["t"] + 1.0)
-        out.append((a["t"], until + 0.1, f"kill-instance {a['target']} at {a['at']} s"))
+        out.append((a["t"], until + 0.1, f"{a['do']} {a['target']} at {a['at']} s"))
     return out
 
 
