@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "control/api/commands.hpp"
+#include "control/sys/refusal_summary.hpp"
 #include "fake_control_api.hpp"
 
 extern char** environ;
@@ -381,6 +382,59 @@ TEST_F(CliServerTest, TooManyClientsAreToldBusy) {
   EXPECT_EQ(server.clientCount(), 2u);
   ASSERT_TRUE(a.send(makeRequest("status")));
   EXPECT_TRUE(mustParse(awaitReply(server, a)).ok);
+}
+
+// Clients churning against a full server: each is told busy, and the log
+// (spillwayd's stderr) gets one line when the refusals start and then one
+// summary per interval, not a line per refused client.
+TEST_F(CliServerTest, RefusedClientsAreSummarisedNotLoggedOneByOne) {
+  CliServerOptions o = options();
+  o.maxClients = 2;
+  auto t = std::chrono::steady_clock::time_point{} + std::chrono::hours(1);
+  o.clock = [&] { return t; };
+  o.firstRequestTimeout = std::chrono::hours(10);
+  o.idleTimeout = std::chrono::hours(10);
+  CliServer server(api_, o);
+  open(server);
+  RawClient a(server.socketPath());
+  RawClient b(server.socketPath());
+  ASSERT_TRUE(pumpUntil(server, [&] { return server.clientCount() == 2; }));
+  for (int i = 0; i < 50; ++i) {
+    RawClient c(server.socketPath());
+    EXPECT_EQ(mustParse(awaitReply(server, c)).errorCode, "busy");
+  }
+  std::size_t refusalLines = 0;
+  for (const std::string& line : log_) refusalLines += line.find("refused") != std::string::npos;
+  EXPECT_EQ(refusalLines, 1u);
+  t += std::chrono::seconds(11);
+  server.poll();
+  ASSERT_FALSE(log_.empty());
+  EXPECT_NE(log_.back().find("cli: refused 49 more"), std::string::npos) << log_.back();
+  EXPECT_NE(log_.back().find("busy: all client slots taken: 49"), std::string::npos) << log_.back();
+}
+
+// The summary's own rules: the first refusal of a spell at once, the rest
+// once an interval; a quiet interval ends the spell; memory stays bounded
+// whatever the sources and reasons.
+TEST(RefusalSummary, FirstAtOnceThenOneLineAnIntervalWithBoundedMemory) {
+  RefusalSummary s("peer listener", 10000);
+  const auto first = s.note(100, "10.0.0.1", "bad");
+  ASSERT_TRUE(first.has_value());
+  EXPECT_NE(first->find("peer listener: refused 10.0.0.1: bad"), std::string::npos);
+  for (int i = 0; i < 1000; ++i) {
+    EXPECT_FALSE(s.note(200, "10.0.1." + std::to_string(i), "reason " + std::to_string(i % 20)));
+  }
+  EXPECT_FALSE(s.flush(10099).has_value());  // not yet an interval
+  const auto summary = s.flush(10100);
+  ASSERT_TRUE(summary.has_value());
+  EXPECT_NE(summary->find("refused 1000 more in the last 10 s from 64+ source(s)"),
+            std::string::npos)
+      << *summary;
+  EXPECT_NE(summary->find("other: "), std::string::npos) << "reasons beyond 8 are pooled";
+  EXPECT_LT(summary->size(), 600u);
+  EXPECT_FALSE(s.flush(20100).has_value());  // a quiet interval: nothing, and the spell ends
+  EXPECT_TRUE(s.note(20200, "10.0.0.1", "bad").has_value()) << "a new spell starts at once";
+  EXPECT_EQ(s.total(), 1002u);
 }
 
 // Idle connections of a socket-group member fill every slot for reads: a

@@ -281,6 +281,87 @@ TEST_F(PeerPair, GarbageFromAnUnauthenticatedClientIsDroppedAndTheChannelLives) 
   ASSERT_TRUE(pollUntil([&] { step({a.get(), b.get()}); }, [&] { return b->held("lb-a") == 1; }));
 }
 
+// A stranger holding handshakes open (connects and never speaks) from many
+// addresses, far more connections than the listener keeps: the configured
+// peer (another address) still gets through at once, the stranger's
+// connections are refused at accept and counted, and the event log gets one
+// line for the start of the refusals, not one per connection.
+TEST_F(PeerPair, StrangersHoldingHandshakesDoNotKeepAPeerOut) {
+  EventLog log(256);
+  auto b = make("lb-b", pb_, "lb-a", pa_, kSecret, kSeed, &log);
+  std::vector<int> held;
+  for (int source = 2; source <= 21; ++source) {  // 127.0.0.2 .. 127.0.0.21
+    for (int k = 0; k < 10; ++k) {
+      const int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+      ASSERT_GE(fd, 0);
+      sockaddr_in from{};
+      from.sin_family = AF_INET;
+      from.sin_addr.s_addr = htonl(0x7f000000u | static_cast<std::uint32_t>(source));
+      ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof from), 0);
+      sockaddr_in to{};
+      to.sin_family = AF_INET;
+      to.sin_port = htons(pb_);
+      to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      const int rc = connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to);
+      ASSERT_TRUE(rc == 0 || errno == EINPROGRESS);
+      held.push_back(fd);
+    }
+    step({b.get()});
+  }
+  for (int i = 0; i < 10; ++i) step({b.get()});
+  const Json st = b->status(now_);
+  // 4 per address at most, 32 from addresses of no peer in all.
+  EXPECT_EQ(st["pending_handshakes"], 32u);
+  EXPECT_EQ(st["connections_refused"], 200u - 32u);
+  // The peer's address (127.0.0.1) has its own allowance.
+  auto a = make("lb-a", pa_, "lb-b", pb_);
+  a->publishLocal(records(1, 5, 77));
+  ASSERT_TRUE(pollUntil([&] { step({a.get(), b.get()}); }, [&] { return b->held("lb-a") == 5; }));
+  std::size_t refusalEvents = 0;
+  for (const Event& e : log.since(0, 0).events) {
+    refusalEvents += e.cause.find("refused") != std::string::npos;
+  }
+  EXPECT_EQ(refusalEvents, 1u);
+  // An interval later the rest are summarised in one line.
+  now_ += 10001;
+  step({b.get()});
+  std::string summary;
+  for (const Event& e : log.since(0, 0).events) {
+    if (e.cause.find(" more ") != std::string::npos) summary = e.cause;
+  }
+  EXPECT_NE(summary.find("refused 167 more"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("from 20 source(s)"), std::string::npos) << summary;
+  for (const int fd : held) ::close(fd);
+}
+
+// Handshakes as an unknown node, over and over: each is refused and counted,
+// and the event log holds a first line and then summaries, so a flood of
+// them cannot push the operator's events out of the ring.
+TEST_F(PeerPair, AFloodOfUnknownNodesIsSummarisedNotLogged) {
+  EventLog log(64);
+  auto b = make("lb-b", pb_, "lb-a", pa_, kSecret, kSeed, &log);
+  auto c = make("lb-x", freePort(), "lb-b", pb_);
+  Millis cNow = 1;
+  ASSERT_TRUE(pollUntil(
+      [&] {
+        cNow += 1001;  // lb-x redials once a second of its own time
+        c->poll(cNow);
+        step({b.get()});
+      },
+      [&] { return b->status(now_)["unknown_node_refusals"] >= 200; }));
+  const auto refusals = b->status(now_)["unknown_node_refusals"].get<std::uint64_t>();
+  EXPECT_EQ(log.dropped(), 0u);
+  EXPECT_LE(log.size(), 2u);
+  now_ += 10001;
+  step({b.get()});
+  const auto events = log.since(0, 0).events;
+  ASSERT_FALSE(events.empty());
+  EXPECT_NE(events.back().cause.find("refused " + std::to_string(refusals - 1) + " more"),
+            std::string::npos)
+      << events.back().cause;
+  EXPECT_NE(events.back().cause.find("no configured peer"), std::string::npos);
+}
+
 // --- The keeper's exports for the peers --------------------------------------
 
 TEST(KeeperSync, ExportsEverySyncIntervalAndWritesCheckpointsOnlyWhenTheyAreDue) {

@@ -108,6 +108,18 @@ std::chrono::steady_clock::time_point CliServer::now() const {
   return options_.clock ? options_.clock() : std::chrono::steady_clock::now();
 }
 
+std::uint64_t CliServer::nowMs() const {
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(now().time_since_epoch()).count());
+}
+
+void CliServer::noteRefusal(std::string_view source, std::string_view reason) noexcept {
+  try {
+    if (auto line = refusals_.note(nowMs(), source, reason)) log(*line);
+  } catch (...) {
+  }
+}
+
 void CliServer::log(const std::string& line) const noexcept {
   if (!options_.log) return;
   try {
@@ -241,6 +253,7 @@ void CliServer::poll() noexcept {
                  (brief ? options_.firstRequestTimeout : options_.idleTimeout);
         },
         [this](std::uint64_t id) { closeClient(id); });
+    if (auto line = refusals_.flush(nowMs())) log(*line);
   } catch (...) {
   }
 }
@@ -292,7 +305,7 @@ void CliServer::refuse(int fd, const PeerCredentials& peer, std::string_view why
   try {
     const std::string busy = makeErrorReply("busy", why);
     (void)::send(fd, busy.data(), busy.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
-    log("cli: rejected " + describePeer(peer) + ": busy: " + std::string(why));
+    noteRefusal(describePeer(peer), "busy: all client slots taken");
   } catch (...) {
   }
   for (int i = 0; i < 16; ++i) {
@@ -317,8 +330,8 @@ void CliServer::serveOne(std::uint64_t id, Client& client) noexcept {
     client.lastActive = now();
     const auto size = static_cast<std::size_t>(n);
     if (size > kMaxRequestBytes) {
-      log("cli: " + describePeer(client.peer) + ": request of " + std::to_string(size) +
-          " bytes rejected (limit " + std::to_string(kMaxRequestBytes) + ")");
+      noteRefusal(describePeer(client.peer),
+                  "request larger than " + std::to_string(kMaxRequestBytes) + " bytes");
       send(id, client,
            makeErrorReply("too_large", "request of " + std::to_string(size) +
                                            " bytes exceeds the limit of " +

@@ -51,6 +51,7 @@
 #include "control/api/control_api.hpp"
 #include "control/api/protocol.hpp"
 #include "control/config/config.hpp"
+#include "control/sys/refusal_summary.hpp"
 
 namespace spillway {
 
@@ -68,7 +69,10 @@ struct CliServerOptions {
   // Writers besides root, the daemon's effective uid and the socket's group,
   // which open() adds.
   AccessPolicy policy;
-  CliLog log;      // one line per request that changes state, and per rejected client
+  // One line per request that changes state; refused clients (busy, a
+  // request too large) as RefusalSummary lines: the first at once, then one
+  // summary every 10 s while they go on.
+  CliLog log;
   CliClock clock;  // default: std::chrono::steady_clock::now
 
   [[nodiscard]] static CliServerOptions fromConfig(const ControlConfig& config, CliLog log = {});
@@ -115,6 +119,8 @@ class CliServer {
   void closeClient(std::uint64_t id) noexcept;
   void watch(std::uint64_t id, const Client& client, bool writable) noexcept;
   void log(const std::string& line) const noexcept;
+  void noteRefusal(std::string_view source, std::string_view reason) noexcept;
+  [[nodiscard]] std::uint64_t nowMs() const;
   [[nodiscard]] std::chrono::steady_clock::time_point now() const;
 
   ControlApi& api_;
@@ -127,6 +133,7 @@ class CliServer {
   std::uint64_t nextId_ = 1;  // 0 is the listening socket
   std::map<std::uint64_t, Client> clients_;
   std::vector<char> buffer_;
+  RefusalSummary refusals_{"cli"};
 };
 
 }  // namespace spillway

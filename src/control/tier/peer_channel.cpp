@@ -27,7 +27,19 @@ constexpr std::size_t kLowWater = 256 * 1024;
 // Bytes read from one connection per poll (bounded control-thread work).
 constexpr std::size_t kReadPerPoll = 1 << 20;
 constexpr std::size_t kReadChunk = 65536;
-constexpr int kListenBacklog = 16;
+constexpr int kListenBacklog = 128;
+// Connections accepted (and most of them refused at once) per poll: a flood
+// drains from the backlog faster than it fills, so a peer's SYN is not lost
+// behind it.
+constexpr int kAcceptsPerPoll = 1024;
+// Pending handshakes (accepted, not yet authenticated). From an address that
+// is no configured peer's: at most this many per address and in all, so
+// strangers never take what peers need. From a peer's address: its own
+// allowance (kPendingPerKnownPeer per peer at that address), which strangers
+// elsewhere cannot touch.
+constexpr std::size_t kPendingPerStranger = 4;
+constexpr std::size_t kPendingStrangers = 32;
+constexpr std::size_t kPendingPerKnownPeer = 4;
 
 PeerNonce freshNonce() {
   PeerNonce n{};
@@ -47,6 +59,23 @@ std::optional<SocketAddress> socketAddressOf(const std::string& text) {
   const auto ip = parseIpAddress(a->host);
   if (!ip) return std::nullopt;
   return SocketAddress(*ip, a->port);
+}
+
+// The address alone (no port), IPv4-mapped IPv6 written as IPv4, so it
+// compares with formatIpAddress() of a configured peer's address.
+std::string sourceOf(const sockaddr_storage& ss) {
+  char host[64] = "?";
+  if (ss.ss_family == AF_INET) {
+    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(&ss)->sin_addr, host, sizeof host);
+    return host;
+  }
+  const in6_addr& a = reinterpret_cast<const sockaddr_in6*>(&ss)->sin6_addr;
+  if (IN6_IS_ADDR_V4MAPPED(&a)) {
+    inet_ntop(AF_INET, &a.s6_addr[12], host, sizeof host);
+  } else {
+    inet_ntop(AF_INET6, &a, host, sizeof host);
+  }
+  return host;
 }
 
 std::string peerText(const sockaddr_storage& ss) {
@@ -78,6 +107,11 @@ PeerChannel::PeerChannel(TierConfig config, std::uint64_t hashSeed, EventLog& ev
       local_(std::make_shared<const LocalSet>()) {
   peers_.resize(config_.peers.size());
   for (std::size_t i = 0; i < peers_.size(); ++i) peers_[i].config = config_.peers[i];
+  for (const TierPeerConfig& p : config_.peers) {
+    const auto a = parseListenAddress(p.address);
+    const auto ip = a ? parseIpAddress(a->host) : std::nullopt;
+    if (ip) ++peersAt_[formatIpAddress(*ip)];
+  }
 }
 
 PeerChannel::~PeerChannel() = default;
@@ -111,6 +145,12 @@ std::optional<std::string> PeerChannel::open() {
   return std::nullopt;
 }
 
+std::size_t PeerChannel::pendingHandshakes() const {
+  std::size_t n = 0;
+  for (const auto& [id, c] : conns_) n += !c.outbound && c.phase != Phase::Up;
+  return n;
+}
+
 int PeerChannel::peerNamed(std::string_view name) const {
   for (std::size_t i = 0; i < peers_.size(); ++i) {
     if (peers_[i].config.name == name) return static_cast<int>(i);
@@ -120,18 +160,36 @@ int PeerChannel::peerNamed(std::string_view name) const {
 
 void PeerChannel::accept(Millis now) {
   if (!listen_.valid()) return;
-  // Pending handshakes and sessions together: two per peer and a few spare.
-  const std::size_t maxConns = peers_.size() * 2 + 8;
-  for (int i = 0; i < 64; ++i) {
+  for (int i = 0; i < kAcceptsPerPoll; ++i) {
     sockaddr_storage ss{};
     socklen_t len = sizeof ss;
     const int fd = accept4(listen_.get(), reinterpret_cast<sockaddr*>(&ss), &len,
                            SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) return;
     UniqueFd owned(fd);
-    if (conns_.size() >= maxConns) {
+    const std::string source = sourceOf(ss);
+    const auto known = peersAt_.find(source);
+    std::size_t fromSource = 0;
+    std::size_t strangers = 0;
+    for (const auto& [id, c] : conns_) {
+      if (c.outbound || c.phase == Phase::Up) continue;
+      if (c.source == source) ++fromSource;
+      if (!c.knownSource) ++strangers;
+    }
+    std::string_view refusal;
+    if (known != peersAt_.end()) {
+      if (fromSource >= kPendingPerKnownPeer * known->second) {
+        refusal = "too many pending handshakes from a peer's address";
+      }
+    } else if (fromSource >= kPendingPerStranger) {
+      refusal = "too many pending handshakes from one address";
+    } else if (strangers >= kPendingStrangers) {
+      refusal = "too many pending handshakes from addresses of no peer";
+    }
+    if (!refusal.empty()) {
       ++connectionsRefused_;
-      continue;
+      noteRefusal(now, source, refusal);
+      continue;  // closed by UniqueFd
     }
     const int one = 1;
     (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -141,6 +199,8 @@ void PeerChannel::accept(Millis now) {
     c.outbound = false;
     c.phase = Phase::AwaitAuth;
     c.remote = peerText(ss);
+    c.source = source;
+    c.knownSource = known != peersAt_.end();
     c.opened = c.lastRecv = c.lastSend = now;
     c.serverNonce = freshNonce();
     send(c, PeerFrameType::Hello,
@@ -148,6 +208,10 @@ void PeerChannel::accept(Millis now) {
     if (!epollAdd(epoll_.get(), fd, id, EPOLLIN)) continue;
     conns_.emplace(id, std::move(c));
   }
+}
+
+void PeerChannel::noteRefusal(Millis now, std::string_view source, std::string_view reason) {
+  if (auto line = refusals_.note(now, source, reason)) events_.append(now, "", kEventPeer, *line);
 }
 
 void PeerChannel::connectOut(std::size_t index, Millis now) {
@@ -188,6 +252,7 @@ void PeerChannel::poll(Millis now) {
   // The epoll fd only wakes the daemon's loop; every connection is visited.
   now_ = now;
   accept(now);
+  if (auto line = refusals_.flush(now)) events_.append(now, "", kEventPeer, *line);
   for (std::size_t i = 0; i < peers_.size(); ++i) {
     if (!peers_[i].outConn && now >= peers_[i].nextAttempt) connectOut(i, now);
   }
@@ -369,8 +434,7 @@ bool PeerChannel::handleHandshake(std::uint64_t id, Conn& c, PeerFrameType type,
   const int index = peerNamed(auth->node);
   if (index < 0) {
     ++unknownNodes_;
-    events_.append(now, "", kEventPeer,
-                   "auth refused: unknown node '" + auth->node + "' from " + c.remote);
+    noteRefusal(now, c.source, "handshake as a node that is no configured peer");
     refuse(c, "unknown node '" + auth->node + "'");
     return false;
   }
@@ -379,7 +443,8 @@ bool PeerChannel::handleHandshake(std::uint64_t id, Conn& c, PeerFrameType type,
       peerAuthMac(master_, "auth-c", c.serverNonce, auth->nonce, auth->seedTag, auth->node)) {
     ++p.authFailures;
     p.lastError = "bad MAC from " + c.remote + " (another secret?)";
-    events_.append(now, "", kEventPeer, "auth refused: peer " + p.config.name + ": " + p.lastError);
+    noteRefusal(now, c.source,
+                "bad MAC claiming to be peer " + p.config.name + " (another secret?)");
     refuse(c, "authentication failed");
     return false;
   }
@@ -722,6 +787,7 @@ Json PeerChannel::status(Millis now) const {
               {"peer_exceptions_ignored", ignored_},
               {"unknown_node_refusals", unknownNodes_},
               {"connections_refused", connectionsRefused_},
+              {"pending_handshakes", pendingHandshakes()},
               {"peers", peers}};
 }
 
@@ -761,6 +827,10 @@ void PeerChannel::metrics(MetricsWriter& m, Millis now) const {
   m.counter("spillway_peer_unknown_node_refusals_total",
             "Handshakes refused because the node is not a configured peer.", {},
             static_cast<double>(unknownNodes_));
+  m.counter("spillway_peer_connections_refused_total",
+            "Connections to the peer port closed at accept: too many pending handshakes from "
+            "their address, or from addresses of no peer.",
+            {}, static_cast<double>(connectionsRefused_));
   m.gauge("spillway_peer_exceptions_in_table", "Peers' exceptions in the exception table.", {},
           static_cast<double>(inUse_));
   m.gauge("spillway_peer_exceptions_ignored",

@@ -47,6 +47,7 @@
 #include "control/api/control_api.hpp"
 #include "control/api/event_log.hpp"
 #include "control/config/config.hpp"
+#include "control/sys/refusal_summary.hpp"
 #include "control/tier/peer_wire.hpp"
 #include "spillway/flow_exceptions.hpp"
 #include "spillway/unique_fd.hpp"
@@ -142,6 +143,8 @@ class PeerChannel {
     int peer = -1;  // index into config_.peers; -1 until authenticated (inbound)
     Phase phase = Phase::Connecting;
     std::string remote;
+    std::string source;        // inbound: the remote address without the port
+    bool knownSource = false;  // inbound: a configured peer's address
     std::string in;
     std::string out;
     std::size_t outSent = 0;
@@ -198,6 +201,8 @@ class PeerChannel {
   void close(std::uint64_t id, const std::string& why, Millis now);
   [[nodiscard]] std::string directionState(const std::optional<std::uint64_t>& conn) const;
   [[nodiscard]] int peerNamed(std::string_view name) const;
+  void noteRefusal(Millis now, std::string_view source, std::string_view reason);
+  [[nodiscard]] std::size_t pendingHandshakes() const;
 
   TierConfig config_;
   std::uint64_t hashSeed_;
@@ -219,6 +224,11 @@ class PeerChannel {
   std::size_t ignored_ = 0;
   std::uint64_t unknownNodes_ = 0;
   std::uint64_t connectionsRefused_ = 0;
+  // Configured peers per address, for the listener's pending allowances.
+  std::map<std::string, std::size_t, std::less<>> peersAt_;
+  // Refusals a stranger can cause (accept limits, unknown node, bad MAC):
+  // summarised into the event log, never one event each.
+  RefusalSummary refusals_{"peer listener"};
 };
 
 }  // namespace spillway
