@@ -202,7 +202,7 @@ class Estate:
 
     def write_config(self, answer_ping=True, addresses=None, extra_vips=(), mtu=1600,
                      priorities=None, pool_tables=None, extra=(), only=None, weights=None,
-                     path=None, check=True, lb_addr=LB_ADDR, host="lb"):
+                     path=None, check=True, lb_addr=LB_ADDR, host="lb", lb_addr6=LB_ADDR6):
         """The gateway's configuration. addresses: backend name -> tunnel
         address (default: its IPv4 fabric address); extra_vips: [[vip]]
         tables as lists of lines. For the control-plane tests
@@ -212,14 +212,15 @@ class Estate:
         backend names to configure (default all); weights: name -> weight
         (default WEIGHTS); path: write there instead of spillway.toml (and
         leave self.config alone); check: run --check-config; lb_addr: the
-        gateway port's address (a tier instance's own)."""
+        gateway port's address (a tier instance's own); lb_addr6: its IPv6
+        address (with --ipv6)."""
         addresses = addresses or {}
         priorities = priorities or {}
         pool_tables = pool_tables or {}
         weights = WEIGHTS if weights is None else weights
         port = {"name": "fabric", "devargs": f"net_{self.pmd}0,iface=eth0", "address": lb_addr}
         if self.backends6:
-            port["address6"] = LB_ADDR6
+            port["address6"] = lb_addr6
         port.update(mtu=mtu, kernel_interface="eth0")
         # Both pools at one priority level, so new flows spread over every
         # backend by weight and every encapsulation carries traffic

@@ -350,9 +350,10 @@ int runDaemon(const Config& configIn, const DaemonOptions& options) {
         const AnnounceOutcome o = announceExchange.outcome();
         announceExchange.setStopping();
         if (std::any_of(o.vips.begin(), o.vips.end(), [](const auto& v) { return v.announced; })) {
-          *stopAt += std::chrono::milliseconds(config.announce.withdrawGraceMs);
-          log("stopping: VIPs withdrawn, forwarding for " +
-              std::to_string(config.announce.withdrawGraceMs) + " ms more");
+          // The running value: a reload may have changed it.
+          const Millis grace = control.config().announce.withdrawGraceMs;
+          *stopAt += std::chrono::milliseconds(grace);
+          log("stopping: VIPs withdrawn, forwarding for " + std::to_string(grace) + " ms more");
         }
       }
     }

@@ -21,6 +21,9 @@ router's kernel routing table (what ECMP forwards by):
   - SIGKILL of lb2 takes its next hop out (the kernel destroys its announce
     device, and the routes with it; time printed);
   - SIGTERM of lb1 withdraws before the process exits (withdraw_grace_ms);
+  - an IPv6 VIP goes out over each instance's IPv6 BGP session (the IPv4
+    sessions carry no IPv6 routes): an ECMP /128 via both instances' IPv6
+    addresses, connections through it complete, lb drain withdraws it too;
   - no packet went through an announce device (its counters stay at 0
     through the traffic).
 
@@ -37,7 +40,7 @@ import time
 
 from estate_harness import estate as swe
 from estate_harness.ctl import Ctl
-from estate_harness.estate import VIP_GRPC, VIP_NCCL, Skip, checks, log, wait_until
+from estate_harness.estate import VIP6, VIP_GRPC, VIP_NCCL, Skip, checks, log, wait_until
 
 VIP_SOLO = "192.0.2.12"  # only the cloud pool: disabling cloud1 empties it
 HEALTH = ["[pool.health]", 'kind = "tcp"', "port = 8000", "interval = 0.2", "timeout = 0.15",
@@ -46,12 +49,35 @@ ANNOUNCE = ["[announce]", "enabled = true", 'device = "spillway0"', "hold_down_m
             "withdraw_grace_ms = 1500", "freeze_ms = 300"]
 SOLO = ['name = "solo"', f'address = "{VIP_SOLO}"', 'protocol = "tcp"', "port = 8000",
         "table_size = 4099", 'pools = ["cloud"]']
+NCCL6 = ['name = "nccl6"', f'address = "{VIP6}"', 'protocol = "tcp"', "port = 0",
+         'pools = ["onprem", "cloud"]']
 
 
 def next_hops(e, vip):
     """The router's kernel next hops for vip/32 (empty: no route)."""
     text = e.run(["ip", "-n", e.ns("router"), "route", "show", f"{vip}/32"]).stdout
     return set(re.findall(r"via (\S+)", text))
+
+
+def v6_of(addr):
+    """An instance's IPv6 fabric address (scripts/topology: the same host
+    number in fd00:99::/64)."""
+    return "fd00:99::" + addr.rsplit(".", 1)[1]
+
+
+def next_hops6(e, vip):
+    """The router's kernel next hops for vip/128, as the instances' IPv6
+    fabric addresses (FRR installs the link-local next hop an IPv6 session
+    carries: mapped back through the instances' eth0 link-local addresses)."""
+    text = e.run(["ip", "-6", "-n", e.ns("router"), "route", "show", f"{vip}/128"]).stdout
+    hops = set(re.findall(r"via (\S+)", text))
+    local = {}
+    for name, _, addr in e.instances:
+        info = json.loads(e.run(["ip", "-j", "-6", "-n", e.ns(name), "addr", "show", "dev",
+                                 "eth0"]).stdout)[0]["addr_info"]
+        for a in info:
+            local[a["local"]] = v6_of(addr)
+    return {local.get(h, h) for h in hops}
 
 
 def measure(e, what, action, vip, predicate, timeout=5):
@@ -70,14 +96,15 @@ def tap_packets(e, host):
     return info["rx"]["packets"] + info["tx"]["packets"]
 
 
-@checks(18)
+@checks(21)
 def test_announce(e, ctl_exe):
-    e.topology_up(onprem=1, cloud=1, tier=2)
+    e.topology_up(onprem=1, cloud=1, tier=2, ipv6=True)
     (lb1, _, addr1), (lb2, _, addr2) = e.instances
+    both6 = {v6_of(addr1), v6_of(addr2)}
     lbs, ctls = {}, {}
     for name, _, addr in e.instances:
         path = e.write_config(path=os.path.join(e.work, f"{name}.toml"), lb_addr=addr, host=name,
-                              extra_vips=[SOLO], pool_tables={"onprem": HEALTH, "cloud": HEALTH},
+                              lb_addr6=v6_of(addr), extra_vips=[SOLO, NCCL6], pool_tables={"onprem": HEALTH, "cloud": HEALTH},
                               extra=ANNOUNCE)
         lbs[name] = e.start_lb(name, host=name, config=path)
         ctls[name] = Ctl(ctl_exe, e.socket(name))
@@ -97,6 +124,17 @@ def test_announce(e, ctl_exe):
             f"{took:.2f} s after starting the backends' servers")
     for v in (VIP_GRPC, VIP_SOLO):
         wait_until(f"{v} via both", lambda: next_hops(e, v) == {addr1, addr2}, 5)
+    wait_until(f"{VIP6} via both instances' IPv6 sessions",
+               lambda: next_hops6(e, VIP6) == both6, 10)
+    summary = e.run(["vtysh", "--vty_socket", f"/run/spillway-frr/{e.prefix}/router",
+                     "-c", "show bgp ipv6 unicast summary json"], check=False).stdout
+    e.check("IPv6 VIP: an ECMP /128 via both instances over their IPv6 sessions",
+            next_hops6(e, VIP6) == both6 and all(v6_of(a) in summary for a in (addr1, addr2)),
+            f"next hops {sorted(next_hops6(e, VIP6))}; IPv6 peers in the router's summary: "
+            f"{[v6_of(a) for a in (addr1, addr2) if v6_of(a) in summary]}")
+    r6 = e.fanout(VIP6, 8000, 20, "tier6")
+    e.check("connections to the IPv6 VIP through the router and the tier", r6["ok"] == 20,
+            f"{r6['ok']}/20 ok")
     status = ctls[lb1]("status")["announce"]
     e.check("status announce object", status["state"] == "announced" and
             status["device"] == "spillway0" and
@@ -117,6 +155,9 @@ def test_announce(e, ctl_exe):
     timings["drain"] = took
     e.check("lb drain: lb1's next hop out", True,
             f"{took * 1000:.0f} ms; the reply withdrew {reply.get('withdrawn')}")
+    wait_until("lb1's IPv6 next hop withdrawn", lambda: next_hops6(e, VIP6) == {v6_of(addr2)}, 5)
+    e.check("lb drain withdraws the IPv6 VIP too (its own session)", True,
+            f"IPv6 next hops {sorted(next_hops6(e, VIP6))}")
     e.check("drained: lb status and config dump --effective say so",
             ctls[lb1]("lb", "status")["state"] == "drained" and
             ctls[lb1]("config", "dump", "--effective")["lb"]["drained"] is True)

@@ -230,6 +230,33 @@ TEST(FreezeWatch, TripsOnceWhenTheBeatStopsAndRearmsWhenItMoves) {
   EXPECT_TRUE(w.observe(3, 9110));
 }
 
+// A reload that sets [announce] enabled = false withdraws every VIP at once
+// (an operator's act, no hold-down); enabled again, they come back at once.
+// A reload's new hold-down applies from the next decision.
+TEST(AnnouncePolicy, AReloadDisablesAtOnceAndItsTimingsApplyNext) {
+  Scenario s;
+  s.at(0);
+  s.in.disabled = true;
+  s.at(20);
+  EXPECT_EQ(s.announced(), Names{});
+  EXPECT_EQ(s.reason(0), WithdrawReason::Disabled);
+  EXPECT_EQ(s.policy.state(), AnnounceState::Disabled);
+  EXPECT_EQ(toString(s.reason(0)), "announce_disabled");
+  EXPECT_EQ(toString(AnnounceState::Disabled), "disabled");
+  s.in.disabled = false;
+  s.at(40);
+  EXPECT_EQ(s.announced(), (Names{"web", "api"}));
+
+  s.policy.setSettings(AnnounceSettings{200, 1000, 5000});
+  s.in.vips[1].activeBackends = 0;
+  s.at(100);
+  s.in.vips[1].activeBackends = 1;
+  s.at(1100);
+  EXPECT_EQ(s.reason(1), WithdrawReason::HoldDown) << "5,000 ms now, not 1,000";
+  s.at(5100);
+  EXPECT_EQ(s.announced(), (Names{"web", "api"}));
+}
+
 TEST(AnnouncePolicy, ReasonsHaveStableNames) {
   EXPECT_EQ(toString(WithdrawReason::NoActiveBackend), "no_active_backend");
   EXPECT_EQ(toString(WithdrawReason::DataplaneStalled), "dataplane_stalled");

@@ -362,6 +362,68 @@ TEST_F(PeerPair, AFloodOfUnknownNodesIsSummarisedNotLogged) {
   EXPECT_NE(events.back().cause.find("no configured peer"), std::string::npos);
 }
 
+// A reload's [tier] on a running channel: a removed peer is retired (its
+// connections closed, refused like an unknown node) while the exceptions it
+// sent stay held for hold_time; an added peer is dialled and synced; the
+// same peer added again comes back; another secret on both ends reconnects.
+TEST_F(PeerPair, ReconfigureRetiresAddsAndRekeys) {
+  const std::uint16_t pc = freePort();
+  auto b = make("lb-b", pb_, "lb-a", pa_);
+  auto a = make("lb-a", pa_, "lb-b", pb_);
+  a->publishLocal(records(1, 10, 77));
+  ASSERT_TRUE(pollUntil([&] { step({a.get(), b.get()}); }, [&] { return b->held("lb-a") == 10; }));
+
+  // lb-a leaves B's [tier]; lb-c joins it.
+  TierConfig next = tier("lb-b", pb_, {TierPeerConfig{"lb-c", at(pc)}});
+  next.holdTime = 5000;
+  b->reconfigure(next, now_);
+  auto c = make("lb-c", pc, "lb-b", pb_);
+  c->publishLocal(records(100, 3, 78));
+  ASSERT_TRUE(pollUntil(
+      [&] {
+        step({a.get(), b.get(), c.get()});
+      },
+      [&] { return b->held("lb-c") == 3 && b->connected("lb-c"); }));
+  now_ += 1001;  // lb-a redials B, which no longer knows it
+  ASSERT_TRUE(pollUntil(
+      [&] {
+        step({a.get(), b.get(), c.get()});
+      },
+      [&] { return b->status(now_)["unknown_node_refusals"] >= 1; }));
+  EXPECT_EQ(b->held("lb-a"), 10u) << "held for hold_time after its removal";
+  EXPECT_FALSE(b->connected("lb-a"));
+  const Json st = b->status(now_);
+  EXPECT_EQ(st["peers"][0]["name"], "lb-a");
+  EXPECT_EQ(st["peers"][0]["state"], "retired");
+  EXPECT_TRUE(b->synced()) << "a retired peer is not waited for";
+  now_ += 5001;
+  step({b.get()});
+  EXPECT_EQ(b->held("lb-a"), 0u) << "forgotten after hold_time";
+
+  // lb-a back in; then another secret on every end.
+  next.peers.push_back(TierPeerConfig{"lb-a", at(pa_)});
+  b->reconfigure(next, now_);
+  ASSERT_TRUE(pollUntil(
+      [&] {
+        step({a.get(), b.get(), c.get()});
+      },
+      [&] { return b->held("lb-a") == 10 && b->connected("lb-a"); }));
+  const std::string other = "another-secret-for-the-whole-tier";
+  TierConfig na = tier("lb-a", pa_, {TierPeerConfig{"lb-b", at(pb_)}}, other);
+  TierConfig nb = next;
+  nb.secret = other;
+  b->reconfigure(nb, now_);
+  EXPECT_FALSE(b->connected("lb-a"));
+  a->reconfigure(na, now_);
+  a->publishLocal(records(1, 12, 77));
+  now_ += 1001;  // B's own redial, refused while A still had the old secret, comes round
+  ASSERT_TRUE(pollUntil(
+      [&] {
+        step({a.get(), b.get(), c.get()});
+      },
+      [&] { return b->held("lb-a") == 12 && b->connected("lb-a"); }));
+}
+
 // --- The keeper's exports for the peers --------------------------------------
 
 TEST(KeeperSync, ExportsEverySyncIntervalAndWritesCheckpointsOnlyWhenTheyAreDue) {
@@ -540,6 +602,76 @@ TEST_F(TierControl, PeerExceptionReachesThePublishedExceptionTableAndLocalOnesRe
   ASSERT_TRUE(pollUntil(step, [&] {
     return dp_.latest->exceptions == nullptr || dp_.latest->exceptions->find(flow).backend == 0;
   }));
+}
+
+// config reload with a changed [tier]: the running instance takes the new
+// peer list (a removed peer's exceptions stay held); a new node name or
+// listen address, and [announce] on an instance started without it, are
+// refused with the running configuration unchanged.
+TEST_F(TierControl, ReloadAppliesTheTierPeersAndRefusesWhatNeedsARestart) {
+  EventLog log(256);
+  const std::string path = dir_ + "/spillway.toml";
+  const auto write = [&](const std::string& peers, const std::string& node,
+                         const std::string& extra) {
+    std::ofstream(path) << test::onePoolEstate(3) << "\n[control]\nstate_dir = \"" << dir_
+                        << "\"\n\n[tier]\nnode = \"" << node << "\"\nlisten = \"" << at(pa_)
+                        << "\"\npeers = [" << peers << "]\nsecret_file = \"" << secret_ << "\"\n"
+                        << extra;
+  };
+  const std::string peerB = "{name = \"lb-b\", address = \"" + at(pb_) + "\"}";
+  write(peerB, "lb-a", "");
+  SnapshotBuilder builder;
+  ASSERT_FALSE(builder.setConfig(config()));
+  ControlPlane a(config(), path, builder, &dp_, 0);
+  dp_.publish(a.takeSnapshot(0));
+  PeerChannel b(tier("lb-b", pb_, {TierPeerConfig{"lb-a", at(pa_)}}), kSeed, log);
+  ASSERT_FALSE(b.open());
+  b.publishLocal(records(1, 4, backendIdFromName("b2")));
+  Millis now = 0;
+  const auto step = [&](std::initializer_list<PeerChannel*> others) {
+    now += 10;
+    for (PeerChannel* o : others) o->poll(now);
+    if (a.tick(now)) {
+      if (auto s = a.takeSnapshot(now)) dp_.publish(std::move(s));
+    }
+  };
+  const auto peerState = [&](const std::string& name) -> std::string {
+    const Json status = std::get<Json>(a.status());
+    for (const Json& p : status.at("tier").at("peers")) {
+      if (p.at("name") == name) return p.at("state").get<std::string>();
+    }
+    return "absent";
+  };
+  ASSERT_TRUE(pollUntil([&] { step({&b}); }, [&] { return peerState("lb-b") == "connected"; }));
+
+  const std::uint16_t pc = freePort();
+  PeerChannel c(tier("lb-c", pc, {TierPeerConfig{"lb-a", at(pa_)}}), kSeed, log);
+  ASSERT_FALSE(c.open());
+  write("{name = \"lb-c\", address = \"" + at(pc) + "\"}", "lb-a", "");
+  const ApiResult r = a.configReload("");
+  ASSERT_TRUE(std::holds_alternative<Json>(r)) << std::get<ApiError>(r).message;
+  EXPECT_EQ(std::get<Json>(r).at("changes").at("tier").at("peers")[0], "lb-c@" + at(pc));
+  ASSERT_TRUE(pollUntil([&] { step({&b, &c}); }, [&] { return peerState("lb-c") == "connected"; }));
+  EXPECT_EQ(peerState("lb-b"), "retired");
+  const Json after = std::get<Json>(a.status());
+  for (const Json& p : after.at("tier").at("peers")) {
+    if (p.at("name") == "lb-b") {
+      EXPECT_EQ(p.at("held_exceptions"), 4);
+    }
+  }
+
+  write(peerB, "lb-z", "");
+  const ApiResult renamed = a.configReload("");
+  ASSERT_TRUE(std::holds_alternative<ApiError>(renamed));
+  EXPECT_EQ(std::get<ApiError>(renamed).code, "conflict");
+  EXPECT_NE(std::get<ApiError>(renamed).message.find("restart"), std::string::npos);
+  EXPECT_EQ(std::get<Json>(a.status()).at("tier").at("node"), "lb-a");
+
+  write(peerB, "lb-a", "\n[announce]\nenabled = true\n");
+  const ApiResult announce = a.configReload("");
+  ASSERT_TRUE(std::holds_alternative<ApiError>(announce));
+  EXPECT_NE(std::get<ApiError>(announce).message.find("[announce]"), std::string::npos);
+  EXPECT_EQ(peerState("lb-c"), "connected") << "a refused reload changes nothing";
 }
 
 }  // namespace

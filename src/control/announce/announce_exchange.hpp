@@ -31,6 +31,10 @@ struct AnnounceControlInputs {
   bool warm = false;
   bool drained = false;
   bool stopping = false;
+  // The running [announce] (a reload changes them): enabled = false
+  // withdraws every VIP; the timings apply from the announcer's next round.
+  bool disabled = false;
+  std::optional<AnnounceSettings> settings;
   std::vector<AnnounceVipInput> vips;
 };
 

@@ -28,6 +28,8 @@ std::string_view toString(WithdrawReason reason) noexcept {
       return "warming_up";
     case WithdrawReason::Drained:
       return "drained";
+    case WithdrawReason::Disabled:
+      return "announce_disabled";
     case WithdrawReason::NoActiveBackend:
       return "no_active_backend";
     case WithdrawReason::HoldDown:
@@ -48,6 +50,8 @@ std::string_view toString(AnnounceState state) noexcept {
       return "warming";
     case AnnounceState::Drained:
       return "drained";
+    case AnnounceState::Disabled:
+      return "disabled";
   }
   return "unknown";
 }
@@ -74,6 +78,8 @@ const std::vector<VipAnnouncement>& AnnouncePolicy::decide(const AnnounceInput& 
   WithdrawReason global = WithdrawReason::None;
   if (in.stopping) {
     global = WithdrawReason::Stopping;
+  } else if (in.disabled) {
+    global = WithdrawReason::Disabled;
   } else if (in.frozen) {
     global = WithdrawReason::Frozen;
   } else if (controlStalled) {
@@ -128,6 +134,7 @@ AnnounceState AnnouncePolicy::state() const noexcept {
   }
   if (global_ == WithdrawReason::WarmingUp) return AnnounceState::Warming;
   if (global_ == WithdrawReason::Drained) return AnnounceState::Drained;
+  if (global_ == WithdrawReason::Disabled) return AnnounceState::Disabled;
   return AnnounceState::Withdrawn;
 }
 

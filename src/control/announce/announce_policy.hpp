@@ -45,14 +45,23 @@ enum class WithdrawReason : std::uint8_t {
   DataplaneStalled,
   WarmingUp,
   Drained,
+  Disabled,  // [announce] enabled = false by a reload (announce_disabled)
   NoActiveBackend,
   HoldDown,
 };
 [[nodiscard]] std::string_view toString(WithdrawReason reason) noexcept;
 
 // The instance as a whole, for status: announced (every VIP), partial (some),
-// withdrawn, warming, drained; "disabled" is said by whoever has no policy.
-enum class AnnounceState : std::uint8_t { Announced, Partial, Withdrawn, Warming, Drained };
+// withdrawn, warming, drained, disabled (a reload set [announce] enabled =
+// false; an instance started without it has no policy and says "disabled" too).
+enum class AnnounceState : std::uint8_t {
+  Announced,
+  Partial,
+  Withdrawn,
+  Warming,
+  Drained,
+  Disabled
+};
 [[nodiscard]] std::string_view toString(AnnounceState state) noexcept;
 
 struct AnnounceSettings {
@@ -72,6 +81,7 @@ struct AnnounceInput {
   bool warm = false;                        // health and load known (ControlPlane::announceReady)
   bool drained = false;                     // lb drain
   bool stopping = false;                    // SIGTERM seen
+  bool disabled = false;                    // [announce] enabled = false (a reload)
   bool frozen = false;                      // the freeze guard acted since the last round
   std::vector<std::uint64_t> workerRounds;  // one per worker, any values
   std::uint64_t controlRounds = 0;
@@ -98,6 +108,8 @@ class AnnouncePolicy {
   [[nodiscard]] const std::vector<VipAnnouncement>& current() const noexcept { return vips_; }
   [[nodiscard]] AnnounceState state() const noexcept;
   [[nodiscard]] const AnnounceSettings& settings() const noexcept { return settings_; }
+  // A reload's new timings; they apply from the next decide().
+  void setSettings(const AnnounceSettings& settings) noexcept { settings_ = settings; }
 
  private:
   // A counter that must keep moving: when it last changed.

@@ -65,6 +65,8 @@ void Announcer::round(Millis now) {
   input.warm = in.warm;
   input.drained = in.drained;
   input.stopping = in.stopping;
+  input.disabled = in.disabled;
+  if (in.settings) policy_.setSettings(*in.settings);
   if (options_.guard != nullptr) {
     options_.guard->beat();
     // The guard set the device down while this process did not run: the

@@ -94,6 +94,8 @@ class AffinityKeeper {
   AffinityKeeper(Options options, EventLog& events);
 
   [[nodiscard]] bool enabled() const noexcept { return !options_.stateDir.empty(); }
+  // A reload's [tier] sync_interval (0: no peers, no such exports).
+  void setExportInterval(Millis interval) noexcept { options_.exportInterval = interval; }
 
   // At start: what the previous process left. Returns its tables state when
   // usable; restored exceptions are kept (see restoredEntries()).

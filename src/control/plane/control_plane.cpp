@@ -680,6 +680,7 @@ ApiResult ControlPlane::configReload(const std::string& path, const PeerCredenti
   auto result = loadFor(read, errors);
   if (!result) return reject(ApiError{"invalid", errors});
   Config next = std::move(result).value();
+  if (auto e = reloadRefusesTierOrAnnounce(next)) return reject(*e);
   // What the data path was started with cannot change under it.
   const auto& a = config_.dataplane;
   const auto& b = next.dataplane;
@@ -702,11 +703,13 @@ ApiResult ControlPlane::configReload(const std::string& path, const PeerCredenti
     return reject(ApiError{"exhausted", *e});
   }
   Json changes;
+  const Config before = config_;
   if (auto e = commitApply(std::get<ApplyPlan>(planned), "configuration reloaded from " + file,
                            changes)) {
     return reject(*e);
   }
   configPath_ = file;
+  applyTierAndAnnounce(before, changes);
   events_.append(now_, "", kEventConfig, "reloaded " + file + ": " + changes.dump());
   return Json{{"path", file},
               {"applied", true},

@@ -164,6 +164,11 @@ class ControlPlane final : public ControlApi {
   // peers' exceptions on backends that take flows here, then the restored
   // ones (which win).
   void startPeers();
+  // config reload and [tier] / [announce] (control_plane_tier.cpp): what a
+  // running instance cannot take (a restart can), then applying the rest
+  // once the reload committed; `changes` gets what changed.
+  [[nodiscard]] std::optional<ApiError> reloadRefusesTierOrAnnounce(const Config& next) const;
+  void applyTierAndAnnounce(const Config& before, Json& changes);
   void refreshExceptions();
   // The peer channel: poll, and rebuild the exceptions at most every 250 ms.
   void tickPeers(Millis now, bool statesChanged);

@@ -14,6 +14,9 @@ void ControlPlane::syncAnnounce(Millis now) {
   AnnounceControlInputs in;
   in.warm = announceReady(now);
   in.drained = journal_.overlay().lbDrained().has_value();
+  in.disabled = !config_.announce.enabled;
+  in.settings = AnnounceSettings{config_.announce.stallMs, config_.announce.controlStallMs,
+                                 config_.announce.holdDownMs};
   for (const VipConfig& v : config_.vips) {
     AnnounceVipInput vip{v.name, v.address, 0};
     if (auto w = weights_.find(v.name); w != weights_.end()) {

@@ -31,6 +31,68 @@ void ControlPlane::startPeers() {
   }
 }
 
+std::optional<ApiError> ControlPlane::reloadRefusesTierOrAnnounce(const Config& next) const {
+  const auto restart = [](std::string what) {
+    return ApiError{"conflict", what + "; restart spillwayd for that"};
+  };
+  const TierConfig& a = config_.tier;
+  const TierConfig& b = next.tier;
+  if (peers_ && !b.peers.empty() && (a.node != b.node || a.listen != b.listen)) {
+    return restart(
+        "the new file changes [tier] node or listen (the peers know this instance by "
+        "them)");
+  }
+  const AnnounceConfig& x = config_.announce;
+  const AnnounceConfig& y = next.announce;
+  if (announce_ == nullptr && y.enabled) {
+    return restart(
+        "the new file enables [announce]; this instance started without it (the "
+        "announce device and the freeze guard are made at start)");
+  }
+  if (announce_ != nullptr &&
+      (x.device != y.device || x.freezeMs != y.freezeMs || x.periodMs != y.periodMs)) {
+    return restart("the new file changes [announce] device, freeze_ms or period_ms");
+  }
+  return std::nullopt;
+}
+
+void ControlPlane::applyTierAndAnnounce(const Config& before, Json& changes) {
+  const TierConfig& a = before.tier;
+  const TierConfig& b = config_.tier;
+  const auto names = [](const TierConfig& t) {
+    std::vector<std::string> out;
+    for (const TierPeerConfig& p : t.peers) out.push_back(p.name + "@" + p.address);
+    return out;
+  };
+  const bool tierChanged = names(a) != names(b) || a.secret != b.secret ||
+                           a.syncInterval != b.syncInterval || a.holdTime != b.holdTime ||
+                           a.maxRecordsPerPeer != b.maxRecordsPerPeer ||
+                           a.maxOutputBytes != b.maxOutputBytes;
+  if (tierChanged) {
+    keeper_.setExportInterval(b.peers.empty() ? 0 : b.syncInterval);
+    if (peers_) {
+      peers_->reconfigure(b, now_);
+    } else {
+      startPeers();
+    }
+    peersPending_ = true;
+    Json tier{{"peers", names(b)}};
+    if (a.secret != b.secret) tier["secret"] = "changed";
+    changes["tier"] = tier;
+  }
+  const AnnounceConfig& x = before.announce;
+  const AnnounceConfig& y = config_.announce;
+  if (x.enabled != y.enabled || x.holdDownMs != y.holdDownMs || x.stallMs != y.stallMs ||
+      x.controlStallMs != y.controlStallMs || x.withdrawGraceMs != y.withdrawGraceMs) {
+    changes["announce"] = Json{{"enabled", y.enabled},
+                               {"hold_down_ms", y.holdDownMs},
+                               {"stall_ms", y.stallMs},
+                               {"control_stall_ms", y.controlStallMs},
+                               {"withdraw_grace_ms", y.withdrawGraceMs}};
+    syncAnnounce(now_);
+  }
+}
+
 void ControlPlane::tickPeers(Millis now, bool statesChanged) {
   if (!peers_) return;
   peers_->poll(now);

@@ -107,11 +107,7 @@ PeerChannel::PeerChannel(TierConfig config, std::uint64_t hashSeed, EventLog& ev
       local_(std::make_shared<const LocalSet>()) {
   peers_.resize(config_.peers.size());
   for (std::size_t i = 0; i < peers_.size(); ++i) peers_[i].config = config_.peers[i];
-  for (const TierPeerConfig& p : config_.peers) {
-    const auto a = parseListenAddress(p.address);
-    const auto ip = a ? parseIpAddress(a->host) : std::nullopt;
-    if (ip) ++peersAt_[formatIpAddress(*ip)];
-  }
+  recountAddresses();
 }
 
 PeerChannel::~PeerChannel() = default;
@@ -151,11 +147,84 @@ std::size_t PeerChannel::pendingHandshakes() const {
   return n;
 }
 
-int PeerChannel::peerNamed(std::string_view name) const {
+void PeerChannel::recountAddresses() {
+  peersAt_.clear();
+  for (const Peer& p : peers_) {
+    if (p.retired) continue;
+    const auto a = parseListenAddress(p.config.address);
+    const auto ip = a ? parseIpAddress(a->host) : std::nullopt;
+    if (ip) ++peersAt_[formatIpAddress(*ip)];
+  }
+}
+
+int PeerChannel::peerIndex(std::string_view name, bool retiredToo) const {
   for (std::size_t i = 0; i < peers_.size(); ++i) {
-    if (peers_[i].config.name == name) return static_cast<int>(i);
+    if (peers_[i].config.name == name && (retiredToo || !peers_[i].retired)) {
+      return static_cast<int>(i);
+    }
   }
   return -1;
+}
+
+int PeerChannel::peerNamed(std::string_view name) const {
+  return peerIndex(name, false);
+}
+
+void PeerChannel::reconfigure(const TierConfig& next, Millis now) {
+  const bool rekey = next.secret != config_.secret;
+  if (rekey) master_ = peerMasterKey(next.secret);
+  const auto closeOf = [&](Peer& p, const std::string& why) {
+    if (p.outConn) close(*p.outConn, why, now);
+    if (p.inConn) close(*p.inConn, why, now);
+  };
+  for (Peer& p : peers_) {
+    const auto it = std::find_if(next.peers.begin(), next.peers.end(),
+                                 [&](const TierPeerConfig& c) { return c.name == p.config.name; });
+    if (it == next.peers.end()) {
+      if (p.retired) continue;
+      closeOf(p, "removed from [tier] peers by a reload");
+      p.retired = true;
+      p.downSince = now;  // its exceptions are held for hold_time, then forgotten
+      events_.append(now, "", kEventPeer,
+                     "peer " + p.config.name + " removed by a reload; its " +
+                         std::to_string(p.held.size()) + " exceptions are held for " +
+                         std::to_string(next.holdTime / 1000) + " s");
+      continue;
+    }
+    if (p.retired) {
+      p.retired = false;
+      p.nextAttempt = now;
+      events_.append(now, "", kEventPeer, "peer " + p.config.name + " added again by a reload");
+    }
+    if (it->address != p.config.address) {
+      if (p.outConn) close(*p.outConn, "its address changed by a reload", now);
+      p.nextAttempt = now;
+      events_.append(now, "", kEventPeer,
+                     "peer " + p.config.name + ": address " + p.config.address + " -> " +
+                         it->address + " (reload)");
+    }
+    p.config = *it;
+  }
+  for (const TierPeerConfig& c : next.peers) {
+    if (peerIndex(c.name, true) >= 0) continue;
+    Peer p;
+    p.config = c;
+    p.nextAttempt = now;
+    peers_.push_back(std::move(p));
+    events_.append(now, "", kEventPeer,
+                   "peer " + c.name + " (" + c.address + ") added by a reload");
+  }
+  if (rekey) {
+    std::vector<std::uint64_t> ids;
+    for (const auto& [id, c] : conns_) ids.push_back(id);
+    for (const std::uint64_t id : ids) close(id, "the tier secret changed (reload)", now);
+    for (Peer& p : peers_) p.nextAttempt = now;  // redial with the new secret at once
+    events_.append(now, "", kEventPeer,
+                   "the tier secret changed (reload): every peer connection reopens with it");
+  }
+  config_ = next;
+  recountAddresses();
+  changed_ = true;
 }
 
 void PeerChannel::accept(Millis now) {
@@ -254,7 +323,8 @@ void PeerChannel::poll(Millis now) {
   accept(now);
   if (auto line = refusals_.flush(now)) events_.append(now, "", kEventPeer, *line);
   for (std::size_t i = 0; i < peers_.size(); ++i) {
-    if (!peers_[i].outConn && now >= peers_[i].nextAttempt) connectOut(i, now);
+    if (!peers_[i].retired && !peers_[i].outConn && now >= peers_[i].nextAttempt)
+      connectOut(i, now);
   }
   std::vector<std::uint64_t> ids;
   ids.reserve(conns_.size());
@@ -734,8 +804,9 @@ std::size_t PeerChannel::heldTotal() const {
 }
 
 bool PeerChannel::synced() const {
-  return std::all_of(peers_.begin(), peers_.end(),
-                     [](const Peer& p) { return p.dumpReceived || (p.unreachable && !p.inConn); });
+  return std::all_of(peers_.begin(), peers_.end(), [](const Peer& p) {
+    return p.retired || p.dumpReceived || (p.unreachable && !p.inConn);
+  });
 }
 
 bool PeerChannel::connected(const std::string& peer) const {
@@ -746,7 +817,7 @@ bool PeerChannel::connected(const std::string& peer) const {
 }
 
 std::size_t PeerChannel::held(const std::string& peer) const {
-  const int i = peerNamed(peer);
+  const int i = peerIndex(peer, true);
   return i < 0 ? 0 : peers_[static_cast<std::size_t>(i)].held.size();
 }
 
@@ -761,7 +832,7 @@ Json PeerChannel::status(Millis now) const {
     peers.push_back(
         Json{{"name", p.config.name},
              {"address", p.config.address},
-             {"state", state},
+             {"state", p.retired ? std::string("retired") : state},
              {"sending", out},
              {"receiving", in},
              {"records_in", p.recordsIn},

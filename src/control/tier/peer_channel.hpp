@@ -89,6 +89,15 @@ class PeerChannel {
   // sets. Bounded work per call.
   void poll(Millis now);
 
+  // A reload's [tier] (node and listen unchanged: the caller refuses those).
+  // Added peers are dialled; a removed peer is retired: its connections
+  // close, it is refused like an unknown node, and the exceptions it sent
+  // are held for hold_time like a down peer's (its flows may be arriving
+  // here now), then forgotten; a peer whose address changed is redialled;
+  // another secret closes every connection (each side redials with it);
+  // the limits apply from now on.
+  void reconfigure(const TierConfig& next, Millis now);
+
   // This instance's exceptions after an export: sent to every peer as the
   // difference from what it last got.
   void publishLocal(std::span<const FlowExceptionRecord> records);
@@ -173,6 +182,7 @@ class PeerChannel {
     bool receivingDump = false;
     bool dumpReceived = false;  // a complete dump arrived since open()
     bool unreachable = false;   // the last outbound attempt ended before its handshake did
+    bool retired = false;       // removed from [tier] peers by a reload
     std::optional<Millis> downSince;
     std::optional<Millis> lastFrame;
     std::string lastError;
@@ -200,7 +210,10 @@ class PeerChannel {
   void refuse(Conn& c, const std::string& reason);
   void close(std::uint64_t id, const std::string& why, Millis now);
   [[nodiscard]] std::string directionState(const std::optional<std::uint64_t>& conn) const;
+  // A configured (not retired) peer's index; -1 when none.
   [[nodiscard]] int peerNamed(std::string_view name) const;
+  [[nodiscard]] int peerIndex(std::string_view name, bool retiredToo) const;
+  void recountAddresses();
   void noteRefusal(Millis now, std::string_view source, std::string_view reason);
   [[nodiscard]] std::size_t pendingHandshakes() const;
 
