@@ -223,6 +223,14 @@ int runDaemon(const Config& configIn, const DaemonOptions& options) {
 
   std::optional<RunAsUser> runAs;
   if (auto e = prepareRunAs(config, runAs)) return fail(*e);
+  // Before the freeze guard, the EAL and any thread: the bounding set holds
+  // only the capabilities kept after the drop and no_new_privs is set, so
+  // every thread inherits both (control/host/privileges.hpp).
+  if (runAs) {
+    if (auto e = restrictBeforeThreads(capabilitiesToKeep(config))) {
+      return fail("restricting privileges before the first thread: " + *e);
+    }
+  }
 
   // The freeze guard ([announce]): a process of its own, forked before the
   // EAL and any thread start (control/announce/freeze_guard.hpp).

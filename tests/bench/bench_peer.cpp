@@ -1,6 +1,6 @@
 // What sharing exceptions with peers costs the control thread
 // (BENCHMARKS.md, "Peer channel"): one records frame of kPeerRecordsPerFrame
-// exceptions encoded (checkpoint record encoding + frame + SipHash-2-4 tag)
+// exceptions encoded (checkpoint record encoding + frame + HMAC-SHA-512-256 tag)
 // and decoded (tag verified + records parsed), reported per record; and the
 // receiver's rebuild of the snapshot's ExceptionTable from a peer set.
 #include <benchmark/benchmark.h>
@@ -28,7 +28,7 @@ std::vector<FlowExceptionRecord> sample(std::size_t n) {
 
 void BM_PeerEncodeAndMac(benchmark::State& state) {
   const auto records = sample(kPeerRecordsPerFrame);
-  const SipKey key{1, 2};
+  const PeerKey key = peerMasterKey("bench-secret-of-32-bytes-0123456");
   std::uint64_t seq = 0;
   std::size_t bytes = 0;
   for (auto _ : state) {
@@ -45,7 +45,7 @@ BENCHMARK(BM_PeerEncodeAndMac);
 
 void BM_PeerVerifyAndDecode(benchmark::State& state) {
   const auto records = sample(kPeerRecordsPerFrame);
-  const SipKey key{1, 2};
+  const PeerKey key = peerMasterKey("bench-secret-of-32-bytes-0123456");
   const std::string frame =
       encodePeerFrame(PeerFrameType::Records, encodePeerRecords(kSeed, records), &key, 0);
   for (auto _ : state) {

@@ -756,7 +756,7 @@ def thread_status(pid):
     return out
 
 
-@checks(13)
+@checks(14)
 def test_privileges(e, ctl_exe):
     """[control] user: spillwayd starts as root and runs as the user with
     only cap_net_raw (an af_packet port, no [announce]): every thread, not
@@ -821,6 +821,18 @@ def test_privileges(e, ctl_exe):
             all(int(st["CapPrm"], 16) & ~raw == 0 and int(st["CapEff"], 16) & ~raw == 0
                 for st in threads.values()),
             str({t: (st.get("Name", "").strip(), st["CapPrm"]) for t, st in threads.items()}))
+    # The bounding set and no_new_privs are per thread: set before the EAL
+    # and any thread started, every thread has them (the EAL's interrupt,
+    # multi-process, worker and telemetry threads included).
+    names = sorted(st.get("Name", "").strip() for st in threads.values())
+    e.check("every thread (the EAL's too) has the bounding set cap_net_raw only and "
+            "no_new_privs",
+            len(threads) >= 4 and
+            all(int(st["CapBnd"], 16) == raw and st["NoNewPrivs"].strip() == "1"
+                for st in threads.values()),
+            str({t: (st.get("Name", "").strip(), st["CapBnd"], st["NoNewPrivs"].strip())
+                 for t, st in threads.items()}))
+    print(f"threads checked: {len(threads)} {names}")
     with open(lb.stderr) as f:
         log_text = f.read()
     e.check("the start says whom it runs as and why it keeps each capability",

@@ -22,13 +22,14 @@ void payloads(spillway::PeerFrameType type, std::string_view p) {
   using namespace spillway;
   switch (type) {
     case PeerFrameType::Hello:
-      (void)decodePeerHello(p);
+      (void)peerPayloadVersion(p);
+      if (auto h = decodePeerHello(p)) check(h->version == kPeerVersion);
       break;
     case PeerFrameType::Auth:
       if (auto a = decodePeerAuth(p)) check(a->node.size() <= kPeerMaxNameBytes);
       break;
     case PeerFrameType::Accept:
-      (void)decodePeerU64(p);
+      (void)decodePeerMac(p);
       break;
     case PeerFrameType::Records:
       (void)decodePeerRecords(p, 0x0123456789abcdefULL);
@@ -41,7 +42,7 @@ void payloads(spillway::PeerFrameType type, std::string_view p) {
   }
 }
 
-void walk(std::string_view input, const spillway::SipKey* key) {
+void walk(std::string_view input, const spillway::PeerKey* key) {
   using namespace spillway;
   std::uint64_t seq = 0;
   std::size_t at = 0;
@@ -64,7 +65,8 @@ void walk(std::string_view input, const spillway::SipKey* key) {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string_view input(reinterpret_cast<const char*>(data), size);
   walk(input, nullptr);
-  const spillway::SipKey key{1, 2};
+  spillway::PeerKey key;
+  key.bytes.fill(0x2a);
   walk(input, &key);
   // Payload decoders on the raw input as well (frames rarely reach them).
   for (auto t : {spillway::PeerFrameType::Hello, spillway::PeerFrameType::Auth,

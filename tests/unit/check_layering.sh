@@ -69,5 +69,16 @@ ctl_up=$(grep -HoE '#\s*include\s*"control/[a-z_/]+\.hpp"' src/spillwayctl/* |
 if [ -n "$ctl_up" ]; then
   echo "spillwayctl includes the daemon's rooms:"; echo "$ctl_up"; status=1
 fi
+# The libraries that guard a port or a privilege have one home each:
+# libsodium the peer channel's wire (tier/), libcap-ng the privilege drop
+# (host/).
+for pair in 'sodium\.h:src/control/tier/' 'cap-ng\.h:src/control/host/'; do
+  header=${pair%%:*}
+  home=${pair#*:}
+  strays=$(grep -rlE "#\s*include\s*<${header}>" src include 2>/dev/null | grep -v "^${home}")
+  if [ -n "$strays" ]; then
+    echo "<${header//\\/}> outside ${home}:"; echo "$strays"; status=1
+  fi
+done
 [ $status -eq 0 ] && echo "layering OK"
 exit $status

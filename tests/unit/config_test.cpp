@@ -342,7 +342,7 @@ const Invalid kInvalid[] = {
      "policy.overprovision = 1.4: unknown key; policy takes gpu_high, gpu_low"},
     {"syntax_error", 19, "TOML: Error while parsing string"},
     {"table_header_without_name", 30,
-     "TOML: a table header needs a name (a bare key or a quoted string) after its '[' or '[['"},
+     "TOML: Error while parsing key: expected bare key starting character or string delimiter"},
     {"table_size_not_prime", 20, "vip[0].table_size = 65536: not prime; use a prime such as 65537"},
     {"table_size_too_large", 20, "vip[0].table_size = 16777259: exceeds the maximum 16777216"},
     {"tap_name_too_long", 6, "port[0].exception_name: the default tap name \"sw-uplink-primary\""},
@@ -386,57 +386,46 @@ TEST(Config, EveryInvalidFixtureIsRejectedWithItsMessageAndLine) {
   }
 }
 
-// No error that loading any of `texts` reports says `words` (the pre-scan's
-// refusals must not catch what TOML allows).
-void expectNoErrorSaying(std::initializer_list<const char*> texts, const std::string& words) {
-  for (const char* text : texts) {
-    const ConfigResult r = loadConfigFromString(text, "t.toml");
-    for (const ConfigError& e : r.errors()) {
-      EXPECT_EQ(e.message.find(words), std::string::npos) << text << ": " << formatError(e);
-    }
-  }
-}
-
-// Headers whose name starts with no key character are refused before toml++
-// sees them (3.3 asserted: "[[#", "[[[1]]]", "[[=", found by fuzz_config);
-// a '[' inside an array or a string that spans lines is no header.
-TEST(Config, TableHeaderWithoutNameIsASyntaxError) {
-  for (const char* header : {"[[#", "[[[1]]]", "[[=", "[ ,]", "[[\t{"}) {
+// Reproducers of two toml++ 3.3 bugs that the pre-scan no longer traps,
+// because the library the daemon links (Debian's shared build, NDEBUG)
+// reports them as parse errors: a table header whose name starts with no
+// key character ("[[#", "[[[1]]]", "[[=": parse_key()'s precondition,
+// marzer/tomlplusplus#301) and an array element that starts with '}'
+// ("[}]": parse_value()'s `!is_value_terminator` precondition). Only a debug
+// build of toml++ asserts on them. Each is one syntax error on its line,
+// from toml++, and the loader goes on working.
+TEST(Config, TomlPlusPlusReportsABadHeaderNameAndABraceElementItself) {
+  for (const char* header : {"[[#", "[[[1]]]", "[[=", "[ ,]", "[[\t{", "[=", "[# x"}) {
     const std::string text = std::string("[dataplane]\nlcores = [1]\n") + header + "\n";
     const ConfigResult r = loadConfigFromString(text, "t.toml");
     ASSERT_FALSE(r.ok()) << header;
     ASSERT_EQ(r.errors().size(), 1u) << header;
     EXPECT_EQ(r.errors()[0].line, 3u) << header;
-    EXPECT_NE(r.errors()[0].message.find("a table header needs a name"), std::string::npos)
+    EXPECT_EQ(r.errors()[0].message.rfind("TOML: ", 0), 0u) << header;
+    EXPECT_NE(r.errors()[0].message.find("expected bare key starting character"), std::string::npos)
         << header << ": " << r.errors()[0].message;
   }
-  expectNoErrorSaying(
-      {"[dataplane]\nlcores = [\n  [ # nested\n  1 ],\n]\n",
-       "[dataplane]\nlcores = [1]\nx = \"\"\"\n[[# in a string\n\"\"\"\n",
-       "[dataplane]\nlcores = [1]\nx = '''\n[=\n'''\n", "[dataplane] # [[#\nlcores = [1]\n"},
-      "a table header needs a name");
-}
-
-// An array element that starts with '}' is refused before toml++ sees it
-// (3.3 breaks parse_value()'s precondition: an assertion, or undefined
-// behaviour in a release build; found by fuzz_config), wherever the element
-// starts: after '[', after ',', after a newline or a comment. A '}' that
-// closes an inline table inside an array, or one in a string, is fine.
-TEST(Config, ArrayElementStartingWithABraceIsASyntaxError) {
   for (const char* value :
        {"[}]", "[[}]]", "[1,}]", "[1 ,}]", "[\n}]", "[1, # c\n }]", "{b = [}]}", "[{}, }]"}) {
     const std::string text = std::string("[dataplane]\nlcores = [1]\nx = ") + value + "\n";
     const ConfigResult r = loadConfigFromString(text, "t.toml");
     ASSERT_FALSE(r.ok()) << value;
     ASSERT_EQ(r.errors().size(), 1u) << value;
-    EXPECT_NE(r.errors()[0].message.find("an array element cannot start with '}'"),
-              std::string::npos)
+    EXPECT_GE(r.errors()[0].line, 3u) << value;
+    EXPECT_NE(r.errors()[0].message.find("could not determine value type"), std::string::npos)
         << value << ": " << r.errors()[0].message;
   }
-  expectNoErrorSaying({"[dataplane]\nlcores = [1]\nx = [{a = 1}, {}]\n",
-                       "[dataplane]\nlcores = [1]\nx = [\"}\", '}']\n",
-                       "[dataplane]\nlcores = [1]\nx = [ # }\n 1]\n"},
-                      "cannot start with '}'");
+  // Nested arrays, strings and comments with brackets and braces in them
+  // are no syntax error.
+  for (const char* text : {"[dataplane]\nlcores = [\n  [ # nested\n  1 ],\n]\n",
+                           "[dataplane]\nlcores = [1]\nx = \"\"\"\n[[# in a string\n\"\"\"\n",
+                           "[dataplane]\nlcores = [1]\nx = [{a = 1}, {}]\n",
+                           "[dataplane]\nlcores = [1]\nx = [\"}\", '}']\n"}) {
+    const ConfigResult r = loadConfigFromString(text, "t.toml");
+    for (const auto& e : r.errors()) {
+      EXPECT_EQ(e.message.find("TOML: "), std::string::npos) << text << ": " << formatError(e);
+    }
+  }
 }
 
 TEST(Config, TheInvalidTableCoversEveryFixture) {
@@ -909,8 +898,14 @@ TEST(Config, ControlUserIsANameOrEmpty) {
 namespace spillway {
 namespace {
 
-// toml++ 3.3 reaches TOML_UNREACHABLE on some non-ASCII characters where it
-// looks for whitespace (U+01E9, found by fuzz_config): refused before it.
+// The pre-scan's one trap. toml++ 3.3 reaches TOML_UNREACHABLE in
+// is_non_ascii_horizontal_whitespace() on non-ASCII characters outside
+// strings whose slot of its lookup table has no case (U+01E9, found by
+// fuzz_config; U+FCFF; marzer/tomlplusplus#190 and #295, fixed after 3.3 by
+// #305): undefined behaviour. These are the reproducers; each is refused
+// before toml++ sees it. Built header-only with -fsanitize=undefined,
+// toml::parse of any of them reports "execution reached an unreachable
+// program point" at impl/unicode_autogenerated.h:44.
 TEST(Config, NonAsciiOutsideStringsIsASyntaxErrorInsideStringsAllowed) {
   ConfigResult bare = loadConfigFromString("\xC7\xA9", "t.toml");
   ASSERT_FALSE(bare.ok());

@@ -1,9 +1,11 @@
 // The peer channel over loopback TCP, time injected: two instances exchange
 // a full dump and then deltas; a disconnected peer's set is held, then
 // replaced by a new dump when it reconnects, or forgotten after hold_time;
-// another secret, an unknown node and another hash_seed are refused at the
-// handshake and counted. Then a ControlPlane (fake dataplane) that puts a
-// peer's exception into its published snapshot's exception table and sends
+// another secret, an unknown node, another hash_seed and an instance of the
+// old protocol version (either side of the connection) are refused at the
+// handshake and counted, the version with words that name the upgrade;
+// garbage and truncated frames before authentication are counted drops. Then a ControlPlane (fake
+// dataplane) that puts a peer's exception into its published snapshot's exception table and sends
 // its own exports to the peer.
 #include "control/tier/peer_channel.hpp"
 
@@ -257,24 +259,50 @@ TEST_F(PeerPair, AnotherHashSeedIsRefusedWithAClearError) {
   EXPECT_EQ(b->held("lb-a"), 0u);
 }
 
-TEST_F(PeerPair, GarbageFromAnUnauthenticatedClientIsDroppedAndTheChannelLives) {
-  auto b = make("lb-b", pb_, "lb-a", pa_);
+int connectTo(std::uint16_t port) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in sin{};
   sin.sin_family = AF_INET;
-  sin.sin_port = htons(pb_);
+  sin.sin_port = htons(port);
   sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&sin), sizeof sin), 0);
+  EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&sin), sizeof sin), 0);
+  return fd;
+}
+
+// Reads what is there now; true once the other side closed.
+bool drain(int fd, std::string& into) {
+  char buf[4096];
+  while (true) {
+    const ssize_t n = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+    if (n > 0) {
+      into.append(buf, static_cast<std::size_t>(n));
+      continue;
+    }
+    return n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK);
+  }
+}
+
+TEST_F(PeerPair, GarbageFromAnUnauthenticatedClientIsDroppedAndTheChannelLives) {
+  auto b = make("lb-b", pb_, "lb-a", pa_);
+  const int fd = connectTo(pb_);
   const std::string junk(100, '\xff');
   ASSERT_EQ(::send(fd, junk.data(), junk.size(), MSG_NOSIGNAL), 100);
-  char buf[256];
-  ASSERT_TRUE(pollUntil([&] { step({b.get()}); },
-                        [&] {
-                          const ssize_t n = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
-                          // Closed by B (after its hello).
-                          return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
-                        }));
+  std::string got;
+  // Closed by B (after its hello), and counted.
+  ASSERT_TRUE(pollUntil([&] { step({b.get()}); }, [&] { return drain(fd, got); }));
   ::close(fd);
+  EXPECT_EQ(b->status(now_)["handshake_drops"], 1);
+
+  // Half an Auth frame, then the client goes: a truncated frame, counted.
+  const int half = connectTo(pb_);
+  const std::string frame = encodePeerFrame(PeerFrameType::Auth, std::string(90, 'a'));
+  ASSERT_EQ(::send(half, frame.data(), 40, MSG_NOSIGNAL), 40);
+  got.clear();
+  ASSERT_TRUE(
+      pollUntil([&] { step({b.get()}); }, [&] { return !got.empty() || drain(half, got); }));
+  ::close(half);
+  ASSERT_TRUE(
+      pollUntil([&] { step({b.get()}); }, [&] { return b->status(now_)["handshake_drops"] == 2; }));
   // A real peer still gets through.
   auto a = make("lb-a", pa_, "lb-b", pb_);
   a->publishLocal(records(1, 1, 77));
@@ -422,6 +450,89 @@ TEST_F(PeerPair, ReconfigureRetiresAddsAndRekeys) {
         step({a.get(), b.get(), c.get()});
       },
       [&] { return b->held("lb-a") == 12 && b->connected("lb-a"); }));
+}
+
+// What a version-1 instance sent: its hello (u32 1, a 16-byte nonce, the
+// name) and its auth (u32 1, nonce, u64 seed tag, name, u64 MAC), framed as
+// both versions frame handshake messages.
+std::string v1Message(PeerFrameType type, std::string_view node) {
+  std::string p;
+  const std::uint32_t v = 1;
+  p.append(reinterpret_cast<const char*>(&v), 4);
+  p.append(16, '\x11');
+  if (type == PeerFrameType::Auth) p.append(8, '\x22');
+  p.push_back(static_cast<char>(node.size()));
+  p.append(node);
+  if (type == PeerFrameType::Auth) p.append(8, '\x33');
+  return encodePeerFrame(type, p);
+}
+
+TEST_F(PeerPair, AnOldVersionServerIsRefusedWithWordsThatNameTheUpgrade) {
+  EventLog log(64);
+  // lb-b is an instance of version 1: it listens and says its hello.
+  const int lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+  sockaddr_in sin{};
+  sin.sin_family = AF_INET;
+  sin.sin_port = htons(pb_);
+  sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(lfd, reinterpret_cast<sockaddr*>(&sin), sizeof sin), 0);
+  ASSERT_EQ(listen(lfd, 4), 0);
+  auto a = make("lb-a", pa_, "lb-b", pb_, kSecret, kSeed, &log);
+  std::vector<int> accepted;
+  const std::string hello = v1Message(PeerFrameType::Hello, "lb-b");
+  const std::string expected =
+      "peer lb-b (" + at(pb_) + ") speaks tier protocol v1; this instance speaks v2: upgrade it";
+  ASSERT_TRUE(pollUntil(
+      [&] {
+        const int fd = accept4(lfd, nullptr, nullptr, SOCK_NONBLOCK);
+        if (fd >= 0) {
+          accepted.push_back(fd);
+          EXPECT_EQ(::send(fd, hello.data(), hello.size(), MSG_NOSIGNAL),
+                    static_cast<ssize_t>(hello.size()));
+        }
+        step({a.get()});
+      },
+      [&] { return a->status(now_)["version_refusals"] >= 1; }));
+  EXPECT_EQ(a->status(now_)["peers"][0]["last_error"], expected);
+  bool logged = false;
+  for (const Event& e : log.since(0, 0).events) logged = logged || e.cause == expected;
+  EXPECT_TRUE(logged);
+  EXPECT_FALSE(a->connected("lb-b"));
+  // The connection was closed without a word from A (no auth for an old hello).
+  for (const int fd : accepted) {
+    std::string got;
+    ASSERT_TRUE(pollUntil([&] { step({a.get()}); }, [&] { return drain(fd, got); }));
+    EXPECT_EQ(got, "");
+    ::close(fd);
+  }
+  ::close(lfd);
+}
+
+TEST_F(PeerPair, AnOldVersionClientIsRefusedAndToldToUpgrade) {
+  auto b = make("lb-b", pb_, "lb-a", pa_);
+  const int fd = connectTo(pb_);
+  std::string got;
+  // B's hello first (version 2), then the old client's auth.
+  ASSERT_TRUE(pollUntil([&] { step({b.get()}); },
+                        [&] {
+                          (void)drain(fd, got);
+                          return !got.empty();
+                        }));
+  const auto hello = decodePeerFrame(got, nullptr, 0);
+  ASSERT_TRUE(std::holds_alternative<PeerFrame>(hello));
+  EXPECT_EQ(peerPayloadVersion(std::get<PeerFrame>(hello).payload), kPeerVersion);
+  got.erase(0, std::get<PeerFrame>(hello).consumed);
+  const std::string auth = v1Message(PeerFrameType::Auth, "lb-a");
+  ASSERT_EQ(::send(fd, auth.data(), auth.size(), MSG_NOSIGNAL), static_cast<ssize_t>(auth.size()));
+  ASSERT_TRUE(pollUntil([&] { step({b.get()}); }, [&] { return drain(fd, got); }));
+  ::close(fd);
+  const auto refuse = decodePeerFrame(got, nullptr, 0);
+  ASSERT_TRUE(std::holds_alternative<PeerFrame>(refuse));
+  EXPECT_EQ(std::get<PeerFrame>(refuse).type, PeerFrameType::Refuse);
+  EXPECT_EQ(std::get<PeerFrame>(refuse).payload,
+            "this instance (lb-b) speaks tier protocol v2, yours v1: upgrade yours");
+  EXPECT_EQ(b->status(now_)["version_refusals"], 1);
+  EXPECT_EQ(b->held("lb-a"), 0u);
 }
 
 // --- The keeper's exports for the peers --------------------------------------

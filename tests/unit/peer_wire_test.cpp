@@ -2,8 +2,11 @@
 // replayed, reordered, reflected, oversized or malformed frame is refused and
 // a truncated one waits for more; handshake messages and record payloads
 // round-trip and refuse damage; the secret file and the [tier] section refuse
-// what they must, with a message that says why. (SipHash-2-4 itself is
-// checked against the paper's vectors in flow_key_test.)
+// what they must, with a message that says why. The handshake between two
+// sides with the same secret verifies, with another secret it does not; a
+// hello of protocol version 1 (the SipHash one) is told apart from a
+// malformed one and refused with words that name the upgrade. (The
+// primitives are libsodium's; their vectors are libsodium's tests.)
 #include "control/tier/peer_wire.hpp"
 
 #include <gtest/gtest.h>
@@ -24,8 +27,10 @@ namespace {
 
 constexpr std::uint64_t kSeed = 0x0123456789abcdefULL;
 
-SipKey key(std::uint64_t n) {
-  return SipKey{0x1111 * n, 0x2222 * n};
+PeerKey key(std::uint64_t n) {
+  PeerKey k;
+  for (std::size_t i = 0; i < k.bytes.size(); ++i) k.bytes[i] = static_cast<unsigned char>(n + i);
+  return k;
 }
 
 const PeerFrame* frameOf(const PeerDecoded& d) {
@@ -39,7 +44,7 @@ bool needMore(const PeerDecoded& d) {
 }
 
 TEST(PeerFrame, RoundTripWithAndWithoutKey) {
-  const SipKey k = key(1);
+  const PeerKey k = key(1);
   const std::string payload = "some exception bytes";
   const std::string f = encodePeerFrame(PeerFrameType::Records, payload, &k, 7);
   EXPECT_EQ(f.size(), kPeerHeaderBytes + payload.size() + kPeerTagBytes);
@@ -58,7 +63,7 @@ TEST(PeerFrame, RoundTripWithAndWithoutKey) {
 }
 
 TEST(PeerFrame, TamperedFrameIsRefused) {
-  const SipKey k = key(1);
+  const PeerKey k = key(1);
   const std::string f = encodePeerFrame(PeerFrameType::Records, "abcdefgh", &k, 3);
   for (std::size_t i = 0; i < f.size(); ++i) {
     std::string t = f;
@@ -72,8 +77,8 @@ TEST(PeerFrame, TamperedFrameIsRefused) {
 }
 
 TEST(PeerFrame, ReplayedReorderedAndReflectedFramesAreRefused) {
-  const SipKey c2s = key(1);
-  const SipKey s2c = key(2);
+  const PeerKey c2s = key(1);
+  const PeerKey s2c = key(2);
   const std::string f0 = encodePeerFrame(PeerFrameType::Heartbeat, "", &c2s, 0);
   const std::string f1 = encodePeerFrame(PeerFrameType::Heartbeat, "", &c2s, 1);
   ASSERT_NE(frameOf(decodePeerFrame(f0, &c2s, 0)), nullptr);
@@ -86,7 +91,7 @@ TEST(PeerFrame, ReplayedReorderedAndReflectedFramesAreRefused) {
 }
 
 TEST(PeerFrame, OversizedMalformedAndTruncatedFrames) {
-  const SipKey k = key(1);
+  const PeerKey k = key(1);
   std::string over(kPeerHeaderBytes, '\0');
   const std::uint32_t length = kPeerMaxPayload + 1;
   std::memcpy(over.data(), &length, 4);
@@ -115,47 +120,137 @@ TEST(PeerFrame, OversizedMalformedAndTruncatedFrames) {
 TEST(PeerHandshake, MessagesRoundTripAndRefuseDamage) {
   PeerHello h;
   h.nonce[0] = std::byte{9};
+  h.nonce[31] = std::byte{7};
   h.node = "lb-1";
   const auto hb = encodePeerHello(h);
   auto hd = decodePeerHello(hb);
   ASSERT_TRUE(hd);
   EXPECT_EQ(hd->node, "lb-1");
   EXPECT_EQ(hd->nonce, h.nonce);
+  EXPECT_EQ(peerPayloadVersion(hb), kPeerVersion);
   EXPECT_FALSE(decodePeerHello(hb.substr(0, hb.size() - 1)));
   EXPECT_FALSE(decodePeerHello(hb + "x"));
 
   PeerAuth a;
-  a.nonce[15] = std::byte{3};
+  a.nonce[31] = std::byte{3};
   a.seedTag = 42;
   a.node = "lb-2";
-  a.mac = 0xfeed;
+  a.mac[0] = std::byte{0xfe};
+  a.mac[31] = std::byte{0xed};
   const auto ab = encodePeerAuth(a);
   auto ad = decodePeerAuth(ab);
   ASSERT_TRUE(ad);
   EXPECT_EQ(ad->node, "lb-2");
   EXPECT_EQ(ad->seedTag, 42u);
-  EXPECT_EQ(ad->mac, 0xfeedu);
+  EXPECT_EQ(ad->nonce, a.nonce);
+  EXPECT_EQ(ad->mac, a.mac);
   for (std::size_t n = 0; n < ab.size(); ++n) EXPECT_FALSE(decodePeerAuth(ab.substr(0, n))) << n;
-  EXPECT_FALSE(decodePeerU64("1234567"));
-  EXPECT_EQ(decodePeerU64(encodePeerU64(77)), 77u);
+  EXPECT_FALSE(decodePeerAuth(ab + "x"));
+  EXPECT_FALSE(decodePeerMac(std::string(kPeerTagBytes - 1, 'm')));
+  EXPECT_FALSE(decodePeerMac(std::string(kPeerTagBytes + 1, 'm')));
+  EXPECT_EQ(decodePeerMac(encodePeerMac(a.mac)), a.mac);
+  EXPECT_FALSE(peerPayloadVersion("abc"));
 }
 
-TEST(PeerHandshake, MacDependsOnSecretNoncesSeedAndName) {
-  const SipKey m = peerMasterKey("0123456789abcdef-tier-secret");
-  const SipKey other = peerMasterKey("0123456789abcdef-tier-secreT");
+// Version 1's hello exactly as its encoder wrote it: u32 1, a 16-byte nonce,
+// the name (length byte first). Its version is read, its body never is.
+std::string helloV1(std::string_view node) {
+  std::string p;
+  const std::uint32_t v = 1;
+  p.append(reinterpret_cast<const char*>(&v), 4);
+  p.append(16, '\x5a');
+  p.push_back(static_cast<char>(node.size()));
+  p.append(node);
+  return p;
+}
+
+TEST(PeerHandshake, AnOldVersionsHelloIsRefusedWithWordsThatNameTheUpgrade) {
+  const std::string v1 = helloV1("lb-old");
+  // A whole version-1 frame still parses as a frame (the header did not change).
+  const std::string frame = encodePeerFrame(PeerFrameType::Hello, v1);
+  const PeerDecoded d = decodePeerFrame(frame, nullptr, 0);
+  ASSERT_NE(frameOf(d), nullptr);
+  EXPECT_EQ(peerPayloadVersion(frameOf(d)->payload), 1u);
+  EXPECT_FALSE(decodePeerHello(frameOf(d)->payload));
+  EXPECT_EQ(peerVersionMismatch("lb-old", 1),
+            "peer lb-old speaks tier protocol v1; this instance speaks v2: upgrade it");
+  EXPECT_EQ(peerVersionMismatch("lb-new", 3),
+            "peer lb-new speaks tier protocol v3; this instance speaks v2: upgrade this instance");
+  // A version-2 body under another version number is not taken either.
+  PeerHello h;
+  h.node = "lb-1";
+  std::string other = encodePeerHello(h);
+  other[0] = 3;
+  EXPECT_EQ(peerPayloadVersion(other), 3u);
+  EXPECT_FALSE(decodePeerHello(other));
+}
+
+// Both sides of a handshake, computed as the channel computes them.
+struct Sides {
+  PeerMac clientProof;   // C's Auth MAC, as C computes it
+  PeerMac clientExpect;  // what S expects of it
+  PeerMac serverProof;   // S's Accept MAC
+  PeerMac serverExpect;  // what C expects of it
+  PeerKey c2sAtC, c2sAtS, s2cAtC, s2cAtS;
+};
+Sides handshake(std::string_view secretC, std::string_view secretS) {
+  const PeerKey mc = peerMasterKey(secretC);
+  const PeerKey ms = peerMasterKey(secretS);
+  const PeerNonce ns = peerFreshNonce();
+  const PeerNonce nc = peerFreshNonce();
+  const PeerTranscript t{ns, nc, 77, "lb-s", "lb-c"};
+  return Sides{peerAuthMac(mc, "auth-c", t),      peerAuthMac(ms, "auth-c", t),
+               peerAuthMac(ms, "auth-s", t),      peerAuthMac(mc, "auth-s", t),
+               peerSessionKey(mc, "c2s", ns, nc), peerSessionKey(ms, "c2s", ns, nc),
+               peerSessionKey(mc, "s2c", ns, nc), peerSessionKey(ms, "s2c", ns, nc)};
+}
+
+TEST(PeerHandshake, SameSecretVerifiesBothWaysAndAgreesOnSessionKeys) {
+  const Sides s = handshake("0123456789abcdef-tier-secret", "0123456789abcdef-tier-secret");
+  EXPECT_TRUE(peerMacEqual(s.clientProof, s.clientExpect));
+  EXPECT_TRUE(peerMacEqual(s.serverProof, s.serverExpect));
+  EXPECT_EQ(s.c2sAtC, s.c2sAtS);
+  EXPECT_EQ(s.s2cAtC, s.s2cAtS);
+  EXPECT_NE(s.c2sAtC, s.s2cAtC);
+  // A frame sealed by C under its session key opens at S.
+  const std::string f = encodePeerFrame(PeerFrameType::Heartbeat, "", &s.c2sAtC, 0);
+  EXPECT_NE(frameOf(decodePeerFrame(f, &s.c2sAtS, 0)), nullptr);
+}
+
+TEST(PeerHandshake, AnotherSecretFailsBothProofsAndTheSessionKeysDiffer) {
+  const Sides s = handshake("0123456789abcdef-tier-secret", "0123456789abcdef-tier-secreT");
+  EXPECT_FALSE(peerMacEqual(s.clientProof, s.clientExpect));
+  EXPECT_FALSE(peerMacEqual(s.serverProof, s.serverExpect));
+  EXPECT_NE(s.c2sAtC, s.c2sAtS);
+  const std::string f = encodePeerFrame(PeerFrameType::Heartbeat, "", &s.c2sAtC, 0);
+  EXPECT_TRUE(bad(decodePeerFrame(f, &s.c2sAtS, 0)));
+}
+
+TEST(PeerHandshake, MacDependsOnSecretRoleNoncesSeedAndBothNames) {
+  const PeerKey m = peerMasterKey("0123456789abcdef-tier-secret");
+  const PeerKey other = peerMasterKey("0123456789abcdef-tier-secreT");
+  EXPECT_NE(m, other);
   PeerNonce s{}, c{};
   s[0] = std::byte{1};
   c[0] = std::byte{2};
-  const std::uint64_t mac = peerAuthMac(m, "auth-c", s, c, 5, "lb-1");
-  EXPECT_NE(mac, peerAuthMac(other, "auth-c", s, c, 5, "lb-1"));
-  EXPECT_NE(mac, peerAuthMac(m, "auth-s", s, c, 5, "lb-1"));
-  EXPECT_NE(mac, peerAuthMac(m, "auth-c", c, s, 5, "lb-1"));
-  EXPECT_NE(mac, peerAuthMac(m, "auth-c", s, c, 6, "lb-1"));
-  EXPECT_NE(mac, peerAuthMac(m, "auth-c", s, c, 5, "lb-2"));
+  const PeerTranscript t{s, c, 5, "lb-1", "lb-2"};
+  const PeerMac mac = peerAuthMac(m, "auth-c", t);
+  const auto differs = [&](const PeerKey& k, std::string_view role, const PeerTranscript& u) {
+    return !peerMacEqual(mac, peerAuthMac(k, role, u));
+  };
+  EXPECT_FALSE(differs(m, "auth-c", t));
+  EXPECT_TRUE(differs(other, "auth-c", t));
+  EXPECT_TRUE(differs(m, "auth-s", t));
+  EXPECT_TRUE(differs(m, "auth-c", PeerTranscript{c, s, 5, "lb-1", "lb-2"}));
+  EXPECT_TRUE(differs(m, "auth-c", PeerTranscript{s, c, 6, "lb-1", "lb-2"}));
+  EXPECT_TRUE(differs(m, "auth-c", PeerTranscript{s, c, 5, "lb-2", "lb-1"}));
+  EXPECT_TRUE(differs(m, "auth-c", PeerTranscript{s, c, 5, "lb-1", "lb-3"}));
   EXPECT_NE(peerSessionKey(m, "c2s", s, c), peerSessionKey(m, "s2c", s, c));
   PeerNonce c2 = c;
-  c2[1] = std::byte{1};
+  c2[31] = std::byte{1};
   EXPECT_NE(peerSessionKey(m, "c2s", s, c), peerSessionKey(m, "c2s", s, c2));
+  // Nonces are fresh: two draws differ.
+  EXPECT_NE(peerFreshNonce(), peerFreshNonce());
 }
 
 TEST(PeerPayload, RecordsAndRemovedRoundTrip) {

@@ -1,10 +1,11 @@
 #include "control/host/privileges.hpp"
 
+#include <cap-ng.h>
+#include <dirent.h>
 #include <grp.h>
 #include <linux/capability.h>
 #include <pwd.h>
 #include <sys/prctl.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -28,20 +29,40 @@ int lastCapability() {
   return last;
 }
 
-struct CapSets {
-  std::uint64_t permitted = 0, effective = 0, inheritable = 0;
-};
-
-std::optional<std::string> setCaps(const CapSets& s) {
-  __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
-  __user_cap_data_struct data[2]{};
-  for (int i = 0; i < 2; ++i) {
-    data[i].permitted = static_cast<std::uint32_t>(s.permitted >> (32 * i));
-    data[i].effective = static_cast<std::uint32_t>(s.effective >> (32 * i));
-    data[i].inheritable = static_cast<std::uint32_t>(s.inheritable >> (32 * i));
+// libcap-ng's state for the calling thread set to `keep` in the bounding set
+// (CAPNG_SELECT_BOUNDS) and applied: every other capability is dropped from
+// the bounding set. Needs CAP_SETPCAP in the effective set (root has it).
+std::optional<std::string> narrowBoundingSet(std::uint64_t keep) {
+  if (capng_get_caps_process() != 0) return "capng_get_caps_process: " + errnoText(errno);
+  capng_clear(CAPNG_SELECT_BOUNDS);
+  for (int cap = 0; cap <= lastCapability(); ++cap) {
+    if (((keep >> cap) & 1) == 0) continue;
+    if (capng_update(CAPNG_ADD, CAPNG_BOUNDING_SET, static_cast<unsigned>(cap)) != 0) {
+      return "capng_update " + std::to_string(cap) + ": " + errnoText(errno);
+    }
   }
-  if (syscall(SYS_capset, &header, data) != 0) return "capset: " + errnoText(errno);
+  if (capng_apply(CAPNG_SELECT_BOUNDS) != 0) {
+    return "capng_apply(bounding set): " + errnoText(errno);
+  }
   return std::nullopt;
+}
+
+std::optional<std::string> setNoNewPrivs() {
+  if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) {
+    return "PR_SET_NO_NEW_PRIVS: " + errnoText(errno);
+  }
+  return std::nullopt;
+}
+
+std::size_t threadCount() {
+  std::size_t n = 0;
+  if (DIR* d = opendir("/proc/self/task")) {
+    while (const dirent* e = readdir(d)) {
+      if (e->d_name[0] != '.') ++n;
+    }
+    closedir(d);
+  }
+  return n;
 }
 
 }  // namespace
@@ -118,6 +139,17 @@ std::string capabilityNames(const std::vector<KeptCapability>& keep) {
   return names.empty() ? "none" : names;
 }
 
+std::optional<std::string> restrictBeforeThreads(const std::vector<KeptCapability>& keep) {
+  if (geteuid() != 0) return std::nullopt;  // dropPrivileges says why it cannot go on
+  if (const std::size_t n = threadCount(); n != 1) {
+    return "the process already has " + std::to_string(n) +
+           " threads: the bounding set and no_new_privs must be set before the first thread "
+           "starts, or the earlier ones keep root's";
+  }
+  if (auto e = narrowBoundingSet(capabilityMask(keep))) return e;
+  return setNoNewPrivs();
+}
+
 std::optional<std::string> dropPrivileges(const RunAsUser& user,
                                           const std::vector<KeptCapability>& keep) {
   if (geteuid() != 0) {
@@ -125,30 +157,30 @@ std::optional<std::string> dropPrivileges(const RunAsUser& user,
            "\" needs spillwayd started as root (it runs as uid " + std::to_string(geteuid()) + ")";
   }
   const std::uint64_t kept = capabilityMask(keep);
-  if (prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0) != 0) return "PR_SET_KEEPCAPS: " + errnoText(errno);
+  // Idempotent after restrictBeforeThreads; narrows further in a process
+  // that keeps less (the freeze guard).
+  if (auto e = narrowBoundingSet(kept)) return e;
   if (setgroups(user.groups.size(), user.groups.data()) != 0) {
     return "setgroups: " + errnoText(errno);
   }
-  if (setresgid(user.gid, user.gid, user.gid) != 0) return "setresgid: " + errnoText(errno);
-  if (setresuid(user.uid, user.uid, user.uid) != 0) return "setresuid: " + errnoText(errno);
-  // The permitted set survived (KEEPCAPS); the effective one did not. Take
-  // back CAP_SETPCAP for as long as the bounding set is being narrowed.
-  const std::uint64_t setpcap = std::uint64_t{1} << CAP_SETPCAP;
-  if (auto e = setCaps({kept | setpcap, kept | setpcap, 0})) return e;
-  const int last = lastCapability();
-  for (int cap = 0; cap <= last; ++cap) {
-    if ((kept >> cap) & 1) continue;
-    if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0) {
-      return "PR_CAPBSET_DROP " + std::to_string(cap) + ": " + errnoText(errno);
+  // The capabilities to end with; capng_change_id keeps them across the uid
+  // change (PR_SET_KEEPCAPS, setresgid, setresuid, which glibc applies to
+  // every thread of the process: the kernel clears every capability of the
+  // threads that did not keep them), then applies them and clears
+  // keepcaps and the ambient set.
+  capng_clear(CAPNG_SELECT_CAPS);
+  for (const KeptCapability& k : keep) {
+    if (capng_update(CAPNG_ADD, static_cast<capng_type_t>(CAPNG_EFFECTIVE | CAPNG_PERMITTED),
+                     static_cast<unsigned>(k.cap)) != 0) {
+      return "capng_update " + k.name + ": " + errnoText(errno);
     }
   }
-  if (auto e = setCaps({kept, kept, 0})) return e;
-  if (prctl(PR_SET_KEEPCAPS, 0, 0, 0, 0) != 0) return "PR_SET_KEEPCAPS: " + errnoText(errno);
-  if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0 && errno != EINVAL) {
-    return "PR_CAP_AMBIENT_CLEAR_ALL: " + errnoText(errno);
+  if (const int rc = capng_change_id(static_cast<int>(user.uid), static_cast<int>(user.gid),
+                                     CAPNG_CLEAR_AMBIENT);
+      rc != 0) {
+    return "capng_change_id: error " + std::to_string(rc) + " (" + errnoText(errno) + ")";
   }
-  if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
-    return "PR_SET_NO_NEW_PRIVS: " + errnoText(errno);
+  if (auto e = setNoNewPrivs()) return e;
 
   // Believe the kernel, not the calls: the result must be exactly this.
   const ThreadCredentials now = currentCredentials();
@@ -157,7 +189,7 @@ std::optional<std::string> dropPrivileges(const RunAsUser& user,
     return "the uids or gids did not all change";
   }
   if (now.permitted != kept || now.effective != kept || now.inheritable != 0 ||
-      (now.bounding & ~kept) != 0 || now.ambient != 0 || !now.noNewPrivs) {
+      now.bounding != kept || now.ambient != 0 || !now.noNewPrivs) {
     return "the capability sets are not the kept ones";
   }
   if (setuid(0) == 0) return "setuid(0) still succeeds";
@@ -168,20 +200,17 @@ ThreadCredentials currentCredentials() {
   ThreadCredentials c;
   (void)getresuid(&c.ruid, &c.euid, &c.suid);
   (void)getresgid(&c.rgid, &c.egid, &c.sgid);
-  __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
-  __user_cap_data_struct data[2]{};
-  if (syscall(SYS_capget, &header, data) == 0) {
-    for (int i = 0; i < 2; ++i) {
-      c.permitted |= std::uint64_t{data[i].permitted} << (32 * i);
-      c.effective |= std::uint64_t{data[i].effective} << (32 * i);
-      c.inheritable |= std::uint64_t{data[i].inheritable} << (32 * i);
-    }
-  }
-  const int last = lastCapability();
-  for (int cap = 0; cap <= last; ++cap) {
-    if (prctl(PR_CAPBSET_READ, cap, 0, 0, 0) == 1) c.bounding |= std::uint64_t{1} << cap;
-    if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_IS_SET, cap, 0, 0) == 1) {
-      c.ambient |= std::uint64_t{1} << cap;
+  // libcap-ng reads the calling thread's sets (capget) and its bounding set.
+  if (capng_get_caps_process() == 0) {
+    const int last = lastCapability();
+    for (int cap = 0; cap <= last; ++cap) {
+      const auto bit = std::uint64_t{1} << cap;
+      const auto u = static_cast<unsigned>(cap);
+      if (capng_have_capability(CAPNG_PERMITTED, u) == 1) c.permitted |= bit;
+      if (capng_have_capability(CAPNG_EFFECTIVE, u) == 1) c.effective |= bit;
+      if (capng_have_capability(CAPNG_INHERITABLE, u) == 1) c.inheritable |= bit;
+      if (capng_have_capability(CAPNG_BOUNDING_SET, u) == 1) c.bounding |= bit;
+      if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_IS_SET, cap, 0, 0) == 1) c.ambient |= bit;
     }
   }
   c.noNewPrivs = prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) == 1;

@@ -13,17 +13,26 @@
 // takes away what a compromised parser could do with root (read or write
 // any file, load modules, ptrace, change the host) with no new moving part.
 //
-// How (dropPrivileges): PR_SET_KEEPCAPS on the calling thread, then
-// setgroups/setresgid/setresuid, which glibc applies to every thread of the
-// process; the kernel clears every capability of the threads that did not
-// keep them (the EAL's worker, interrupt and telemetry threads: they need
-// none). The calling thread then narrows its bounding set and its permitted
-// and effective sets to the kept ones, sets no_new_privs and clears the
-// ambient set. Threads created afterwards (the announcer) inherit them.
+// How, in two steps, through libcap-ng (no capset syscalls of our own):
+// - restrictBeforeThreads, first thing after the configuration is read and
+//   before any thread or the freeze guard exists: the bounding set is
+//   narrowed to the kept capabilities and no_new_privs is set. Both are
+//   per thread and inherited at clone, so every thread started later (the
+//   EAL's interrupt, multi-process, worker and telemetry threads, TBB's, the
+//   announcer) starts with them. Root's own effective set is untouched: the
+//   EAL still maps hugepages and opens devices.
+// - dropPrivileges, once everything that needs root is open: the
+//   supplementary groups, then capng_change_id (PR_SET_KEEPCAPS on the
+//   calling thread, setresgid/setresuid, which glibc applies to every thread
+//   of the process; the kernel clears every capability of the threads that
+//   did not keep them, so the EAL's threads keep none) and the calling
+//   thread's permitted and effective sets set to the kept ones, the ambient
+//   set cleared. Threads created afterwards (the announcer) inherit them.
 //
-// Thread contract: call once, from the main thread, before starting threads
-// that need a kept capability, and with no other thread changing
-// credentials.
+// Thread contract: restrictBeforeThreads from the main thread while it is
+// the only thread (it refuses otherwise); dropPrivileges once, from the
+// main thread, before starting threads that need a kept capability, and
+// with no other thread changing credentials.
 #pragma once
 
 #include <sys/types.h>
@@ -69,6 +78,12 @@ struct KeptCapability {
 // Nothing else: the listening sockets are bound, the hugepages mapped and
 // locked and the devices open before the drop.
 [[nodiscard]] std::vector<KeptCapability> capabilitiesToKeep(const Config& config);
+
+// Narrows the bounding set to `keep` and sets no_new_privs, while the
+// process is still root and has one thread; an error when it has more
+// threads already or the kernel refuses. Nothing to do when not root.
+[[nodiscard]] std::optional<std::string> restrictBeforeThreads(
+    const std::vector<KeptCapability>& keep);
 
 // Becomes `user` keeping exactly `keep`; on failure an error, and the process
 // must not go on (it may be half-way).

@@ -5,7 +5,6 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/epoll.h>
-#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -40,18 +39,6 @@ constexpr int kAcceptsPerPoll = 1024;
 constexpr std::size_t kPendingPerStranger = 4;
 constexpr std::size_t kPendingStrangers = 32;
 constexpr std::size_t kPendingPerKnownPeer = 4;
-
-PeerNonce freshNonce() {
-  PeerNonce n{};
-  std::size_t done = 0;
-  while (done < n.size()) {
-    const ssize_t r = getrandom(n.data() + done, n.size() - done, 0);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) break;
-    done += static_cast<std::size_t>(r);
-  }
-  return n;
-}
 
 std::optional<SocketAddress> socketAddressOf(const std::string& text) {
   const auto a = parseListenAddress(text);
@@ -271,7 +258,7 @@ void PeerChannel::accept(Millis now) {
     c.source = source;
     c.knownSource = known != peersAt_.end();
     c.opened = c.lastRecv = c.lastSend = now;
-    c.serverNonce = freshNonce();
+    c.serverNonce = peerFreshNonce();
     send(c, PeerFrameType::Hello,
          encodePeerHello(PeerHello{kPeerVersion, c.serverNonce, config_.node}));
     if (!epollAdd(epoll_.get(), fd, id, EPOLLIN)) continue;
@@ -417,7 +404,11 @@ bool PeerChannel::service(std::uint64_t id, Conn& c, Millis now) {
         decodePeerFrame(std::string_view(c.in).substr(at), keyed ? &c.recvKey : nullptr, c.recvSeq);
     if (std::holds_alternative<PeerNeedMore>(d)) break;
     if (const auto* bad = std::get_if<PeerBadFrame>(&d)) {
-      if (c.peer >= 0) ++peers_[static_cast<std::size_t>(c.peer)].framesRefused;
+      if (c.peer >= 0) {
+        ++peers_[static_cast<std::size_t>(c.peer)].framesRefused;
+      } else {
+        ++handshakeDrops_;
+      }
       close(id, "refused a frame: " + bad->reason, now);
       return false;
     }
@@ -440,6 +431,7 @@ bool PeerChannel::service(std::uint64_t id, Conn& c, Millis now) {
   }
   c.in.erase(0, at);
   if (eof) {
+    if (c.peer < 0 && !c.in.empty()) ++handshakeDrops_;  // a truncated frame before auth
     close(id, c.in.empty() ? "closed by the peer" : "closed by the peer in the middle of a frame",
           now);
     return false;
@@ -452,9 +444,16 @@ bool PeerChannel::handleHandshake(std::uint64_t id, Conn& c, PeerFrameType type,
   if (c.outbound) {
     Peer& p = peers_[static_cast<std::size_t>(c.peer)];
     if (c.phase == Phase::AwaitHello && type == PeerFrameType::Hello) {
+      const auto version = peerPayloadVersion(payload);
+      if (version && *version != kPeerVersion) {
+        ++versionRefusals_;
+        p.lastError = peerVersionMismatch(p.config.name + " (" + p.config.address + ")", *version);
+        events_.append(now, "", kEventPeer, p.lastError);
+        return false;
+      }
       const auto hello = decodePeerHello(payload);
-      if (!hello || hello->version != kPeerVersion) {
-        p.lastError = "peer " + p.config.address + " sent a bad hello (version or format)";
+      if (!hello) {
+        p.lastError = "peer " + p.config.address + " sent a malformed hello";
         return false;
       }
       if (hello->node != p.config.name) {
@@ -464,18 +463,21 @@ bool PeerChannel::handleHandshake(std::uint64_t id, Conn& c, PeerFrameType type,
         return false;
       }
       c.serverNonce = hello->nonce;
-      c.clientNonce = freshNonce();
-      PeerAuth auth{
-          kPeerVersion, c.clientNonce, seedTag_, config_.node,
-          peerAuthMac(master_, "auth-c", c.serverNonce, c.clientNonce, seedTag_, config_.node)};
+      c.clientNonce = peerFreshNonce();
+      PeerAuth auth{kPeerVersion, c.clientNonce, seedTag_, config_.node,
+                    peerAuthMac(master_, "auth-c",
+                                PeerTranscript{c.serverNonce, c.clientNonce, seedTag_,
+                                               p.config.name, config_.node})};
       send(c, PeerFrameType::Auth, encodePeerAuth(auth));
       c.phase = Phase::AwaitAccept;
       return true;
     }
     if (c.phase == Phase::AwaitAccept && type == PeerFrameType::Accept) {
-      const auto mac = decodePeerU64(payload);
-      if (!mac || *mac != peerAuthMac(master_, "auth-s", c.serverNonce, c.clientNonce, seedTag_,
-                                      p.config.name)) {
+      const auto mac = decodePeerMac(payload);
+      if (!mac ||
+          !peerMacEqual(*mac, peerAuthMac(master_, "auth-s",
+                                          PeerTranscript{c.serverNonce, c.clientNonce, seedTag_,
+                                                         p.config.name, config_.node}))) {
         ++p.authFailures;
         p.lastError = "peer " + p.config.name + " failed authentication (another secret?)";
         events_.append(now, "", kEventPeer, "auth refused: " + p.lastError);
@@ -495,10 +497,25 @@ bool PeerChannel::handleHandshake(std::uint64_t id, Conn& c, PeerFrameType type,
     p.lastError = "unexpected handshake frame from " + p.config.name;
     return false;
   }
-  if (c.phase != Phase::AwaitAuth || type != PeerFrameType::Auth) return false;
+  if (c.phase != Phase::AwaitAuth || type != PeerFrameType::Auth) {
+    ++handshakeDrops_;
+    return false;
+  }
+  const auto version = peerPayloadVersion(payload);
+  if (version && *version != kPeerVersion) {
+    ++versionRefusals_;
+    // Anyone can send this: summarised like the other refusals a stranger causes.
+    noteRefusal(now, c.source, peerVersionMismatch("at " + c.source, *version));
+    // Said to the peer from its side: which of the two to upgrade.
+    refuse(c, "this instance (" + config_.node + ") speaks tier protocol v" +
+                  std::to_string(kPeerVersion) + ", yours v" + std::to_string(*version) +
+                  (*version < kPeerVersion ? ": upgrade yours" : ": upgrade this one"));
+    return false;
+  }
   const auto auth = decodePeerAuth(payload);
-  if (!auth || auth->version != kPeerVersion) {
-    refuse(c, "bad auth message (version " + std::to_string(kPeerVersion) + " expected)");
+  if (!auth) {
+    ++handshakeDrops_;
+    refuse(c, "malformed auth message");
     return false;
   }
   const int index = peerNamed(auth->node);
@@ -509,8 +526,9 @@ bool PeerChannel::handleHandshake(std::uint64_t id, Conn& c, PeerFrameType type,
     return false;
   }
   Peer& p = peers_[static_cast<std::size_t>(index)];
-  if (auth->mac !=
-      peerAuthMac(master_, "auth-c", c.serverNonce, auth->nonce, auth->seedTag, auth->node)) {
+  if (!peerMacEqual(auth->mac, peerAuthMac(master_, "auth-c",
+                                           PeerTranscript{c.serverNonce, auth->nonce, auth->seedTag,
+                                                          config_.node, auth->node}))) {
     ++p.authFailures;
     p.lastError = "bad MAC from " + c.remote + " (another secret?)";
     noteRefusal(now, c.source,
@@ -529,8 +547,9 @@ bool PeerChannel::handleHandshake(std::uint64_t id, Conn& c, PeerFrameType type,
   c.clientNonce = auth->nonce;
   c.peer = index;
   send(c, PeerFrameType::Accept,
-       encodePeerU64(
-           peerAuthMac(master_, "auth-s", c.serverNonce, c.clientNonce, seedTag_, config_.node)));
+       encodePeerMac(peerAuthMac(
+           master_, "auth-s",
+           PeerTranscript{c.serverNonce, c.clientNonce, seedTag_, config_.node, auth->node})));
   c.sendKey = peerSessionKey(master_, "s2c", c.serverNonce, c.clientNonce);
   c.recvKey = peerSessionKey(master_, "c2s", c.serverNonce, c.clientNonce);
   if (p.inConn && *p.inConn != id) close(*p.inConn, "replaced by a new connection", now);
@@ -857,6 +876,8 @@ Json PeerChannel::status(Millis now) const {
               {"peer_exceptions_in_table", inUse_},
               {"peer_exceptions_ignored", ignored_},
               {"unknown_node_refusals", unknownNodes_},
+              {"version_refusals", versionRefusals_},
+              {"handshake_drops", handshakeDrops_},
               {"connections_refused", connectionsRefused_},
               {"pending_handshakes", pendingHandshakes()},
               {"peers", peers}};
@@ -902,6 +923,13 @@ void PeerChannel::metrics(MetricsWriter& m, Millis now) const {
             "Connections to the peer port closed at accept: too many pending handshakes from "
             "their address, or from addresses of no peer.",
             {}, static_cast<double>(connectionsRefused_));
+  m.counter("spillway_peer_version_refusals_total",
+            "Handshakes refused because the peer speaks another tier protocol version.", {},
+            static_cast<double>(versionRefusals_));
+  m.counter("spillway_peer_handshake_drops_total",
+            "Connections dropped before authentication: malformed, unexpected or truncated "
+            "handshake input from an unauthenticated client.",
+            {}, static_cast<double>(handshakeDrops_));
   m.gauge("spillway_peer_exceptions_in_table", "Peers' exceptions in the exception table.", {},
           static_cast<double>(inUse_));
   m.gauge("spillway_peer_exceptions_ignored",

@@ -159,8 +159,8 @@ class PeerChannel {
     std::size_t outSent = 0;
     PeerNonce serverNonce{};
     PeerNonce clientNonce{};
-    SipKey sendKey;
-    SipKey recvKey;
+    PeerKey sendKey;
+    PeerKey recvKey;
     std::uint64_t sendSeq = 0;
     std::uint64_t recvSeq = 0;
     Millis opened = 0;
@@ -220,7 +220,7 @@ class PeerChannel {
   TierConfig config_;
   std::uint64_t hashSeed_;
   std::uint64_t seedTag_;
-  SipKey master_;
+  PeerKey master_;
   EventLog& events_;
   PeerChannelTimers timers_;
   UniqueFd listen_;
@@ -236,6 +236,8 @@ class PeerChannel {
   std::size_t inUse_ = 0;
   std::size_t ignored_ = 0;
   std::uint64_t unknownNodes_ = 0;
+  std::uint64_t versionRefusals_ = 0;
+  std::uint64_t handshakeDrops_ = 0;
   std::uint64_t connectionsRefused_ = 0;
   // Configured peers per address, for the listener's pending allowances.
   std::map<std::string, std::size_t, std::less<>> peersAt_;

@@ -1,5 +1,6 @@
 #include "control/tier/peer_wire.hpp"
 
+#include <sodium.h>
 #include <sys/stat.h>
 
 #include <bit>
@@ -9,12 +10,41 @@
 #include "control/intent/flow_checkpoint.hpp"
 #include "control/sys/durable_file.hpp"
 #include "spillway/errno_text.hpp"
-#include "spillway/flow_key.hpp"
 
 namespace spillway {
 namespace {
 
 static_assert(std::endian::native == std::endian::little, "the peer wire is little-endian");
+static_assert(kPeerTagBytes == crypto_auth_hmacsha512256_BYTES);
+static_assert(kPeerKeyBytes == crypto_auth_hmacsha512256_KEYBYTES);
+static_assert(kPeerKeyBytes >= crypto_generichash_KEYBYTES_MIN &&
+              kPeerKeyBytes <= crypto_generichash_BYTES_MAX);
+
+// sodium_init once per process (thread-safe, idempotent): picks the fastest
+// implementations and seeds randombytes.
+void sodiumReady() noexcept {
+  static const int ready = sodium_init();
+  (void)ready;
+}
+
+const unsigned char* bytesOf(std::string_view s) {
+  return reinterpret_cast<const unsigned char*>(s.data());
+}
+
+// HMAC-SHA-512-256 of seq || frame (header and payload), streamed so a
+// 64 KiB frame is not copied.
+PeerMac frameTag(const PeerKey& key, std::uint64_t seq, std::string_view frame) noexcept {
+  crypto_auth_hmacsha512256_state state;
+  crypto_auth_hmacsha512256_init(&state, key.bytes.data(), key.bytes.size());
+  unsigned char s[8];
+  std::memcpy(s, &seq, 8);
+  crypto_auth_hmacsha512256_update(&state, s, sizeof s);
+  crypto_auth_hmacsha512256_update(&state, bytesOf(frame), frame.size());
+  PeerMac tag{};
+  crypto_auth_hmacsha512256_final(&state, reinterpret_cast<unsigned char*>(tag.data()));
+  sodium_memzero(&state, sizeof state);
+  return tag;
+}
 
 template <class T>
 void put(std::string& out, T value) {
@@ -38,7 +68,8 @@ class Reader {
     at_ += sizeof(T);
     return v;
   }
-  void nonce(PeerNonce& out) {
+  template <std::size_t N>
+  void bytes(std::array<std::byte, N>& out) {
     if (bytes_.size() - at_ < out.size()) {
       bad_ = true;
       return;
@@ -70,10 +101,6 @@ void putName(std::string& out, std::string_view name) {
   out.append(name.substr(0, n));
 }
 
-std::uint64_t prf(const SipKey& key, std::string_view message) noexcept {
-  return sipHash<2, 4>(key.k0, key.k1, std::as_bytes(std::span(message.data(), message.size())));
-}
-
 std::string_view nonceText(const PeerNonce& n) {
   return {reinterpret_cast<const char*>(n.data()), n.size()};
 }
@@ -84,39 +111,78 @@ bool knownType(std::uint8_t t) {
 
 }  // namespace
 
-SipKey peerMasterKey(std::string_view secret) noexcept {
-  // The first 16 bytes key a PRF over the whole secret, so every byte of a
-  // longer secret counts.
-  std::uint64_t k0 = 0;
-  std::uint64_t k1 = 0;
-  std::memcpy(&k0, secret.data(), std::min<std::size_t>(8, secret.size()));
-  if (secret.size() > 8)
-    std::memcpy(&k1, secret.data() + 8, std::min<std::size_t>(8, secret.size() - 8));
-  const SipKey first{k0, k1};
-  return SipKey{prf(first, std::string("spw-mk0") + std::string(secret)),
-                prf(first, std::string("spw-mk1") + std::string(secret))};
+PeerNonce peerFreshNonce() noexcept {
+  sodiumReady();
+  PeerNonce n{};
+  randombytes_buf(n.data(), n.size());
+  return n;
 }
 
-SipKey peerSessionKey(const SipKey& master, std::string_view direction, const PeerNonce& server,
-                      const PeerNonce& client) noexcept {
-  std::string m(direction);
-  m.append(nonceText(server));
-  m.append(nonceText(client));
-  return SipKey{prf(master, "k0" + m), prf(master, "k1" + m)};
+PeerKey peerMasterKey(std::string_view secret) noexcept {
+  sodiumReady();
+  // BLAKE2b-256 of a label naming this use and version, then the secret:
+  // every byte of the secret counts, and no other use of the file's bytes
+  // shares the key.
+  static constexpr std::string_view kLabel{"spillway tier v2 master key", 28};  // with the NUL
+  crypto_generichash_state state;
+  crypto_generichash_init(&state, nullptr, 0, kPeerKeyBytes);
+  crypto_generichash_update(&state, bytesOf(kLabel), kLabel.size());
+  crypto_generichash_update(&state, bytesOf(secret), secret.size());
+  PeerKey k;
+  crypto_generichash_final(&state, k.bytes.data(), k.bytes.size());
+  sodium_memzero(&state, sizeof state);
+  return k;
 }
 
-std::uint64_t peerAuthMac(const SipKey& master, std::string_view role, const PeerNonce& server,
-                          const PeerNonce& client, std::uint64_t seedTag,
-                          std::string_view node) noexcept {
-  std::string m(role);
-  m.append(nonceText(server));
-  m.append(nonceText(client));
-  put<std::uint64_t>(m, seedTag);
-  putName(m, node);
-  return prf(master, m);
+PeerKey peerSessionKey(const PeerKey& master, std::string_view direction, const PeerNonce& server,
+                       const PeerNonce& client) noexcept {
+  crypto_generichash_state state;
+  crypto_generichash_init(&state, master.bytes.data(), master.bytes.size(), kPeerKeyBytes);
+  static constexpr std::string_view kLabel{"session", 8};  // with the NUL
+  crypto_generichash_update(&state, bytesOf(kLabel), kLabel.size());
+  const unsigned char n = static_cast<unsigned char>(direction.size());
+  crypto_generichash_update(&state, &n, 1);
+  crypto_generichash_update(&state, bytesOf(direction), direction.size());
+  crypto_generichash_update(&state, reinterpret_cast<const unsigned char*>(server.data()),
+                            server.size());
+  crypto_generichash_update(&state, reinterpret_cast<const unsigned char*>(client.data()),
+                            client.size());
+  PeerKey k;
+  crypto_generichash_final(&state, k.bytes.data(), k.bytes.size());
+  sodium_memzero(&state, sizeof state);
+  return k;
 }
 
-std::string encodePeerFrame(PeerFrameType type, std::string_view payload, const SipKey* key,
+PeerMac peerAuthMac(const PeerKey& master, std::string_view role,
+                    const PeerTranscript& transcript) {
+  std::string m;
+  putName(m, role);
+  put<std::uint32_t>(m, kPeerVersion);
+  m.append(nonceText(transcript.server));
+  m.append(nonceText(transcript.client));
+  put<std::uint64_t>(m, transcript.seedTag);
+  putName(m, transcript.serverNode);
+  putName(m, transcript.clientNode);
+  PeerMac mac{};
+  crypto_auth_hmacsha512256(reinterpret_cast<unsigned char*>(mac.data()), bytesOf(m), m.size(),
+                            master.bytes.data());
+  return mac;
+}
+
+bool peerMacEqual(const PeerMac& a, const PeerMac& b) noexcept {
+  static_assert(kPeerTagBytes == 32);
+  return crypto_verify_32(reinterpret_cast<const unsigned char*>(a.data()),
+                          reinterpret_cast<const unsigned char*>(b.data())) == 0;
+}
+
+std::string peerVersionMismatch(std::string_view peer, std::uint32_t theirs) {
+  const std::string head = "peer " + std::string(peer) + " speaks tier protocol v" +
+                           std::to_string(theirs) + "; this instance speaks v" +
+                           std::to_string(kPeerVersion);
+  return theirs < kPeerVersion ? head + ": upgrade it" : head + ": upgrade this instance";
+}
+
+std::string encodePeerFrame(PeerFrameType type, std::string_view payload, const PeerKey* key,
                             std::uint64_t seq) {
   std::string out;
   out.reserve(kPeerHeaderBytes + payload.size() + (key ? kPeerTagBytes : 0));
@@ -125,15 +191,13 @@ std::string encodePeerFrame(PeerFrameType type, std::string_view payload, const 
   out.append(3, '\0');
   out.append(payload);
   if (key != nullptr) {
-    std::string m;
-    put<std::uint64_t>(m, seq);
-    m.append(out);
-    put<std::uint64_t>(out, prf(*key, m));
+    const PeerMac tag = frameTag(*key, seq, out);
+    out.append(reinterpret_cast<const char*>(tag.data()), tag.size());
   }
   return out;
 }
 
-PeerDecoded decodePeerFrame(std::string_view buffer, const SipKey* key,
+PeerDecoded decodePeerFrame(std::string_view buffer, const PeerKey* key,
                             std::uint64_t seq) noexcept {
   try {
     if (buffer.size() < kPeerHeaderBytes) return PeerNeedMore{};
@@ -154,13 +218,9 @@ PeerDecoded decodePeerFrame(std::string_view buffer, const SipKey* key,
     const std::size_t whole = kPeerHeaderBytes + length + (key ? kPeerTagBytes : 0);
     if (buffer.size() < whole) return PeerNeedMore{};
     if (key != nullptr) {
-      std::string m;
-      m.reserve(8 + kPeerHeaderBytes + length);
-      put<std::uint64_t>(m, seq);
-      m.append(buffer.substr(0, kPeerHeaderBytes + length));
-      std::uint64_t tag = 0;
-      std::memcpy(&tag, buffer.data() + kPeerHeaderBytes + length, 8);
-      if (tag != prf(*key, m)) {
+      PeerMac tag{};
+      std::memcpy(tag.data(), buffer.data() + kPeerHeaderBytes + length, tag.size());
+      if (!peerMacEqual(tag, frameTag(*key, seq, buffer.substr(0, kPeerHeaderBytes + length)))) {
         return PeerBadFrame{"frame " + std::to_string(seq) +
                             " fails its MAC (tampered, replayed or out of order)"};
       }
@@ -180,13 +240,20 @@ std::string encodePeerHello(const PeerHello& hello) {
   return out;
 }
 
+std::optional<std::uint32_t> peerPayloadVersion(std::string_view payload) noexcept {
+  if (payload.size() < 4) return std::nullopt;
+  std::uint32_t v = 0;
+  std::memcpy(&v, payload.data(), 4);
+  return v;
+}
+
 std::optional<PeerHello> decodePeerHello(std::string_view payload) {
   Reader r(payload);
   PeerHello h;
   h.version = r.get<std::uint32_t>();
-  r.nonce(h.nonce);
+  r.bytes(h.nonce);
   h.node = r.name();
-  if (!r.ok()) return std::nullopt;
+  if (!r.ok() || h.version != kPeerVersion) return std::nullopt;
   return h;
 }
 
@@ -196,7 +263,7 @@ std::string encodePeerAuth(const PeerAuth& auth) {
   out.append(nonceText(auth.nonce));
   put<std::uint64_t>(out, auth.seedTag);
   putName(out, auth.node);
-  put<std::uint64_t>(out, auth.mac);
+  out.append(reinterpret_cast<const char*>(auth.mac.data()), auth.mac.size());
   return out;
 }
 
@@ -204,25 +271,24 @@ std::optional<PeerAuth> decodePeerAuth(std::string_view payload) {
   Reader r(payload);
   PeerAuth a;
   a.version = r.get<std::uint32_t>();
-  r.nonce(a.nonce);
+  r.bytes(a.nonce);
   a.seedTag = r.get<std::uint64_t>();
   a.node = r.name();
-  a.mac = r.get<std::uint64_t>();
-  if (!r.ok()) return std::nullopt;
+  r.bytes(a.mac);
+  if (!r.ok() || a.version != kPeerVersion) return std::nullopt;
   return a;
 }
 
-std::string encodePeerU64(std::uint64_t value) {
-  std::string out;
-  put<std::uint64_t>(out, value);
-  return out;
+std::string encodePeerMac(const PeerMac& mac) {
+  return std::string(reinterpret_cast<const char*>(mac.data()), mac.size());
 }
 
-std::optional<std::uint64_t> decodePeerU64(std::string_view payload) {
+std::optional<PeerMac> decodePeerMac(std::string_view payload) {
   Reader r(payload);
-  const auto v = r.get<std::uint64_t>();
+  PeerMac mac{};
+  r.bytes(mac);
   if (!r.ok()) return std::nullopt;
-  return v;
+  return mac;
 }
 
 std::string encodePeerRecords(std::uint64_t hashSeed,

@@ -5,27 +5,32 @@
 //
 // Frame, little-endian (PeerFrameHeader):
 //   u32 payload length (at most kPeerMaxPayload), u8 type, 3 zero bytes,
-//   payload, and after the handshake a u64 tag:
-//     SipHash-2-4(session key of this direction, u64 sequence || header || payload)
+//   payload, and after the handshake a 32-byte tag:
+//     HMAC-SHA-512-256(session key of this direction, u64 sequence || header || payload)
 //   The sequence is not sent: each side counts the frames of a direction from
 //   0, so a replayed, reordered, dropped or reflected frame (the two
 //   directions have different keys) fails its tag, and the connection is
 //   dropped.
 //
-// Handshake (the connecting side C sends its exceptions; the accepting side S
-// only receives them):
-//   S -> C  Hello   u32 version, 16-byte server nonce, node name
-//   C -> S  Auth    u32 version, 16-byte client nonce, u64 seed tag, node name,
-//                   u64 MAC(master; "auth-c", nonces, seed tag, C's name)
-//   S -> C  Accept  u64 MAC(master; "auth-s", nonces, seed tag, S's name)
+// Handshake, protocol version 2 (the connecting side C sends its exceptions;
+// the accepting side S only receives them):
+//   S -> C  Hello   u32 version, 32-byte server nonce Ns, S's name
+//   C -> S  Auth    u32 version, 32-byte client nonce Nc, u64 seed tag, C's name,
+//                   32-byte MAC(master; "auth-c" transcript)
+//   S -> C  Accept  32-byte MAC(master; "auth-s" transcript)
 //        or Refuse  a reason in words (unknown node, bad MAC, another hash_seed)
-//   The master key is derived from the shared secret file; each direction's
-//   session key from the master key and both nonces (fresh per connection),
-//   so frames recorded on one connection are useless on another.
-// SipHash-2-4 (Aumasson and Bernstein 2012, a keyed PRF with a 64-bit tag;
-// spillway/flow_key.hpp, checked there against the paper's vectors) is the
-// only primitive: no OpenSSL. A 64-bit tag is forgeable with probability
-// 2^-64 per try, and every failure drops the connection and is counted.
+//   transcript = version, Ns, Nc, seed tag, S's name, C's name. Each side
+//   proves it holds the secret over the other's fresh nonce (a challenge
+//   and its response), and the MACs bind both names and the seed.
+//   The master key is BLAKE2b-256 of the shared secret file (domain-separated);
+//   each direction's session key is BLAKE2b-256 keyed with the master over the
+//   direction and both nonces (fresh per connection), so frames recorded on
+//   one connection are useless on another.
+// Primitives come from libsodium (crypto_generichash, crypto_auth,
+// crypto_verify_32, randombytes_buf); no cryptography of our own. A hello of
+// another version (the first four bytes of its payload, where version 1 put
+// them too) is refused with peerVersionMismatch's words, which name the side
+// to upgrade.
 //
 // Records frames carry the flow checkpoint's encoding
 // (encodeFlowCheckpoint: 16 bytes a record, backends by id, CRC, seed tag),
@@ -50,12 +55,13 @@
 
 namespace spillway {
 
-inline constexpr std::uint32_t kPeerVersion = 1;
+inline constexpr std::uint32_t kPeerVersion = 2;
 inline constexpr std::size_t kPeerHeaderBytes = 8;
-inline constexpr std::size_t kPeerTagBytes = 8;
+inline constexpr std::size_t kPeerTagBytes = 32;     // crypto_auth_BYTES
+inline constexpr std::size_t kPeerKeyBytes = 32;     // crypto_auth_KEYBYTES
 inline constexpr std::size_t kPeerMaxFrame = 65536;  // header + payload + tag
 inline constexpr std::size_t kPeerMaxPayload = kPeerMaxFrame - kPeerHeaderBytes - kPeerTagBytes;
-inline constexpr std::size_t kPeerNonceBytes = 16;
+inline constexpr std::size_t kPeerNonceBytes = 32;
 inline constexpr std::size_t kPeerMaxNameBytes = 64;
 // Records frame: 40 + 8 x backends + 16 x records + 4 <= 49,196 bytes.
 inline constexpr std::size_t kPeerRecordsPerFrame = 2048;
@@ -80,27 +86,41 @@ struct PeerFrameHeader {
 };
 static_assert(sizeof(PeerFrameHeader) == kPeerHeaderBytes);
 
-struct SipKey {
-  std::uint64_t k0 = 0;
-  std::uint64_t k1 = 0;
-  friend bool operator==(const SipKey&, const SipKey&) = default;
+struct PeerKey {
+  std::array<unsigned char, kPeerKeyBytes> bytes{};
+  friend bool operator==(const PeerKey&, const PeerKey&) = default;
 };
 
 using PeerNonce = std::array<std::byte, kPeerNonceBytes>;
+using PeerMac = std::array<std::byte, kPeerTagBytes>;
 
+// A fresh random nonce (libsodium's randombytes: getrandom underneath).
+[[nodiscard]] PeerNonce peerFreshNonce() noexcept;
 // The long-term key of a tier from the secret file's bytes.
-[[nodiscard]] SipKey peerMasterKey(std::string_view secret) noexcept;
+[[nodiscard]] PeerKey peerMasterKey(std::string_view secret) noexcept;
 // The session key of one direction ("c2s" or "s2c") of one connection.
-[[nodiscard]] SipKey peerSessionKey(const SipKey& master, std::string_view direction,
-                                    const PeerNonce& server, const PeerNonce& client) noexcept;
-// The handshake MAC of `role` ("auth-c" or "auth-s") naming `node`.
-[[nodiscard]] std::uint64_t peerAuthMac(const SipKey& master, std::string_view role,
-                                        const PeerNonce& server, const PeerNonce& client,
-                                        std::uint64_t seedTag, std::string_view node) noexcept;
+[[nodiscard]] PeerKey peerSessionKey(const PeerKey& master, std::string_view direction,
+                                     const PeerNonce& server, const PeerNonce& client) noexcept;
+// The handshake MAC of `role` ("auth-c" or "auth-s") over the transcript.
+struct PeerTranscript {
+  PeerNonce server{};
+  PeerNonce client{};
+  std::uint64_t seedTag = 0;
+  std::string_view serverNode;
+  std::string_view clientNode;
+};
+[[nodiscard]] PeerMac peerAuthMac(const PeerKey& master, std::string_view role,
+                                  const PeerTranscript& transcript);
+// Constant-time comparison (crypto_verify_32).
+[[nodiscard]] bool peerMacEqual(const PeerMac& a, const PeerMac& b) noexcept;
+
+// What an instance says of a peer of another protocol version: which one to
+// upgrade.
+[[nodiscard]] std::string peerVersionMismatch(std::string_view peer, std::uint32_t theirs);
 
 // One frame. With a key, the tag is appended (sequence `seq`).
 [[nodiscard]] std::string encodePeerFrame(PeerFrameType type, std::string_view payload,
-                                          const SipKey* key = nullptr, std::uint64_t seq = 0);
+                                          const PeerKey* key = nullptr, std::uint64_t seq = 0);
 
 struct PeerFrame {
   PeerFrameType type{};
@@ -117,7 +137,7 @@ using PeerDecoded = std::variant<PeerFrame, PeerNeedMore, PeerBadFrame>;
 // bytes, or why the bytes can never make a frame (oversized, bad padding,
 // unknown type, wrong tag). With a key the frame must carry a tag valid for
 // sequence `seq`; without one it must be a handshake frame.
-[[nodiscard]] PeerDecoded decodePeerFrame(std::string_view buffer, const SipKey* key,
+[[nodiscard]] PeerDecoded decodePeerFrame(std::string_view buffer, const PeerKey* key,
                                           std::uint64_t seq) noexcept;
 
 struct PeerHello {
@@ -130,15 +150,20 @@ struct PeerAuth {
   PeerNonce nonce{};
   std::uint64_t seedTag = 0;
   std::string node;
-  std::uint64_t mac = 0;
+  PeerMac mac{};
 };
 
+// The protocol version a Hello or Auth payload announces (its first four
+// bytes in every version), whatever follows; nullopt for fewer bytes.
+[[nodiscard]] std::optional<std::uint32_t> peerPayloadVersion(std::string_view payload) noexcept;
+// Decoders of this version's messages: nullopt for another version or a bad
+// format (check peerPayloadVersion first to tell the two apart).
 [[nodiscard]] std::string encodePeerHello(const PeerHello& hello);
 [[nodiscard]] std::optional<PeerHello> decodePeerHello(std::string_view payload);
 [[nodiscard]] std::string encodePeerAuth(const PeerAuth& auth);
 [[nodiscard]] std::optional<PeerAuth> decodePeerAuth(std::string_view payload);
-[[nodiscard]] std::string encodePeerU64(std::uint64_t value);  // Accept's MAC
-[[nodiscard]] std::optional<std::uint64_t> decodePeerU64(std::string_view payload);
+[[nodiscard]] std::string encodePeerMac(const PeerMac& mac);  // Accept's payload
+[[nodiscard]] std::optional<PeerMac> decodePeerMac(std::string_view payload);
 
 // Records and Removed payloads.
 [[nodiscard]] std::string encodePeerRecords(std::uint64_t hashSeed,
