@@ -481,9 +481,14 @@ TEST_F(TierControl, ANewcomerTakesThePeersIntentBeforeItIsSyncedAndKeepsItAfterA
   PeerChannel b(tier("lb-b", pb_, {TierPeerConfig{"lb-a", at(pa_)}}), kSeed, log);
   ASSERT_FALSE(b.open());
   // What the operator told the tier while lb-a was away: drain b2, weight 7 on b3.
+  // And a backend added at run time, b9.
+  TierIntentEntry add = peerEntry(IntentOp::Add, "b9", 999, 40);
+  add.record.address = *parseIpAddress("10.0.1.9");
+  add.record.pool = "onprem";
+  add.record.port = "p0";
   TierIntent bIntent;
   (void)bIntent.merge(std::vector{peerEntry(IntentOp::Drain, "b2", 1000),
-                                  peerEntry(IntentOp::Weight, "b3", 1001, 7)});
+                                  peerEntry(IntentOp::Weight, "b3", 1001, 7), add});
   b.publishIntent(bIntent.entries(), bIntent.digest());
 
   SnapshotBuilder builder;
@@ -516,8 +521,21 @@ TEST_F(TierControl, ANewcomerTakesThePeersIntentBeforeItIsSyncedAndKeepsItAfterA
   for (const Json& row : list) byName[row.at("name").get<std::string>()] = row;
   EXPECT_EQ(byName.at("b2").at("state"), "draining") << byName.at("b2").dump();
   EXPECT_EQ(byName.at("b3").at("base_weight"), 7) << byName.at("b3").dump();
+  ASSERT_EQ(byName.count("b9"), 1u);
+  EXPECT_EQ(byName.at("b9").at("base_weight"), 40);
+  EXPECT_EQ(byName.at("b9").at("id"), backendIdFromName("b9"));
+  // The operator's `--tier backend add` of the same b9 reaching lb-a after
+  // the tier's copy: done already, not a conflict; another spec still is.
+  BackendSpec sameAdd{"b9", "10.0.1.9", "onprem", 40, std::nullopt, std::nullopt, std::nullopt};
+  const ApiResult same = a->backendAdd(sameAdd);
+  ASSERT_TRUE(std::holds_alternative<Json>(same));
+  EXPECT_TRUE(std::get<Json>(same).contains("already"));
+  sameAdd.weight = 41;
+  const ApiResult other = a->backendAdd(sameAdd);
+  ASSERT_TRUE(std::holds_alternative<ApiError>(other));
+  EXPECT_EQ(std::get<ApiError>(other).code, "conflict");
   const Json t = std::get<Json>(a->status()).at("tier");
-  EXPECT_EQ(t.at("intent").at("entries"), 2);
+  EXPECT_EQ(t.at("intent").at("entries"), 3);
   EXPECT_EQ(t.at("intent").at("agreed"), true);
   EXPECT_EQ(t.at("peers")[0].at("intent").at("differing_entries"), 0);
 
@@ -537,7 +555,7 @@ TEST_F(TierControl, ANewcomerTakesThePeersIntentBeforeItIsSyncedAndKeepsItAfterA
   ASSERT_FALSE(builder2.setConfig(config()));
   ControlPlane again(config(), "test.toml", builder2, &dp_, now);
   const Json t2 = std::get<Json>(again.status()).at("tier");
-  EXPECT_EQ(t2.at("intent").at("entries"), 3);
+  EXPECT_EQ(t2.at("intent").at("entries"), 4);
   char digest[24];
   std::snprintf(digest, sizeof digest, "%016llx",
                 static_cast<unsigned long long>(bIntent.digest()));
@@ -547,6 +565,7 @@ TEST_F(TierControl, ANewcomerTakesThePeersIntentBeforeItIsSyncedAndKeepsItAfterA
   EXPECT_EQ(byName.at("b1").at("state"), "draining");
   EXPECT_EQ(byName.at("b2").at("state"), "draining");
   EXPECT_EQ(byName.at("b3").at("base_weight"), 7);
+  EXPECT_EQ(byName.at("b9").at("base_weight"), 40);  // the runtime add, journaled
 }
 
 TEST_F(TierControl, AKnownDivergenceHoldsTheSyncAndStatusCountsTheDifferingEntries) {
