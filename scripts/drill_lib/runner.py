@@ -130,7 +130,8 @@ class Drill:
             e.start_lb(name)
         for name in first:
             e.wait_ready(settle_s=0.5, name=name)
-        self.tier_monitor = TierMonitor(e)
+        self.tier_monitor = TierMonitor(
+            e, with_backends=bool(self.sc["invariants"].get("joins_with_intent")))
         want = sorted(e.instances[n].address for n in first)
         wait_until("the router's ECMP routes over " + ", ".join(first),
                    lambda: all(self.tier_monitor.routes(v) == want

@@ -76,6 +76,7 @@ INVARIANTS = {"others_broken_max", "victims_broken_min", "victims", "detection_m
               "restart_outage_max_s", "new_flows_failed_max", "intent_kept",
               "flows_before_checkpoint_keep_backend", "reload_reply_names_changes",
               "elephants_placed", "router_withdraw_max_s", "joins_after_warmup",
+              "joins_with_intent",
               "instances_carry_flows", "freeze_withdraw_max_s",
               # Latency (issue #12): the preferred region and degraded marks in
               # the control samples, the measured share of one backend.

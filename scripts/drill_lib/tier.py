@@ -9,6 +9,7 @@ import json
 import subprocess
 import time
 
+import intent as intent_mod
 from estate import VIP_FLOWS, VIP_GRPC, DrillError
 from monitor import Sampler
 
@@ -32,9 +33,10 @@ class TierMonitor(Sampler):
     """Samples the router's routes every `period` s (changes only) and each
     running instance's status and stats every `status_period` s."""
 
-    def __init__(self, estate, period=0.02, status_period=0.25):
+    def __init__(self, estate, period=0.02, status_period=0.25, with_backends=False):
         super().__init__(period)
         self.e = estate
+        self.with_backends = with_backends
         self.status_period = status_period
         self.router = []     # [(t, vip, [next hops])], a row per change
         self.instances = {n: [] for n in estate.instances}  # name -> [sample]
@@ -69,6 +71,16 @@ class TierMonitor(Sampler):
                            tier=st.get("tier"))
             except (OSError, ValueError, DrillError):
                 row["down"] = True
+            if self.with_backends:
+                # What the instance holds of the operator's intent: each
+                # backend's state and base weight (joins_with_intent).
+                try:
+                    rows = inst.ctl.call("backend.list")
+                    row["backends"] = {b["name"]: {"state": b.get("state"),
+                                                   "base_weight": b.get("base_weight")}
+                                       for b in rows}
+                except (OSError, ValueError, KeyError, TypeError, DrillError):
+                    pass
             try:
                 with open(inst.stats) as f:
                     stats = json.load(f)
@@ -165,6 +177,73 @@ def last_table_change(samples, before):
     return last
 
 
+def intent_mismatches(row, intended_states, intended_weights):
+    """What an instance's sampled backend list (row["backends"]) shows that
+    differs from the operator's intent: [text] (empty when it honours it)."""
+    shown = row.get("backends")
+    if shown is None:
+        return ["no backend list in the sample"]
+    out = []
+    for name, want in intended_states.items():
+        got = shown.get(name, {}).get("state")
+        if got not in intent_mod.REPORTED_OK.get(want, {want}):
+            out.append(f"{name} {got} (intended {want})")
+    for name, want in intended_weights.items():
+        got = shown.get(name, {}).get("base_weight")
+        if name in shown and got != want:
+            out.append(f"{name} base weight {got} (intended {want})")
+    return out
+
+
+def judge_joins_with_intent(d, check, rel, out):
+    """joins_with_intent: a joining instance holds every operator change made
+    through the tier before it joined (drains, weights...), in every status
+    sample from the moment the router first sends to it, and it said that
+    its intent agreed with its peers'."""
+    e, mon = d.e, d.tier_monitor
+    sc = d.sc
+    names = sorted(e.backends)
+    intended = intent_mod.Intent(names, sc.get("start_members", names), sc["weights"], d.actions)
+    for a in d.actions:
+        if a["do"] != "start-instance":
+            continue
+        name = a["target"]
+        x = e.instances[name].address
+        t_add = mon.first_change(VIP_FLOWS, a["t"], lambda h, x=x: x in h)
+        if t_add is None:
+            check(f"joins_with_intent[{name}]", False,
+                  f"{name} never in the router's next hops after its start")
+            continue
+        rows = [r for r in mon.instances.get(name, []) if r["t"] >= t_add and
+                not r.get("down") and "backends" in r]
+        bad = []
+        for r in rows:
+            # The intent as of the sample, less the actions of the last
+            # status period (a change the operator makes while the sample is
+            # taken may show in the next one).
+            t_i = r["t"] - mon.status_period
+            miss = intent_mismatches(r, intended.states(t_i), intended.weights_at(t_i))
+            agreed = ((r.get("tier") or {}).get("intent") or {}).get("agreed")
+            if agreed is False:
+                miss.append("its tier intent did not agree with its peers'")
+            if miss:
+                bad.append((r["t"], miss))
+        first = rows[0] if rows else None
+        join = next((j for j in out["joins"] if j["instance"] == name and j["at"] == a["at"]),
+                    None)
+        if join is not None:
+            join["intent_samples"] = len(rows)
+            join["intent_mismatched_samples"] = len(bad)
+            join["first_sample_after_join_s"] = (round(first["t"] - t_add, 3)
+                                                 if first else None)
+        check(f"joins_with_intent[{name}]", bool(rows) and not bad,
+              f"{name} joined {round(t_add - a['t'], 3)} s after its start; "
+              f"{len(rows)} status samples from then, "
+              + (f"{len(bad)} differ from the operator's intent, first at "
+                 f"{rel(bad[0][0])} s: {'; '.join(bad[0][1])}" if bad else
+                 "every one holds the operator's intent" if rows else "none taken"))
+
+
 def judge_tier(d, check, rel):
     """The tier invariants; returns the report's "tier" measurements."""
     e, inv, mon = d.e, d.sc["invariants"], d.tier_monitor
@@ -226,6 +305,8 @@ def judge_tier(d, check, rel):
                 check(f"join_after_warmup[{name}]", ok,
                       f"{name} in the router's next hops {row['announced_after_s']} s after "
                       f"its start, warm-up over by {row['warm_after_s']} s")
+    if inv.get("joins_with_intent"):
+        judge_joins_with_intent(d, check, rel, out)
     if inv.get("instances_carry_flows"):
         for name, counts in out["instances"].items():
             ok = counts["max"] is not None and counts["max"] > 0

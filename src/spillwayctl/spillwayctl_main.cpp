@@ -16,7 +16,7 @@
 // Exit codes: 0 ok, 1 an error reply (code and message on stderr) or a
 // failed exchange (with --tier: on any instance), 2 usage, 3 cannot connect
 // (which socket, and why), 4 `tier status`: every instance answered but
-// some table differs from the reference.
+// some table differs from the reference, or their operator intent differs.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -538,6 +538,7 @@ int tierStatusCommand(const GlobalOptions& options) {
   for (const auto& [vip, v] : status["vips"].items()) {
     anyDiffers = anyDiffers || v.value("agreeing", 0) != v.value("reporting", 0);
   }
+  const bool intentDiffers = !status["intent"].value("agree", true);
   if (options.json) {
     std::cout << status.dump(2, ' ', false, Json::error_handler_t::replace) << '\n';
   } else {
@@ -576,8 +577,30 @@ int tierStatusCommand(const GlobalOptions& options) {
       }
     }
   }
+  if (!options.json && status["intent"].value("reporting", 0) > 0) {
+    // Operator intent: per instance its digest, and per peer what it saw.
+    std::cout << "\noperator intent: " << status["intent"]["digests"].size()
+              << (intentDiffers ? " different digests (diverged)\n" : " digest (agreed)\n");
+    TextTable intents({"INSTANCE", "DIGEST", "ENTRIES", "PEER", "PEER_DIGEST", "DIFFERING"});
+    for (const TierInstance& t : tier->instances) {
+      const Json& instance = status["instances"][t.name];
+      if (!instance.contains("intent")) continue;
+      const Json& in = instance["intent"];
+      if (!in.contains("peers") || in["peers"].empty()) {
+        intents.addRow({t.name, cellText(in["digest"]), cellText(in["entries"]), "-", "-", "-"});
+        continue;
+      }
+      const Json& peers = in["peers"];
+      for (const auto& [peer, p] : peers.items()) {
+        intents.addRow({t.name, cellText(in["digest"]), cellText(in["entries"]), peer,
+                        p.value("received", false) ? cellText(p["digest"]) : "not received",
+                        p["differing_entries"].is_null() ? "?" : cellText(p["differing_entries"])});
+      }
+    }
+    intents.print(std::cout);
+  }
   if (anyFailed) return kExitError;
-  return anyDiffers ? kExitTierDiffers : kExitOk;
+  return anyDiffers || intentDiffers ? kExitTierDiffers : kExitOk;
 }
 
 std::string absolutePath(const std::string& path) {

@@ -608,6 +608,33 @@ class IntentTest(unittest.TestCase):
         self.assertEqual(sc["start_members"], ["onprem1", "onprem2"])
 
 
+class TierScenarioTest(unittest.TestCase):
+    def test_stop_then_start_is_a_restart_not_a_late_join(self):
+        acts = [{"at": 5, "do": "stop-instance", "target": "lb2"},
+                {"at": 8, "do": "start-instance", "target": "lb2"},
+                {"at": 9, "do": "start-instance", "target": "lb3"},
+                {"at": 2, "do": "kill-instance", "target": "lb4"},
+                {"at": 6, "do": "start-instance", "target": "lb4"}]
+        self.assertEqual(scenario.late_instances(acts), {"lb3"})
+
+    def test_intent_mismatches_of_a_joining_instance(self):
+        import tier
+        states = {"onprem1": "active", "onprem2": "draining", "cloud1": None}
+        weights = {"onprem1": 50, "onprem2": 100}
+        good = {"backends": {"onprem1": {"state": "active", "base_weight": 50},
+                             "onprem2": {"state": "draining", "base_weight": 100}}}
+        self.assertEqual(tier.intent_mismatches(good, states, weights), [])
+        # The newcomer that never heard of the drain and the reweight.
+        bad = {"backends": {"onprem1": {"state": "active", "base_weight": 100},
+                            "onprem2": {"state": "active", "base_weight": 100}}}
+        miss = tier.intent_mismatches(bad, states, weights)
+        self.assertEqual(len(miss), 2, miss)
+        self.assertTrue(any("onprem2 active (intended draining)" in m for m in miss))
+        self.assertTrue(any("onprem1 base weight 100 (intended 50)" in m for m in miss))
+        self.assertEqual(tier.intent_mismatches({}, states, weights),
+                         ["no backend list in the sample"])
+
+
 class ScenarioFormatTest(unittest.TestCase):
     def test_every_drill_in_conf_loads_long_and_short(self):
         folder = os.path.join(ROOT, "conf", "drills")

@@ -1,4 +1,5 @@
-// libFuzzer target for the peer channel's decoder (control/peer_wire.hpp):
+// libFuzzer target for the peer channel's decoder (control/peer_wire.hpp,
+// and intent_wire.hpp for the Intent frames' records):
 // the input is what a peer (or anyone who reaches the tier port) sends. It is
 // cut into frames as the channel cuts them, first without a key (handshake),
 // then with a fixed session key; every frame's payload goes through the
@@ -10,6 +11,7 @@
 #include <cstdlib>
 #include <string_view>
 
+#include "control/tier/intent_wire.hpp"
 #include "control/tier/peer_wire.hpp"
 
 namespace {
@@ -37,6 +39,18 @@ void payloads(spillway::PeerFrameType type, std::string_view p) {
     case PeerFrameType::Removed:
       if (auto r = decodePeerRemoved(p)) check(r->size() <= kPeerRemovedPerFrame);
       break;
+    case PeerFrameType::Intent: {
+      const auto d = decodeIntentFrame(p);
+      if (const auto* f = std::get_if<IntentWireFrame>(&d)) {
+        // Every entry that decodes re-encodes to a decodable entry equal to it.
+        for (const TierIntentEntry& e : f->entries) {
+          const auto again = decodeTierIntentEntry(encodeTierIntentEntry(e));
+          check(std::holds_alternative<TierIntentEntry>(again) &&
+                std::get<TierIntentEntry>(again) == e);
+        }
+      }
+      break;
+    }
     default:
       break;
   }
@@ -71,7 +85,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   // Payload decoders on the raw input as well (frames rarely reach them).
   for (auto t : {spillway::PeerFrameType::Hello, spillway::PeerFrameType::Auth,
                  spillway::PeerFrameType::Accept, spillway::PeerFrameType::Records,
-                 spillway::PeerFrameType::Removed}) {
+                 spillway::PeerFrameType::Removed, spillway::PeerFrameType::Intent}) {
     payloads(t, input);
   }
   return 0;

@@ -354,6 +354,39 @@ TEST_F(Tier, StatusReportsAnUnreachableInstanceAndAMalformedReply) {
             std::string::npos);
 }
 
+TEST(TierIntentStatus, InstancesAreGroupedByTheirIntentDigest) {
+  TierFile tier;
+  tier.instances = {
+      {"lb1", "/nonexistent/1"}, {"lb2", "/nonexistent/2"}, {"lb3", "/nonexistent/3"}};
+  const TierCall call = [](const TierInstance& i, std::string_view, const Json&) {
+    TierOutcome o;
+    o.ok = true;
+    o.result = Json{{"tables", Json::array()}, {"generation", 1}, {"warmup", false}};
+    const std::string digest = i.name == "lb3" ? "00000000000000bb" : "00000000000000aa";
+    o.result["intent"] = Json{{"digest", digest},
+                              {"entries", i.name == "lb3" ? 1 : 2},
+                              {"agreed", i.name != "lb3"},
+                              {"peers", Json::object()}};
+    return o;
+  };
+  const Json s = tierStatus(tier, call);
+  EXPECT_EQ(s["intent"]["agree"], false);
+  EXPECT_EQ(s["intent"]["reporting"], 3);
+  EXPECT_EQ(s["intent"]["digests"]["00000000000000aa"], Json::array({"lb1", "lb2"}));
+  EXPECT_EQ(s["intent"]["digests"]["00000000000000bb"], Json::array({"lb3"}));
+  EXPECT_EQ(s["instances"]["lb3"]["intent"]["entries"], 1);
+  // Instances without peers report no intent: nothing to compare, agreement.
+  const TierCall plain = [](const TierInstance&, std::string_view, const Json&) {
+    TierOutcome o;
+    o.ok = true;
+    o.result = Json{{"tables", Json::array()}, {"generation", 1}, {"warmup", false}};
+    return o;
+  };
+  const Json p = tierStatus(tier, plain);
+  EXPECT_EQ(p["intent"]["agree"], true);
+  EXPECT_EQ(p["intent"]["reporting"], 0);
+}
+
 // spillwayctl --tier end to end: the per-instance JSON, the exit status, and
 // the failed instances on stderr.
 struct CtlRun {

@@ -785,5 +785,167 @@ TEST_F(TierControl, ReloadAppliesTheTierPeersAndRefusesWhatNeedsARestart) {
   EXPECT_EQ(peerState("lb-c"), "connected") << "a refused reload changes nothing";
 }
 
+// --- Tier-wide operator intent through a ControlPlane -------------------------
+
+TierIntentEntry peerEntry(IntentOp op, const std::string& backend, std::uint64_t clock,
+                          std::uint32_t weight = 0) {
+  TierIntentEntry e;
+  e.field = *tierFieldOf(op);
+  e.stamp = TierStamp{clock, "lb-b"};
+  e.record.op = op;
+  e.record.backend = backend;
+  e.record.id = backendIdFromName(backend);
+  e.record.weight = weight;
+  e.record.wallMs = static_cast<std::int64_t>(clock);
+  return e;
+}
+
+TEST_F(TierControl, ANewcomerTakesThePeersIntentBeforeItIsSyncedAndKeepsItAfterARestart) {
+  EventLog log(256);
+  PeerChannel b(tier("lb-b", pb_, {TierPeerConfig{"lb-a", at(pa_)}}), kSeed, log);
+  ASSERT_FALSE(b.open());
+  // What the operator told the tier while lb-a was away: drain b2, weight 7 on b3.
+  // And a backend added at run time, b9.
+  TierIntentEntry add = peerEntry(IntentOp::Add, "b9", 999, 40);
+  add.record.address = *parseIpAddress("10.0.1.9");
+  add.record.pool = "onprem";
+  add.record.port = "p0";
+  TierIntent bIntent;
+  (void)bIntent.merge(std::vector{peerEntry(IntentOp::Drain, "b2", 1000),
+                                  peerEntry(IntentOp::Weight, "b3", 1001, 7), add});
+  b.publishIntent(bIntent.entries(), bIntent.digest());
+
+  SnapshotBuilder builder;
+  ASSERT_FALSE(builder.setConfig(config()));
+  auto a = std::make_unique<ControlPlane>(config(), "test.toml", builder, &dp_, 0);
+  dp_.publish(a->takeSnapshot(0));
+  // Before anything came from lb-b, lb-a is not synced (it waits for lb-b's
+  // intent; the bound is kPeerSyncLimit, 10 s of injected time, not reached).
+  EXPECT_FALSE(a->peersReady(10));
+
+  Millis now = 0;
+  const auto step = [&] {
+    now += 10;
+    b.poll(now);
+    for (const PeerIntentDump& d : b.takeIntent()) {
+      EXPECT_EQ(d.peer, "lb-a");
+      (void)bIntent.merge(d.entries);
+      b.publishIntent(bIntent.entries(), bIntent.digest());
+    }
+    if (a->tick(now)) {
+      if (auto s = a->takeSnapshot(now)) dp_.publish(std::move(s));
+    }
+  };
+  ASSERT_TRUE(pollUntil(step, [&] { return a->peersReady(now); }));
+  EXPECT_LT(now, 10'000);  // by agreement, not by the time limit
+  // The drain and the weight are in force, and were in the tables before
+  // lb-a counted itself synced.
+  const Json list = std::get<Json>(a->backendList());
+  std::map<std::string, Json> byName;
+  for (const Json& row : list) byName[row.at("name").get<std::string>()] = row;
+  EXPECT_EQ(byName.at("b2").at("state"), "draining") << byName.at("b2").dump();
+  EXPECT_EQ(byName.at("b3").at("base_weight"), 7) << byName.at("b3").dump();
+  ASSERT_EQ(byName.count("b9"), 1u);
+  EXPECT_EQ(byName.at("b9").at("base_weight"), 40);
+  EXPECT_EQ(byName.at("b9").at("id"), backendIdFromName("b9"));
+  // The operator's `--tier backend add` of the same b9 reaching lb-a after
+  // the tier's copy: done already, not a conflict; another spec still is.
+  BackendSpec sameAdd{"b9", "10.0.1.9", "onprem", 40, std::nullopt, std::nullopt, std::nullopt};
+  const ApiResult same = a->backendAdd(sameAdd);
+  ASSERT_TRUE(std::holds_alternative<Json>(same));
+  EXPECT_TRUE(std::get<Json>(same).contains("already"));
+  sameAdd.weight = 41;
+  const ApiResult other = a->backendAdd(sameAdd);
+  ASSERT_TRUE(std::holds_alternative<ApiError>(other));
+  EXPECT_EQ(std::get<ApiError>(other).code, "conflict");
+  const Json t = std::get<Json>(a->status()).at("tier");
+  EXPECT_EQ(t.at("intent").at("entries"), 3);
+  EXPECT_EQ(t.at("intent").at("agreed"), true);
+  EXPECT_EQ(t.at("peers")[0].at("intent").at("differing_entries"), 0);
+
+  // An operator change on lb-a reaches lb-b with lb-a's stamp, ordered after
+  // everything lb-a had seen.
+  ASSERT_TRUE(std::holds_alternative<Json>(a->backendDrain("b1")));
+  ASSERT_TRUE(pollUntil(step, [&] { return bIntent.find("b1", TierField::Admin) != nullptr; }));
+  const TierIntentEntry* drained = bIntent.find("b1", TierField::Admin);
+  EXPECT_EQ(drained->stamp.origin, "lb-a");
+  EXPECT_GT(drained->stamp.clock, 1001u);
+  EXPECT_EQ(drained->record.op, IntentOp::Drain);
+
+  // A restart (same state_dir) keeps the tier's intent before anything
+  // comes from a peer (no tick yet): tier.intent and the journal.
+  a.reset();
+  SnapshotBuilder builder2;
+  ASSERT_FALSE(builder2.setConfig(config()));
+  ControlPlane again(config(), "test.toml", builder2, &dp_, now);
+  const Json t2 = std::get<Json>(again.status()).at("tier");
+  EXPECT_EQ(t2.at("intent").at("entries"), 4);
+  char digest[24];
+  std::snprintf(digest, sizeof digest, "%016llx",
+                static_cast<unsigned long long>(bIntent.digest()));
+  EXPECT_EQ(t2.at("intent").at("digest"), std::string(digest));  // the tier's, as lb-b holds it
+  const Json list2 = std::get<Json>(again.backendList());
+  for (const Json& row : list2) byName[row.at("name").get<std::string>()] = row;
+  EXPECT_EQ(byName.at("b1").at("state"), "draining");
+  EXPECT_EQ(byName.at("b2").at("state"), "draining");
+  EXPECT_EQ(byName.at("b3").at("base_weight"), 7);
+  EXPECT_EQ(byName.at("b9").at("base_weight"), 40);  // the runtime add, journaled
+}
+
+TEST_F(TierControl, AKnownDivergenceHoldsTheSyncAndStatusCountsTheDifferingEntries) {
+  EventLog log(256);
+  PeerChannel b(tier("lb-b", pb_, {TierPeerConfig{"lb-a", at(pa_)}}), kSeed, log);
+  ASSERT_FALSE(b.open());
+  // lb-b sends its intent but never merges lb-a's: a divergence that lasts.
+  TierIntent bIntent;
+  (void)bIntent.merge(std::vector{peerEntry(IntentOp::Drain, "b2", 1000)});
+  b.publishIntent(bIntent.entries(), bIntent.digest());
+
+  SnapshotBuilder builder;
+  ASSERT_FALSE(builder.setConfig(config()));
+  ControlPlane a(config(), "test.toml", builder, &dp_, 0);
+  dp_.publish(a.takeSnapshot(0));
+  ASSERT_TRUE(std::holds_alternative<Json>(a.backendWeight("b1", 3, false)));
+  Millis now = 0;
+  std::vector<TierIntentEntry> fromA;  // what lb-b got and did not merge
+  const auto step = [&] {
+    now += 50;
+    b.poll(now);
+    for (const PeerIntentDump& d : b.takeIntent()) fromA = d.entries;
+    if (a.tick(now)) {
+      if (auto s = a.takeSnapshot(now)) dp_.publish(std::move(s));
+    }
+  };
+  ASSERT_TRUE(pollUntil(step, [&] {
+    const Json t = std::get<Json>(a.status()).at("tier");
+    return t.at("peers")[0].at("intent").at("received") == true && now > 12'000;
+  })) << std::get<Json>(a.status()).at("tier").dump();
+  // Past the 10 s bound for silent peers, and still not synced: lb-b is not
+  // silent, it disagrees.
+  EXPECT_FALSE(a.peersReady(now));
+  EXPECT_FALSE(a.announceReady(now));
+  const Json t = std::get<Json>(a.status()).at("tier");
+  EXPECT_EQ(t.at("intent").at("divergent"), true);
+  EXPECT_EQ(t.at("intent").at("differing_peers"), Json::array({"lb-b"}));
+  EXPECT_EQ(t.at("peers")[0].at("intent").at("differing_entries"), 1);  // b1's weight
+  EXPECT_EQ(t.at("peers")[0].at("intent").at("agrees"), false);
+  // lb-b merges: agreement, and the sync completes.
+  const auto mergeAndPublish = [&] {
+    (void)bIntent.merge(fromA);
+    for (const PeerIntentDump& d : b.takeIntent()) (void)bIntent.merge(d.entries);
+    b.publishIntent(bIntent.entries(), bIntent.digest());
+  };
+  ASSERT_TRUE(pollUntil(
+      [&] {
+        now += 50;
+        b.poll(now);
+        mergeAndPublish();
+        if (a.tick(now)) {
+          if (auto s = a.takeSnapshot(now)) dp_.publish(std::move(s));
+        }
+      },
+      [&] { return a.peersReady(now); }));
+}
+
 }  // namespace
 }  // namespace spillway

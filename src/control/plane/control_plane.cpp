@@ -720,7 +720,25 @@ ApiResult ControlPlane::configReload(const std::string& path, const PeerCredenti
 // --- ControlApi: changes ------------------------------------------------------
 
 ApiResult ControlPlane::backendAdd(const BackendSpec& spec) {
-  if (backendNamed(spec.name) != nullptr) {
+  if (const BackendConfig* existing = backendNamed(spec.name)) {
+    // In a tier, `spillwayctl --tier backend add` may reach this instance
+    // after a peer's copy of the same command did (tier intent): the same
+    // spec again is that command, done.
+    if (peers_ && !applyingTier_) {
+      const TierIntentEntry* e = tierIntent_.find(spec.name, TierField::Member);
+      const auto address = parseIpAddress(spec.address);
+      if (e != nullptr && e->record.op == IntentOp::Add && address &&
+          *address == e->record.address && *address == existing->address &&
+          spec.pool == e->record.pool && spec.weight == e->record.weight &&
+          spec.id.value_or(backendIdFromName(spec.name)) == existing->id &&
+          (!spec.port || *spec.port == existing->port)) {
+        return Json{{"backend", spec.name},
+                    {"action", "add"},
+                    {"id", existing->id},
+                    {"index", builder_.indexOf(existing->id)},
+                    {"already", "added by the tier's intent (from " + e->stamp.origin + ")"}};
+      }
+    }
     return ApiError{"conflict", "a backend named '" + spec.name + "' exists"};
   }
   // The same checks as a [[backend]] in the file (config.hpp).

@@ -199,6 +199,15 @@ class ControlPlane final : public ControlApi {
   // Journals an accepted command before it is applied; an error when it
   // could not be written (then the command must not be applied).
   std::optional<ApiError> journal(IntentRecord& record);
+  // Tier-wide intent (tier_intent.hpp; control_plane_tier.cpp): loading it
+  // at start, stamping a change taken here, merging a peer's dump and
+  // bringing one backend to what the merged intent asks.
+  void startTierIntent();
+  void noteTierChange(const IntentRecord& record);
+  void mergeTierIntent(const PeerIntentDump& dump);
+  bool reconcileTier(const std::string& backend, const std::string& from);
+  void saveAndPublishTier();
+  [[nodiscard]] bool intentReady(Millis now) const;
   std::optional<ApiError> precheck(IntentOp op, std::uint64_t id) const;
   std::uint32_t fileBaseWeight(const BackendConfig& b) const;
   Json stampJson(const IntentStamp& s) const;
@@ -276,6 +285,9 @@ class ControlPlane final : public ControlApi {
   Millis peersBuiltAt_ = 0;
   std::uint64_t peersSyncGeneration_ = 0;  // the first snapshot built once synced
   bool peersSynced_ = false;               // latched: peersReady()
+  TierIntent tierIntent_;                  // with peers: the tier's operator intent
+  bool applyingTier_ = false;              // a command replays the tier's intent
+  bool intentHoldNoted_ = false;           // the event "held: intent differs" was written
   // Warm-up: the start-up tables are the last process's (tables.json) and
   // the policy holds them until every backend has a settled health verdict
   // and, where its pool scrapes load, a successful sample; or kWarmupLimit.

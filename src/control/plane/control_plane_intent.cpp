@@ -128,6 +128,7 @@ std::optional<ApiError> ControlPlane::journal(IntentRecord& record) {
                    "operator: " + std::string(toString(record.op)) + " refused: " + *e);
     return ApiError{"unavailable", "not applied: the change could not be saved: " + *e};
   }
+  noteTierChange(record);
   return std::nullopt;
 }
 

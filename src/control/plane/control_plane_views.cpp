@@ -282,7 +282,18 @@ ApiResult ControlPlane::tableDigest(const std::string& vip, std::optional<std::u
     return *c;
   }
   if (!vip.empty() && tables.empty()) return notFound("vip", vip);
-  return Json{{"generation", generation_}, {"warmup", warmup_}, {"tables", tables}};
+  Json out{{"generation", generation_}, {"warmup", warmup_}, {"tables", tables}};
+  if (peers_) {
+    // The tier's operator intent as this instance holds it, and per peer
+    // whether the peer's last dump agreed (tier status compares them).
+    Json tier = peers_->status(now_);
+    Json intent = tier["intent"];
+    Json per = Json::object();
+    for (const Json& p : tier["peers"]) per[p["name"].get<std::string>()] = p["intent"];
+    intent["peers"] = std::move(per);
+    out["intent"] = std::move(intent);
+  }
+  return out;
 }
 
 ApiResult ControlPlane::flows() {

@@ -10,12 +10,14 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "control/api/metrics_http.hpp"
 #include "control/health/http_client.hpp"
 #include "control/intent/flow_checkpoint.hpp"
 #include "control/sys/epoll_loop.hpp"
+#include "control/tier/intent_wire.hpp"
 #include "spillway/errno_text.hpp"
 
 namespace spillway {
@@ -335,7 +337,10 @@ void PeerChannel::poll(Millis now) {
       close(id, "no frame for " + std::to_string(now - c.lastRecv) + " ms", now);
       continue;
     }
-    if (c.outbound) pump(c);
+    if (c.outbound) {
+      pumpIntent(c);
+      pump(c);
+    }
     if (now - c.lastSend >= timers_.heartbeat) send(c, PeerFrameType::Heartbeat, {});
     if (!flush(c)) {
       close(id, "write: " + errnoText(errno), now);
@@ -572,6 +577,8 @@ void PeerChannel::up(std::uint64_t id, Conn& c, Millis now) {
     p.downSince.reset();
     p.receivingDump = false;
     p.staging.clear();
+    p.intentReceiving = false;
+    p.intentStaging.clear();
     p.unreachable = false;
     // A peer that reaches us is up: send it our set now rather than at the
     // next redial (a joining instance waits for every live peer's dump).
@@ -623,6 +630,9 @@ bool PeerChannel::handleData(Conn& c, PeerFrameType type, std::string_view paylo
       if (!p.receivingDump) changed_ = true;
       return true;
     }
+    case PeerFrameType::Intent:
+      receiveIntent(p, payload);
+      return true;
     case PeerFrameType::Removed: {
       const auto hashes = decodePeerRemoved(payload);
       if (!hashes) {
@@ -698,6 +708,112 @@ void PeerChannel::pump(Conn& c) {
   }
 }
 
+void PeerChannel::pumpIntent(Conn& c) {
+  if (intentVersion_ == 0 || c.intentSent == intentVersion_) return;
+  // Small (a few entries per backend): the whole set each time it changes.
+  for (const std::string& payload : encodeIntentDump(*intentLocal_, intentDigest_)) {
+    send(c, PeerFrameType::Intent, payload);
+  }
+  c.intentSent = intentVersion_;
+}
+
+void PeerChannel::receiveIntent(Peer& p, std::string_view payload) {
+  auto decoded = decodeIntentFrame(payload);
+  if (auto* e = std::get_if<std::string>(&decoded)) {
+    ++p.intentFramesBad;
+    p.intentReceiving = false;
+    p.intentStaging.clear();
+    if (p.intentFramesBad == 1 || p.intentFramesBad % 100 == 0) {
+      events_.append(now_, "", kEventPeer,
+                     "peer " + p.config.name + ": intent frame ignored (" + *e + "; " +
+                         std::to_string(p.intentFramesBad) + " so far)");
+    }
+    return;
+  }
+  IntentWireFrame& f = std::get<IntentWireFrame>(decoded);
+  if (f.otherVersion) {
+    ++p.intentOtherVersion;
+    return;
+  }
+  p.intentRecordsUnknown += f.unknownRecords;
+  if ((f.flags & kIntentFlagBegin) != 0) {
+    p.intentReceiving = true;
+    p.intentStaging.clear();
+  }
+  if (!p.intentReceiving) {
+    ++p.intentFramesBad;  // a continuation without its beginning
+    return;
+  }
+  if (p.intentStaging.size() + f.entries.size() > kTierMaxEntries) {
+    ++p.intentFramesBad;
+    p.intentReceiving = false;
+    p.intentStaging.clear();
+    return;
+  }
+  for (TierIntentEntry& e : f.entries) p.intentStaging.push_back(std::move(e));
+  if ((f.flags & kIntentFlagEnd) == 0) return;
+  p.intentReceiving = false;
+  if (p.intentStaging.size() != f.total || tierIntentDigest(p.intentStaging) != f.digest) {
+    // A sender that knows record kinds this one does not: its digest covers
+    // them too. Kept, but counted as not matching (see intentAgreement()).
+    if (f.unknownRecords == 0) {
+      ++p.intentFramesBad;
+      p.intentStaging.clear();
+      return;
+    }
+  }
+  p.intent = std::move(p.intentStaging);
+  p.intentStaging.clear();
+  p.intentDigest = f.digest;
+  p.intentReceived = true;
+  ++p.intentDumps;
+  intentIn_.push_back(PeerIntentDump{p.config.name, p.intent});
+}
+
+void PeerChannel::publishIntent(std::vector<TierIntentEntry> entries, std::uint64_t digest) {
+  if (intentVersion_ != 0 && digest == intentDigest_) return;
+  intentLocal_ = std::make_shared<const std::vector<TierIntentEntry>>(std::move(entries));
+  intentDigest_ = digest;
+  ++intentVersion_;
+}
+
+std::vector<PeerIntentDump> PeerChannel::takeIntent() {
+  return std::exchange(intentIn_, {});
+}
+
+IntentAgreement PeerChannel::intentAgreement() const {
+  IntentAgreement a;
+  for (const Peer& p : peers_) {
+    if (p.retired || (p.unreachable && !p.inConn)) continue;
+    if (!p.intentReceived) {
+      a.agreed = false;
+      a.waiting.push_back(p.config.name);
+    } else if (intentVersion_ == 0 || p.intentDigest != intentDigest_) {
+      a.agreed = false;
+      a.divergent = true;
+      a.differing.push_back(p.config.name);
+    }
+  }
+  return a;
+}
+
+Json PeerChannel::intentJson(const Peer& p) const {
+  char digest[24];
+  std::snprintf(digest, sizeof digest, "%016llx", static_cast<unsigned long long>(p.intentDigest));
+  const std::size_t differing =
+      intentLocal_ ? tierIntentDiffering(p.intent, *intentLocal_) : p.intent.size();
+  return Json{
+      {"received", p.intentReceived},
+      {"digest", p.intentReceived ? Json(std::string(digest)) : Json(nullptr)},
+      {"entries", p.intent.size()},
+      {"differing_entries", p.intentReceived ? Json(differing) : Json(nullptr)},
+      {"agrees", p.intentReceived && intentVersion_ != 0 && p.intentDigest == intentDigest_},
+      {"dumps", p.intentDumps},
+      {"frames_bad", p.intentFramesBad},
+      {"records_unknown", p.intentRecordsUnknown},
+      {"frames_other_version", p.intentOtherVersion}};
+}
+
 void PeerChannel::send(Conn& c, PeerFrameType type, std::string_view payload) {
   const bool keyed = c.phase == Phase::Up;
   const std::string frame = encodePeerFrame(type, payload, keyed ? &c.sendKey : nullptr, c.sendSeq);
@@ -752,6 +868,8 @@ void PeerChannel::close(std::uint64_t id, const std::string& why, Millis now) {
       p.downSince = now;
       p.receivingDump = false;
       p.staging.clear();
+      p.intentReceiving = false;
+      p.intentStaging.clear();
     }
     if (p.lastError.empty() || wasUp) p.lastError = why;
     if (wasUp) {
@@ -865,8 +983,12 @@ Json PeerChannel::status(Millis now) const {
              {"last_frame_age_ms", p.lastFrame ? Json(now - *p.lastFrame) : Json(nullptr)},
              {"held_exceptions", p.held.size()},
              {"down_for_ms", p.downSince && !p.inConn ? Json(now - *p.downSince) : Json(nullptr)},
+             {"intent", intentJson(p)},
              {"last_error", p.lastError}});
   }
+  char digest[24];
+  std::snprintf(digest, sizeof digest, "%016llx", static_cast<unsigned long long>(intentDigest_));
+  const IntentAgreement agreement = intentAgreement();
   return Json{{"enabled", true},
               {"node", config_.node},
               {"synced", synced()},
@@ -880,6 +1002,12 @@ Json PeerChannel::status(Millis now) const {
               {"handshake_drops", handshakeDrops_},
               {"connections_refused", connectionsRefused_},
               {"pending_handshakes", pendingHandshakes()},
+              {"intent", Json{{"digest", std::string(digest)},
+                              {"entries", intentLocal_ ? intentLocal_->size() : 0},
+                              {"agreed", agreement.agreed},
+                              {"divergent", agreement.divergent},
+                              {"waiting_for", agreement.waiting},
+                              {"differing_peers", agreement.differing}}},
               {"peers", peers}};
 }
 
@@ -911,6 +1039,17 @@ void PeerChannel::metrics(MetricsWriter& m, Millis now) const {
               {{"peer", n}}, static_cast<double>(p.slowDisconnects));
     m.gauge("spillway_peer_held_exceptions", "Exceptions held from a peer.", {{"peer", n}},
             static_cast<double>(p.held.size()));
+    m.counter("spillway_peer_intent_frames_bad_total",
+              "Intent frames from a peer that were malformed and ignored.", {{"peer", n}},
+              static_cast<double>(p.intentFramesBad));
+    m.counter("spillway_peer_intent_records_unknown_total",
+              "Intent records of a kind this version does not know, skipped.", {{"peer", n}},
+              static_cast<double>(p.intentRecordsUnknown + p.intentOtherVersion));
+    m.gauge("spillway_peer_intent_differing_entries",
+            "Intent entries whose stamps differ between this instance and the peer's last dump.",
+            {{"peer", n}},
+            static_cast<double>(intentLocal_ ? tierIntentDiffering(p.intent, *intentLocal_)
+                                             : p.intent.size()));
     if (p.lastFrame) {
       m.gauge("spillway_peer_last_frame_age_seconds", "Time since the peer's last frame.",
               {{"peer", n}}, static_cast<double>(now - *p.lastFrame) / 1000.0);

@@ -25,6 +25,14 @@
 // max_output_bytes unsent) is disconnected and later resynced with a dump
 // streamed as its socket drains; it never blocks the control thread.
 //
+// Tier-wide operator intent (tier_intent.hpp) travels on the same
+// connections: publishIntent() hands the channel this instance's intent, sent
+// as a dump of Intent frames (intent_wire.hpp) to every peer when its
+// connection comes up and again whenever the intent changes; each peer's
+// complete dumps come back from takeIntent() for the control plane to merge.
+// intentAgreement() says whether every reachable peer's last dump had this
+// instance's digest (a joining instance announces only then).
+//
 // exceptions(): the peers' sets in the order their records were received,
 // for the snapshot's ExceptionTable (of two records of one flow the later
 // wins there: the most recently received).
@@ -47,6 +55,7 @@
 #include "control/api/control_api.hpp"
 #include "control/api/event_log.hpp"
 #include "control/config/config.hpp"
+#include "control/intent/tier_intent.hpp"
 #include "control/sys/refusal_summary.hpp"
 #include "control/tier/peer_wire.hpp"
 #include "spillway/flow_exceptions.hpp"
@@ -62,6 +71,20 @@ struct PeerException {
   std::uint64_t hash = 0;
   std::uint64_t backendId = 0;
   FlowState state = FlowState::Established;
+};
+
+// A peer's complete intent dump.
+struct PeerIntentDump {
+  std::string peer;
+  std::vector<TierIntentEntry> entries;
+};
+
+// Where the tier's intent stands for a joining instance.
+struct IntentAgreement {
+  bool agreed = true;                  // every reachable peer sent a dump with our digest
+  bool divergent = false;              // a peer's last dump had another digest
+  std::vector<std::string> waiting;    // reachable peers whose dump has not come
+  std::vector<std::string> differing;  // peers whose digest differs
 };
 
 struct PeerChannelTimers {
@@ -101,6 +124,12 @@ class PeerChannel {
   // This instance's exceptions after an export: sent to every peer as the
   // difference from what it last got.
   void publishLocal(std::span<const FlowExceptionRecord> records);
+
+  // This instance's tier intent, sent to every peer (a dump per change).
+  void publishIntent(std::vector<TierIntentEntry> entries, std::uint64_t digest);
+  // The complete dumps received since the last call, in arrival order.
+  std::vector<PeerIntentDump> takeIntent();
+  [[nodiscard]] IntentAgreement intentAgreement() const;
 
   // True once after the union of the peers' sets changed.
   bool takeChanged() noexcept;
@@ -171,6 +200,7 @@ class PeerChannel {
     std::shared_ptr<const LocalSet> dumpOf;
     std::size_t cursor = 0;
     bool dumping = false;
+    std::uint64_t intentSent = 0;  // outbound: the intent version last sent
   };
   struct Peer {
     TierPeerConfig config;
@@ -194,6 +224,16 @@ class PeerChannel {
     std::uint64_t framesRefused = 0;
     std::uint64_t recordsDropped = 0;
     std::uint64_t slowDisconnects = 0;
+    // Tier intent from this peer: a dump being received, and the last whole one.
+    std::vector<TierIntentEntry> intentStaging;
+    bool intentReceiving = false;
+    bool intentReceived = false;  // a whole dump arrived since open()
+    std::vector<TierIntentEntry> intent;
+    std::uint64_t intentDigest = 0;  // as the peer computed it
+    std::uint64_t intentDumps = 0;
+    std::uint64_t intentFramesBad = 0;       // malformed Intent frames (counted, ignored)
+    std::uint64_t intentRecordsUnknown = 0;  // records of a kind this version does not know
+    std::uint64_t intentOtherVersion = 0;    // frames of another version, ignored
   };
 
   void accept(Millis now);
@@ -205,6 +245,9 @@ class PeerChannel {
   bool handleData(Conn& c, PeerFrameType type, std::string_view payload, Millis now);
   void up(std::uint64_t id, Conn& c, Millis now);
   void pump(Conn& c);
+  void pumpIntent(Conn& c);
+  void receiveIntent(Peer& p, std::string_view payload);
+  [[nodiscard]] Json intentJson(const Peer& p) const;
   void send(Conn& c, PeerFrameType type, std::string_view payload);
   bool flush(Conn& c);
   void refuse(Conn& c, const std::string& reason);
@@ -244,6 +287,12 @@ class PeerChannel {
   // Refusals a stranger can cause (accept limits, unknown node, bad MAC):
   // summarised into the event log, never one event each.
   RefusalSummary refusals_{"peer listener"};
+  // Tier intent: this instance's (version 0: none published yet), and the
+  // whole dumps received and not yet taken.
+  std::shared_ptr<const std::vector<TierIntentEntry>> intentLocal_;
+  std::uint64_t intentDigest_ = 0;
+  std::uint64_t intentVersion_ = 0;
+  std::vector<PeerIntentDump> intentIn_;
 };
 
 }  // namespace spillway

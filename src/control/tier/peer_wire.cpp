@@ -106,7 +106,7 @@ std::string_view nonceText(const PeerNonce& n) {
 }
 
 bool knownType(std::uint8_t t) {
-  return (t >= 1 && t <= 4) || (t >= 16 && t <= 20);
+  return (t >= 1 && t <= 4) || (t >= 16 && t <= 21);
 }
 
 }  // namespace

@@ -77,6 +77,7 @@ enum class PeerFrameType : std::uint8_t {
   Records = 18,    // added or changed exceptions
   Removed = 19,    // flow hashes no longer exceptions here
   DumpEnd = 20,
+  Intent = 21,  // tier-wide operator intent (intent_wire.hpp)
 };
 
 struct PeerFrameHeader {

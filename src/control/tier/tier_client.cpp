@@ -125,6 +125,7 @@ Json tierStatus(const TierFile& tier, const TierCall& call) {
     } else {
       entry["generation"] = o.result.value("generation", Json(nullptr));
       entry["warmup"] = o.result.value("warmup", Json(nullptr));
+      if (o.result.contains("intent")) entry["intent"] = o.result["intent"];
       entry["vips"] = Json::object();
       for (const auto& [vip, d] : parsed[i]) {
         if (std::find(vipOrder.begin(), vipOrder.end(), vip) == vipOrder.end()) {
@@ -214,7 +215,23 @@ Json tierStatus(const TierFile& tier, const TierCall& call) {
       instances[tier.instances[i].name]["vips"][vip] = std::move(row);
     }
   }
-  return Json{{"instances", std::move(instances)}, {"vips", std::move(vips)}};
+  // Operator intent: the instances grouped by the digest of the intent they
+  // hold; each instance's own view of its peers says how many entries differ.
+  Json intentDigests = Json::object();
+  std::size_t intentReporting = 0;
+  for (const TierInstance& t : tier.instances) {
+    const Json& e = instances[t.name];
+    if (!e.contains("intent") || !e["intent"].contains("digest")) continue;
+    ++intentReporting;
+    intentDigests[e["intent"]["digest"].get<std::string>()].push_back(t.name);
+  }
+  const bool intentAgree = intentDigests.size() <= 1;
+  Json intent{{"digests", std::move(intentDigests)},
+              {"reporting", intentReporting},
+              {"agree", intentAgree}};
+  return Json{{"instances", std::move(instances)},
+              {"vips", std::move(vips)},
+              {"intent", std::move(intent)}};
 }
 
 }  // namespace spillway

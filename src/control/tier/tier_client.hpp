@@ -53,7 +53,11 @@ using TierCall =
 //                         "vips": {VIP: {"fingerprint", "table_size", "reference",
 //                                        "differing_entries"}}}},
 //    "vips": {VIP: {"reference_fingerprint", "reference_instances": [..],
-//                   "agreeing", "reporting"}}}
+//                   "agreeing", "reporting"}},
+//    "intent": {"digests": {DIGEST: [NAME..]}, "reporting", "agree"}}
+// and per instance with peers "intent": its tier intent's digest and entry
+// count, whether it agrees with every reachable peer, and per peer
+// {"received", "digest", "entries", "differing_entries", "agrees", ...}.
 // differing_entries is null when it could not be counted (a chunk request
 // failed; "differing_error" says why).
 [[nodiscard]] Json tierStatus(const TierFile& tier, const TierCall& call);
