@@ -12,6 +12,7 @@
 
 #include "control/api/event_log.hpp"
 #include "control/backends/backend_state.hpp"
+#include "control/config/config.hpp"
 #include "control/health/conn_scraper.hpp"
 
 namespace spillway {
@@ -212,6 +213,67 @@ TEST_F(Scraper, NoReportForUnknownOrDisabledTargets) {
   scraper.setTargets({off});
   EXPECT_FALSE(scraper.report(7, 0));
   EXPECT_FALSE(scraper.report(kA, 0));
+}
+
+// ---------------------------------------------------------------- [pool.connections]
+
+constexpr const char* kPool = R"([dataplane]
+lcores = [1]
+hash_seed = 1
+
+[[port]]
+name = "p0"
+devargs = "net_ring0"
+address = "10.0.0.1"
+next_hop_mac = "02:00:00:00:00:01"
+
+[[pool]]
+name = "a"
+site = "onprem"
+)";
+
+TEST(ConnConfig, AbsentMeansOffPresentMeansOnWithEveryKey) {
+  ConfigResult r = loadConfigFromString(kPool, "t.toml");
+  ASSERT_TRUE(r.ok()) << formatErrors(r.errors());
+  EXPECT_FALSE(r.value().pools.at(0).connections.enabled);
+  r = loadConfigFromString(std::string(kPool) + "[pool.connections]\n", "t.toml");
+  ASSERT_TRUE(r.ok()) << formatErrors(r.errors());
+  ConnSourceConfig c = r.value().pools.at(0).connections;
+  EXPECT_TRUE(c.enabled);
+  EXPECT_EQ(c.port, 9411);
+  EXPECT_EQ(c.grace, 2'000U);
+  r = loadConfigFromString(std::string(kPool) + R"([pool.connections]
+port = 9500
+path = "/agent"
+interval = 0.5
+timeout = 0.4
+stale_after = 2
+grace = 1
+)",
+                           "t.toml");
+  ASSERT_TRUE(r.ok()) << formatErrors(r.errors());
+  c = r.value().pools.at(0).connections;
+  EXPECT_EQ(c.port, 9500);
+  EXPECT_EQ(c.path, "/agent");
+  EXPECT_EQ(c.interval, 500U);
+  EXPECT_EQ(c.timeout, 400U);
+  EXPECT_EQ(c.staleAfter, 2'000U);
+  EXPECT_EQ(c.grace, 1'000U);
+}
+
+TEST(ConnConfig, BadValuesAreRefusedNamingTheField) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"timeout = 2\n", "connections.timeout"}, {"stale_after = 0.5\n", "connections.stale_after"},
+      {"port = 0\n", "connections.port"},       {"path = \"no-slash\"\n", "connections.path"},
+      {"grace = -1\n", "connections.grace"},    {"gpu_metric = \"x\"\n", "connections.gpu_metric"},
+  };
+  for (const auto& [line, field] : cases) {
+    const ConfigResult r =
+        loadConfigFromString(std::string(kPool) + "[pool.connections]\n" + line, "t.toml");
+    ASSERT_FALSE(r.ok()) << line;
+    EXPECT_NE(formatErrors(r.errors()).find(field), std::string::npos)
+        << line << ": " << formatErrors(r.errors());
+  }
 }
 
 }  // namespace
