@@ -10,7 +10,8 @@ agent reports:
   - /connections lists client address and port per VIP with the token, is
     refused (401) and counted without it or with a wrong one, is cut at
     --list-cap with "truncated": true and the full total;
-  - a malformed request is answered 400 and counted; the agent keeps serving.
+  - a malformed request is answered 400 and counted; the agent keeps serving;
+  - 70 clients that send nothing delay no scrape, and are dropped and counted.
 Polls with a deadline; prints how long each wait took; asserts no timing.
 usage: conn_agent_traffic.py SPILLWAY_DECAP TOKEN_FILE"""
 import json
@@ -174,6 +175,22 @@ try:
     got, _ = counts()
     check(got["spillway_backend_agent_bad_requests_total"] == 1 and got["192.0.2.10"] == 5,
           f"bad request counted, agent still counting: {got}")
+    # Clients that connect and send nothing (70: more than the agent's 64
+    # pending slots) delay no one: a scrape is answered while they hang
+    # (one at a time, they would hold it for 70 x the 2 s read timeout), and
+    # each is dropped and counted once its read timeout passes.
+    silent = [socket.create_connection(("127.0.0.1", PORT)) for _ in range(70)]
+    start = time.monotonic()
+    got, _ = counts()
+    print(f"  (answered beside 70 silent clients in {time.monotonic() - start:.3f} s)")
+    check(got is not None and got["192.0.2.10"] == 5,
+          "a scrape is answered while 70 silent clients hang")
+    wait_counts({"spillway_backend_agent_bad_requests_total": 71},
+                "silent clients dropped and counted")
+    check(True, "every silent client dropped (6 as the oldest beyond 64 slots, 64 at the "
+          "read timeout) and counted")
+    for s_ in silent:
+        s_.close()
     check(agent.poll() is None, "the agent is still running")
 finally:
     agent.terminate()

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <fstream>
 #include <iostream>
@@ -252,29 +253,30 @@ Listener openListener(const std::string& listen) {
   return l;
 }
 
-// Reads a request head within the timeout; std::nullopt when too large,
-// too slow or closed early.
-std::optional<std::string> readHead(int fd, int timeoutMs) {
+// A client whose request head is still arriving.
+struct Pending {
+  int fd = -1;
   std::string in;
-  char buffer[2048];
-  while (in.find("\r\n\r\n") == std::string::npos) {
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, timeoutMs) <= 0) return std::nullopt;
-    const ssize_t n = ::recv(fd, buffer, sizeof(buffer), 0);
-    if (n <= 0) return std::nullopt;
-    in.append(buffer, static_cast<std::size_t>(n));
-    if (in.size() > kMaxRequestBytes) return std::nullopt;
-  }
-  return in;
-}
+  std::chrono::steady_clock::time_point deadline;
+};
 
+// Writes an answer within kSendBudgetMs in all (a client that does not read
+// loses the rest of it).
+constexpr int kSendBudgetMs = 1000;
 void sendAll(int fd, std::string_view data) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kSendBudgetMs);
   while (!data.empty()) {
+    const ssize_t n = ::send(fd, data.data(), data.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      data.remove_prefix(static_cast<std::size_t>(n));
+      continue;
+    }
+    if (n < 0 && errno != EAGAIN && errno != EINTR) return;
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return;
     pollfd p{fd, POLLOUT, 0};
-    if (::poll(&p, 1, 2000) <= 0) return;
-    const ssize_t n = ::send(fd, data.data(), data.size(), MSG_NOSIGNAL);
-    if (n <= 0) return;
-    data.remove_prefix(static_cast<std::size_t>(n));
+    if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) return;
   }
 }
 
@@ -344,13 +346,12 @@ int runConnAgent(const ConnAgentOptions& options) {
     const auto dump = [](ConnView& view, std::string& error) {
       return dumpTcpSockets([&view](const DiagSocket& socket) { view.add(socket); }, error);
     };
-    while (gStop == 0) {
-      pollfd p{listener.fd, POLLIN, 0};
-      if (::poll(&p, 1, 500) <= 0) continue;
-      const int client = ::accept4(listener.fd, nullptr, nullptr, SOCK_CLOEXEC);
-      if (client < 0) continue;
-      const auto head = readHead(client, options.readTimeoutMs);
-      const auto request = head ? parseAgentRequest(*head) : std::nullopt;
+    // Clients are read side by side (poll), so one that sends slowly or
+    // not at all holds a slot until its deadline, never the others' answers.
+    // Beyond kMaxPending slots, the oldest pending client is dropped.
+    std::vector<Pending> pending;
+    const auto answer = [&](Pending& c) {
+      const auto request = parseAgentRequest(c.in);
       AgentResponse response;
       if (!request) {
         ++counters.badRequests;
@@ -359,14 +360,63 @@ int runConnAgent(const ConnAgentOptions& options) {
       } else {
         response = answerAgentRequest(*request, vips, token, options.listCap, counters, dump);
       }
-      std::string out = "HTTP/1.1 " + std::to_string(response.status) + " " +
-                        std::string(reason(response.status)) +
-                        "\r\nContent-Type: " + response.contentType +
-                        "\r\nContent-Length: " + std::to_string(response.body.size()) +
-                        "\r\nConnection: close\r\n\r\n" + response.body;
-      sendAll(client, out);
-      ::close(client);
+      const std::string out = "HTTP/1.1 " + std::to_string(response.status) + " " +
+                              std::string(reason(response.status)) +
+                              "\r\nContent-Type: " + response.contentType +
+                              "\r\nContent-Length: " + std::to_string(response.body.size()) +
+                              "\r\nConnection: close\r\n\r\n" + response.body;
+      sendAll(c.fd, out);
+    };
+    while (gStop == 0) {
+      std::vector<pollfd> fds;
+      fds.push_back(pollfd{listener.fd, POLLIN, 0});
+      for (const Pending& c : pending) fds.push_back(pollfd{c.fd, POLLIN, 0});
+      if (::poll(fds.data(), fds.size(), 100) < 0 && errno != EINTR) break;
+      const auto now = std::chrono::steady_clock::now();
+      for (std::size_t i = 1; i < fds.size(); ++i) {
+        Pending& c = pending[i - 1];
+        bool done = false;
+        if ((fds[i].revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
+          char buffer[2048];
+          const ssize_t n = ::recv(c.fd, buffer, sizeof(buffer), MSG_DONTWAIT);
+          if (n > 0) {
+            c.in.append(buffer, static_cast<std::size_t>(n));
+            if (c.in.find("\r\n\r\n") != std::string::npos) {
+              answer(c);
+              done = true;
+            } else if (c.in.size() > kMaxRequestBytes) {
+              ++counters.badRequests;
+              done = true;
+            }
+          } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+            ++counters.badRequests;  // closed before a whole request head
+            done = true;
+          }
+        }
+        if (!done && now >= c.deadline) {
+          ++counters.badRequests;  // too slow
+          done = true;
+        }
+        if (done) {
+          ::close(c.fd);
+          c.fd = -1;
+        }
+      }
+      std::erase_if(pending, [](const Pending& c) { return c.fd < 0; });
+      if ((fds[0].revents & POLLIN) != 0) {
+        const int client = ::accept4(listener.fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (client >= 0) {
+          if (pending.size() >= kMaxPending) {
+            ++counters.badRequests;  // the oldest pending client makes room
+            ::close(pending.front().fd);
+            pending.erase(pending.begin());
+          }
+          pending.push_back(
+              Pending{client, {}, now + std::chrono::milliseconds(options.readTimeoutMs)});
+        }
+      }
     }
+    for (const Pending& c : pending) ::close(c.fd);
     ::close(listener.fd);
     return 0;
   } catch (const std::exception& error) {

@@ -20,13 +20,14 @@
 //                           contents): anything else is 401 and counted,
 //                           and without a token file the list is disabled (403).
 // Anything else is 404 / 405 / 400; a request larger than kMaxRequestBytes or
-// slower than the read timeout is dropped and counted.
+// slower than the read timeout is dropped and counted. Clients are read side
+// by side (poll, at most kMaxPending at once, the oldest dropped beyond), so a
+// client that sends nothing delays no one else's answer.
 //
 // The pure parts (request parsing, tallying, rendering, the authorisation
-// check) are functions that the unit tests call; runConnAgent() is the
-// blocking loop (one request at a time; the dump of a few thousand sockets
-// takes well under a millisecond, and a slow client costs at most the read
-// timeout).
+// check) are functions that the unit tests call; runConnAgent() is the loop
+// (answers are written in turn; the dump of a few thousand sockets takes well
+// under a millisecond).
 // Thread contract: single-threaded; no exceptions escape runConnAgent().
 #pragma once
 
@@ -42,6 +43,7 @@
 namespace spillway {
 
 constexpr std::size_t kMaxRequestBytes = 8 * 1024;
+constexpr std::size_t kMaxPending = 64;
 
 struct ConnAgentOptions {
   std::string listen = "0.0.0.0:9411";  // ADDRESS:PORT, [IPv6]:PORT
