@@ -185,6 +185,8 @@ std::string renderConnList(const ConnView& view, const std::string& only, std::s
 
 bool tokenMatches(std::string_view presented, std::string_view token) noexcept {
   if (presented.empty() || token.empty()) return false;
+  // Hand-written rather than CRYPTO_memcmp / sodium_memcmp: neither library
+  // is linked anywhere in Spillway, and this loop is all that is needed.
   // Length is not secret (the token file's size); the bytes are compared
   // without an early exit.
   unsigned char diff = presented.size() == token.size() ? 0 : 1;
