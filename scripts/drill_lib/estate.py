@@ -42,6 +42,9 @@ DATA_PORT = 9000
 HEALTH_PORT = 8000
 GRPC_PORT = 50051
 EXPORTER_PORT = 9400
+# spillway-decap's connection agent on backends whose pool has `connections`
+# (the backend's own count of its connections per VIP, for drains).
+AGENT_PORT = 9411
 IPERF_BASE_PORT = 5201  # elephants' server ports are chosen from here up
 # The bulk client's one source port for iperf3's control connections (its
 # namespace's ip_local_port_range), so the drill can place each elephant's
@@ -376,8 +379,14 @@ class Estate:
             servers.append(self.spawn(
                 [PY, FAKE_EXPORTER, "--listen", "0.0.0.0", "--port", str(EXPORTER_PORT),
                  "--gpus", "4", "--control-file", ctl], ns=ns, log_name=f"exporter-{name}.log"))
+        agent = self.sc["pools"][b["pool"]].get("connections") is not None
+        if agent:
+            servers.append(self.spawn(
+                [self.tools.decap, "agent", "--listen", f"0.0.0.0:{AGENT_PORT}",
+                 "--vip", VIP_FLOWS, "--vip", VIP_GRPC], ns=ns, log_name=f"agent-{name}.log"))
         b["servers"] = servers
-        ports = [DATA_PORT, HEALTH_PORT, GRPC_PORT] + list(self.iperf_ports)
+        ports = [DATA_PORT, HEALTH_PORT, GRPC_PORT] + list(self.iperf_ports) + \
+            ([AGENT_PORT] if agent else [])
         for port in ports:
             wait_until(f"{name} listening on :{port}", lambda port=port: self.run(
                 ["ss", "-Hltn", f"sport = :{port}"], ns=ns).stdout.strip() or any(
@@ -431,6 +440,9 @@ class Estate:
                                      "queue_metric": "vllm:num_requests_waiting"},
                                     **{k: v for k, v in conf["load"].items()
                                        if k not in ("gpu", "queue")})
+            if conf.get("connections") is not None:
+                keys["connections"] = dict({"enabled": True, "port": AGENT_PORT},
+                                           **conf["connections"])
             pools.append(keys)
         # [estate] nccl_placement = "bytes": the flows' VIP places new
         # connections by bytes (spillway/placement.hpp); [placement] tunes it.

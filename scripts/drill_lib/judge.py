@@ -435,7 +435,8 @@ def judge(d):
         t = mon.first(a["t"], lambda s: target not in s["backends"] or
                       s["backends"][target]["state"] == "removed" or
                       (s["backends"][target]["state"] == "draining" and
-                       s["backends"][target]["live_flows"] == 0))
+                       (s["backends"][target]["live_flows"] == 0 or
+                        s["backends"][target].get("drain_complete") is True)))
         m["reactions"].append({"at": a["at"], "do": "drain-complete", "target": target,
                                "complete_s": round(t - a["t"], 3) if t else None})
 

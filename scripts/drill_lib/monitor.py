@@ -77,6 +77,7 @@ class Monitor(Sampler):
             "generation": tables["generation"],
             "backends": {b["name"]: {"state": b.get("state"), "health": b.get("health"),
                                      "live_flows": b.get("live_flows"),
+                                     "drain_complete": (b.get("drain") or {}).get("complete"),
                                      "admin": b.get("admin"),
                                      "base_weight": b.get("base_weight"),
                                      "gpu": b.get("gpu_utilization"),

@@ -78,6 +78,8 @@ INVARIANTS = {"others_broken_max", "victims_broken_min", "victims", "detection_m
               "elephants_placed", "router_withdraw_max_s", "joins_after_warmup",
               "joins_with_intent",
               "instances_carry_flows", "freeze_withdraw_max_s",
+              # A drain judged on every instance of a tier (tier.py).
+              "drain_complete_every_instance_max_s",
               # Latency (issue #12): the preferred region and degraded marks in
               # the control samples, the measured share of one backend.
               "region", "region_switches_max", "latency_mark", "backend_share",

@@ -42,6 +42,11 @@ class TierMonitor(Sampler):
         self.instances = {n: [] for n in estate.instances}  # name -> [sample]
         self._last = {}
         self._next_status = 0.0
+        # Backends whose drain the scenario judges on every instance.
+        self.drains = set()
+        if "drain_complete_every_instance_max_s" in estate.sc.get("invariants", {}):
+            self.drains = {a["target"] for a in estate.sc.get("action", [])
+                           if a.get("do") in ("drain", "remove")}
 
     def routes(self, vip):
         r = subprocess.run(["ip", "-j", "-n", self.e.ns("router"), "route", "show", vip],
@@ -71,15 +76,20 @@ class TierMonitor(Sampler):
                            tier=st.get("tier"))
             except (OSError, ValueError, DrillError):
                 row["down"] = True
-            if self.with_backends:
-                # What the instance holds of the operator's intent: each
-                # backend's state and base weight (joins_with_intent).
+            if self.with_backends or (self.drains and not row.get("down")):
+                # Each instance's own view of the backends: state and base
+                # weight (what it holds of the operator's intent:
+                # joins_with_intent), and for the drained ones its own count
+                # and the drain's verdict (drain_complete_every_instance_max_s).
                 try:
-                    rows = inst.ctl.call("backend.list")
-                    row["backends"] = {b["name"]: {"state": b.get("state"),
-                                                   "base_weight": b.get("base_weight")}
-                                       for b in rows}
-                except (OSError, ValueError, KeyError, TypeError, DrillError):
+                    row["backends"] = {
+                        b["name"]: {"state": b.get("state"), "base_weight": b.get("base_weight"),
+                                    "live_flows": b.get("live_flows"),
+                                    "backend_connections": b.get("backend_connections"),
+                                    "drain_complete": (b.get("drain") or {}).get("complete"),
+                                    "judged_by": (b.get("drain") or {}).get("judged_by")}
+                        for b in inst.ctl.call("backend.list")}
+                except (OSError, ValueError, DrillError, KeyError, TypeError):
                     pass
             try:
                 with open(inst.stats) as f:
@@ -307,10 +317,75 @@ def judge_tier(d, check, rel):
                       f"its start, warm-up over by {row['warm_after_s']} s")
     if inv.get("joins_with_intent"):
         judge_joins_with_intent(d, check, rel, out)
+    if "drain_complete_every_instance_max_s" in inv:
+        out["drains"] = judge_drains_everywhere(d, check, rel)
     if inv.get("instances_carry_flows"):
         for name, counts in out["instances"].items():
             ok = counts["max"] is not None and counts["max"] > 0
             check(f"carries_flows[{name}]", ok,
                   f"{name} tracked at most {counts['max']} flows (ECMP must spread flows over "
                   f"every instance, or the drill proves nothing about moving them)")
+    return out
+
+
+def judge_drains_everywhere(d, check, rel):
+    """A drain completes on every instance within the bound after its last
+    flows were closed (close-flows), and on none before: each running
+    instance's own samples of the backend (drain.complete, or removed)."""
+    mon, bound = d.tier_monitor, d.sc["invariants"]["drain_complete_every_instance_max_s"]
+    out = []
+    for a in d.actions:
+        if a["do"] != "close-flows" or a["target"] not in mon.drains:
+            continue
+        target, t_close = a["target"], a["t"]
+        started = [x["t"] for x in d.actions if x["do"] in ("drain", "remove") and
+                   x["target"] == target and x["t"] <= t_close]
+        t_drain = max(started) if started else None
+        for name, rows in mon.instances.items():
+            seen = [r for r in rows if target in r.get("backends", {})]
+            if not seen or t_drain is None:
+                continue
+
+            def done(r):
+                b = r["backends"][target]
+                return b["drain_complete"] is True or b["state"] == "removed"
+            early = [r for r in seen if t_drain <= r["t"] < t_close and done(r)]
+            after = [r for r in seen if r["t"] >= t_close]
+            first = next((r for r in after if done(r)), None)
+            alive_at_end = bool(after) and not after[-1].get("down")
+            # The instance's own count once the bound had passed: above zero,
+            # the count alone would have held the drain open (entries of flows
+            # ECMP moved away stay established for 7,200 s).
+            late = [r for r in after if r["t"] >= t_close + bound] or after[-1:]
+            row = {"instance": name, "target": target, "at": a["at"],
+                   "complete_s": round(first["t"] - t_close, 3) if first else None,
+                   "judged_by": first["backends"][target]["judged_by"] if first else None,
+                   "own_flows_at_completion":
+                       first["backends"][target]["live_flows"] if first else None,
+                   "completed_early_at": rel(early[0]["t"]) if early else None,
+                   "own_flows_after_bound":
+                       late[0]["backends"][target]["live_flows"] if late else None}
+            out.append(row)
+            check(f"drain_never_early[{name} {target}]", not early,
+                  f"{name} showed the drain of {target} complete at "
+                  f"{row['completed_early_at']} s, before its flows were closed "
+                  f"({rel(t_close)} s)" if early else
+                  f"{name} never showed the drain of {target} complete before its flows "
+                  f"were closed")
+            if alive_at_end:
+                check(f"drain_complete[{name} {target}]",
+                      first is not None and first["t"] - t_close <= bound,
+                      f"{name}: the drain of {target} complete {row['complete_s']} s after its "
+                      f"last flows were closed, judged by {row['judged_by']} with "
+                      f"{row['own_flows_at_completion']} flows still tracked there "
+                      f"(at most {bound} s)")
+        # The drill proves the point only if some instance's own count still
+        # held flows of the backend once the bound had passed (entries of
+        # flows ECMP had moved away): the count alone would not have completed.
+        stale = [r for r in out if r["target"] == target and r["at"] == a["at"] and
+                 (r["own_flows_after_bound"] or 0) > 0]
+        check(f"drain_outvoted_stale_entries[{target}]", bool(stale),
+              f"instances whose own count still held flows of {target} {bound} s after they "
+              f"closed: {', '.join(r['instance'] + ' (' + str(r['own_flows_after_bound']) + ')' for r in stale) or 'none'} "
+              f"(ECMP must have moved flows for the drill to prove anything)")
     return out

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <utility>
 
+#include "control/backends/drain_rule.hpp"
+
 namespace spillway {
 
 std::string_view toString(BackendState state) noexcept {
@@ -119,7 +121,11 @@ void BackendStates::startDrain(Entry& e, Millis now, bool removing, Millis elaps
   d.flowsAtStart = e.status.liveFlows;
   d.flowsNow = e.status.liveFlows;
   d.removing = removing;
-  d.complete = e.status.liveFlows == std::uint64_t{0};
+  const DrainJudgement j =
+      judgeDrain({e.status.liveFlows, e.status.backendConnections, e.status.backendZeroSince}, now,
+                 e.status.drainGrace);
+  d.complete = j != DrainJudgement::Open;
+  d.judgedBy = std::string(judgedBy(j));
   e.drain = d;
 }
 
@@ -135,7 +141,12 @@ void BackendStates::completeIfDone(Entry& e, Millis now) {
     settle(e, now, "removed: failed, its flows are re-steered already");
   } else if (e.drain->complete) {
     e.removed = true;
-    settle(e, now, "removed: drained, no live flows left");
+    settle(e, now,
+           e.drain->judgedBy == "backend"
+               ? "removed: drained, the backend reports no connections (this instance still "
+                 "tracked " +
+                     flowsText(e.status.liveFlows) + " of flows that moved or closed unseen)"
+               : "removed: drained, no live flows left");
   } else if (e.drain->expired) {
     e.removed = true;
     settle(e, now, "removed: its drain deadline had passed, its flows are re-steered already");
@@ -311,19 +322,59 @@ StateResult BackendStates::setLiveFlows(std::uint64_t id, std::uint64_t flows, M
   DrainProgress& d = *e->drain;
   d.flowsNow = flows;
   if (!d.flowsAtStart) d.flowsAtStart = flows;
-  if (flows != 0 || d.complete || d.expired) return r;
-  d.complete = true;
-  if (e->status.admin == AdminState::Removing) {
-    completeIfDone(*e, now);
-  } else {
-    events_.append(now, e->status.name, kEventState, "drained: no live flows left",
-                   e->status.effective, e->status.effective);
-  }
+  judge(*e, now);
   return r;
+}
+
+StateResult BackendStates::setBackendConnections(std::uint64_t id,
+                                                 std::optional<std::uint64_t> connections,
+                                                 std::optional<Millis> zeroSince, Millis grace,
+                                                 Millis now) {
+  StateResult r = StateResult::success();
+  Entry* e = lookup(id, r);
+  if (e == nullptr) return r;
+  e->status.backendConnections = connections;
+  e->status.backendZeroSince = connections == std::uint64_t{0} ? zeroSince : std::nullopt;
+  e->status.drainGrace = grace;
+  if (!e->removed && e->drain) judge(*e, now);
+  return r;
+}
+
+void BackendStates::judge(Entry& e, Millis now) {
+  DrainProgress& d = *e.drain;
+  if (d.complete || d.expired) return;
+  const DrainJudgement j =
+      judgeDrain({e.status.liveFlows, e.status.backendConnections, e.status.backendZeroSince}, now,
+                 e.status.drainGrace);
+  if (j == DrainJudgement::Open) return;
+  d.complete = true;
+  d.judgedBy = std::string(judgedBy(j));
+  if (e.status.admin == AdminState::Removing) {
+    completeIfDone(e, now);
+    return;
+  }
+  std::string why;
+  switch (j) {
+    case DrainJudgement::BothEmpty:
+      why = "drained: the backend reports no connections and no live flows are left";
+      break;
+    case DrainJudgement::BackendEmpty:
+      why = "drained: the backend has reported no connections for " +
+            std::to_string(now - *e.status.backendZeroSince) + " ms (this instance still tracks " +
+            flowsText(e.status.liveFlows) +
+            ": entries of flows that moved to another instance or closed unseen)";
+      break;
+    default:
+      why = "drained: no live flows left";
+      break;
+  }
+  events_.append(now, e.status.name, kEventState, std::move(why), e.status.effective,
+                 e.status.effective);
 }
 
 void BackendStates::tick(Millis now) {
   for (auto& [id, e] : entries_) {
+    if (!e.removed && e.drain) judge(e, now);  // a backend's zeros outlasting the grace
     if (e.removed || !e.drain || e.drain->complete || e.drain->expired) continue;
     if (now < e.drain->deadline) continue;
     e.drain->expired = true;

@@ -21,9 +21,12 @@
 // Drains (GLB Director's drain, Envoy's drain): drain() and remove() start a
 // drain clock at `now` with deadline now + PolicyConfig::drainTimeout (a
 // removal of a backend that was already draining keeps the running clock).
-// setLiveFlows(), fed from the dataplane's per-backend flow counts, completes
-// them: a removal becomes Removed when the count reaches 0; a plain drain stays
-// Draining and is marked complete (the operator may now take the host down).
+// setLiveFlows(), fed from the dataplane's per-backend flow counts, and
+// setBackendConnections(), fed from the backend's own report (ConnScraper),
+// complete them by the rule of drain_rule.hpp (never while the backend reports
+// connections; its zeros held for a grace outvote this instance's count; without
+// a report the count decides at 0): a removal becomes Removed; a plain drain
+// stays Draining and is marked complete (the operator may now take the host down).
 // tick() enforces deadlines: a removal past its deadline becomes Removed, a
 // plain drain becomes Failed (rule 4). Both re-steer what was left. A removal
 // of a backend that is Failed completes at once: its flows are re-steered
@@ -101,6 +104,7 @@ struct DrainProgress {
   bool removing = false;  // completes as Removed
   bool complete = false;  // live flows reached 0 (a plain drain; a removal is then Removed)
   bool expired = false;   // the deadline passed with flows live
+  std::string judgedBy;   // with complete: "backend and instance", "backend" or "instance"
 };
 
 struct BackendStatus {
@@ -112,6 +116,10 @@ struct BackendStatus {
   Millis since = 0;   // when `effective` last changed (or the backend was added)
   std::string cause;  // why it changed
   std::optional<std::uint64_t> liveFlows;  // last count from the dataplane
+  // The backend's own report (spillway-decap's agent), when fresh.
+  std::optional<std::uint64_t> backendConnections;
+  std::optional<Millis> backendZeroSince;
+  Millis drainGrace = 0;
 };
 
 class BackendStates {
@@ -154,6 +162,11 @@ class BackendStates {
   StateResult setHealth(std::uint64_t id, bool up, Millis now, std::string_view cause);
   // Live tracked flows of the backend, summed over lcores; completes drains.
   StateResult setLiveFlows(std::uint64_t id, std::uint64_t flows, Millis now);
+  // The backend's own count of its connections over the VIPs it serves
+  // (std::nullopt: no fresh report), since when it has been 0, and how long
+  // zeros must last to outvote a non-zero live-flow count (drain_rule.hpp).
+  StateResult setBackendConnections(std::uint64_t id, std::optional<std::uint64_t> connections,
+                                    std::optional<Millis> zeroSince, Millis grace, Millis now);
   // Drain deadlines. Call at least once per second or so; cheap.
   void tick(Millis now);
 
@@ -187,6 +200,8 @@ class BackendStates {
   void logAdmin(const Entry& e, Millis now, std::string_view action, std::string_view cause);
   // A removal whose drain is done becomes Removed.
   void completeIfDone(Entry& e, Millis now);
+  // Applies drain_rule.hpp to a running drain; completes it when done.
+  void judge(Entry& e, Millis now);
 
   EventLog& events_;
   Millis drainTimeout_;

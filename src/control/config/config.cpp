@@ -437,6 +437,7 @@ class Loader {
   void loadBackends(const toml::table& root, std::set<std::string>& used);
   void loadHealth(Section& pool, PoolConfig& p);
   void loadLoadSource(Section& pool, PoolConfig& p);
+  void loadConnSource(Section& pool, PoolConfig& p);
   void loadPolicy(const toml::table& root, std::set<std::string>& used);
   void loadPlacement(const toml::table& root, std::set<std::string>& used);
   void loadControl(const toml::table& root, std::set<std::string>& used);
@@ -960,6 +961,7 @@ void Loader::loadPools(const toml::table& root, std::set<std::string>& used) {
     }
     loadHealth(s, p);
     loadLoadSource(s, p);
+    loadConnSource(s, p);
     s.finish();
     if (errors_.size() != before) poolsValid_ = false;
     config_.pools.push_back(std::move(p));
@@ -1368,6 +1370,35 @@ void Loader::loadLoadSource(Section& pool, PoolConfig& p) {
                           " s, the default); set stale_after above it too");
   }
   if (auto v = s.number("smoothing", 0.0, 1.0, true, false)) l.smoothing = *v;
+  s.finish();
+}
+
+void Loader::loadConnSource(Section& pool, PoolConfig& p) {
+  ConnSourceConfig& c = p.connections;
+  const toml::table* t = pool.table("connections");
+  if (t == nullptr) return;  // no [pool.connections]: drains judged by the own count
+  Section s(*this, *t, pool.field("connections"));
+  c.enabled = true;
+  if (auto v = s.boolean("enabled")) c.enabled = *v;
+  if (auto v = s.integer("port", 1, 65535)) c.port = static_cast<std::uint16_t>(*v);
+  if (auto v = s.string("path")) {
+    if (!isUrlPath(*v)) {
+      s.fail("path", "must start with '/' and hold no spaces or control characters");
+    } else {
+      c.path = *v;
+    }
+  }
+  bool timesOk = s.secondsInto("interval", 100, 3'600'000, c.interval);
+  timesOk = s.secondsInto("timeout", 1, 3'600'000, c.timeout) && timesOk;
+  timesOk = s.secondsInto("stale_after", 1, 86'400'000, c.staleAfter) && timesOk;
+  timesOk = s.secondsInto("grace", 0, 3'600'000, c.grace) && timesOk;
+  if (timesOk && c.timeout >= c.interval) {
+    s.fail("timeout", "must be shorter than interval (" + secondsText(c.interval) + " s)");
+  }
+  if (timesOk && c.staleAfter <= c.interval) {
+    s.fail("stale_after", "must be longer than interval (" + secondsText(c.interval) +
+                              " s), or every report would expire before the next scrape");
+  }
   s.finish();
 }
 

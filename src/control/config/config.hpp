@@ -164,6 +164,24 @@ struct LoadSourceConfig {
   double smoothing = 0.3;    // EWMA weight of the newest sample, (0, 1]
 };
 
+// Where a backend says which connections it holds ([pool.connections]):
+// spillway-decap's agent (`spillway-decap agent`), whose
+// spillway_backend_connections{vip} lines judge this backend's drains
+// (ARCHITECTURE.md, "Drains judged by the backend"). A drain completes once
+// the backend has reported zero connections over the VIPs it serves for
+// `grace` without a break (or at once when this instance's own count is zero
+// too); never while it reports any. Without a fresh report the instance's own
+// flow count decides, as without an agent.
+struct ConnSourceConfig {
+  bool enabled = false;
+  std::uint16_t port = 9411;
+  std::string path = "/metrics";
+  Millis interval = 1000;
+  Millis timeout = 500;
+  Millis staleAfter = 3000;  // an older report is no report (the own count decides)
+  Millis grace = 2000;       // zeros held this long outvote this instance's own count
+};
+
 struct PoolConfig {
   std::string name;
   PoolSite site = PoolSite::OnPrem;
@@ -172,6 +190,7 @@ struct PoolConfig {
   std::uint16_t guePort = kGueDefaultPort;
   HealthCheckConfig health{};
   LoadSourceConfig load{};
+  ConnSourceConfig connections{};
 };
 
 // Spillover and weight policy ([policy]); the formula is in the README's

@@ -188,8 +188,20 @@ void ControlPlane::finalCheckpoint(Millis now, std::vector<ExportedFlow> flows) 
 void ControlPlane::applyTargets() {
   std::vector<HealthTarget> checks;
   std::vector<ScrapeTarget> scrapes;
+  std::vector<ConnTarget> conns;
   for (const BackendConfig& b : config_.backends) {
     const PoolConfig& pool = config_.pools[b.poolIndex];
+    if (pool.connections.enabled) {
+      ConnTarget c{b.id, b.name, b.address, pool.connections, {}};
+      for (const VipConfig& v : config_.vips) {
+        const bool serves = std::find(v.poolIndices.begin(), v.poolIndices.end(), b.poolIndex) !=
+                            v.poolIndices.end();
+        if (serves && std::find(c.vips.begin(), c.vips.end(), v.address) == c.vips.end()) {
+          c.vips.push_back(v.address);
+        }
+      }
+      conns.push_back(std::move(c));
+    }
     HealthTarget h;
     h.id = b.id;
     h.name = b.name;
@@ -219,6 +231,7 @@ void ControlPlane::applyTargets() {
   }
   health_.setTargets(std::move(checks));
   scraper_.setTargets(std::move(scrapes));
+  connScraper_.setTargets(std::move(conns));
 }
 
 std::vector<int> ControlPlane::pollFds() const {
@@ -226,6 +239,7 @@ std::vector<int> ControlPlane::pollFds() const {
   if (peers_ && peers_->pollFd() >= 0) fds.push_back(peers_->pollFd());
   if (health_.pollFd() >= 0) fds.push_back(health_.pollFd());
   if (scraper_.pollFd() >= 0) fds.push_back(scraper_.pollFd());
+  if (connScraper_.pollFd() >= 0) fds.push_back(connScraper_.pollFd());
   return fds;
 }
 
@@ -372,6 +386,14 @@ bool ControlPlane::tick(Millis now) {
   scraper_.poll(now);
   for (ScrapeNotice& n : scraper_.takeNotices()) {
     events_.append(n.time, std::move(n.backend), kEventScrape, std::move(n.text));
+  }
+  connScraper_.poll(now);
+  for (const BackendConfig& b : config_.backends) {
+    const ConnSourceConfig& c = config_.pools[b.poolIndex].connections;
+    if (!c.enabled) continue;
+    const auto report = connScraper_.report(b.id, now);
+    (void)states_.setBackendConnections(b.id, report ? report->connections : std::nullopt,
+                                        report ? report->zeroSince : std::nullopt, c.grace, now);
   }
   collectFlows(now);
   states_.tick(now);

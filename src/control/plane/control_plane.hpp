@@ -35,6 +35,7 @@
 #include "control/backends/backend_state.hpp"
 #include "control/backends/snapshot_builder.hpp"
 #include "control/config/config.hpp"
+#include "control/health/conn_scraper.hpp"
 #include "control/health/health.hpp"
 #include "control/health/scraper.hpp"
 #include "control/intent/affinity_keeper.hpp"
@@ -226,6 +227,7 @@ class ControlPlane final : public ControlApi {
   WeightPolicy policy_;
   HealthChecker health_;
   LoadScraper scraper_;
+  ConnScraper connScraper_;  // the backends' agents: drains judged by what they hold
   LoopDurations loopDurations_;
   std::function<std::int64_t()> wallClock_;
   IntentJournal journal_;

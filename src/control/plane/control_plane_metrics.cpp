@@ -212,6 +212,16 @@ std::string ControlPlane::metricsText() {
       m.gauge("spillway_backend_active_flows", "Tracked flows on the backend (all lcores).",
               {{"backend", b.name}}, static_cast<double>(*st->liveFlows));
     }
+    if (const BackendStatus* st = states_.find(b.id); st && st->backendConnections) {
+      m.gauge("spillway_backend_reported_connections",
+              "Connections the backend itself reports over the VIPs it serves (its agent).",
+              {{"backend", b.name}}, static_cast<double>(*st->backendConnections));
+    }
+    if (auto c = connScraper_.report(b.id, now_); c && c->scrapes > 0) {
+      m.counter("spillway_backend_connections_scrape_failures_total",
+                "Failed scrapes of the backend's connection agent.", {{"backend", b.name}},
+                static_cast<double>(c->failures));
+    }
   }
   if (dataplane_ != nullptr) {
     const Json s = statsDocument(dataplane_->counters(), config_, builder_, generation_);

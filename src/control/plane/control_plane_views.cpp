@@ -188,6 +188,19 @@ Json ControlPlane::backendJson(const BackendConfig& b) const {
     j["health"] = std::string(toString(st->health));
     j["cause"] = st->cause;
     j["live_flows"] = st->liveFlows ? Json(*st->liveFlows) : Json(nullptr);
+    // The backend's own count (spillway-decap's agent), null without a fresh report.
+    j["backend_connections"] =
+        st->backendConnections ? Json(*st->backendConnections) : Json(nullptr);
+    if (auto d = states_.drainProgress(b.id)) {
+      j["drain"] = Json{{"complete", d->complete},
+                        {"judged_by", d->judgedBy},
+                        {"expired", d->expired},
+                        {"removing", d->removing}};
+    }
+  }
+  if (auto c = connScraper_.report(b.id, now_); c && c->scrapes > 0) {
+    j["connections_scrape"] =
+        Json{{"scrapes", c->scrapes}, {"failures", c->failures}, {"last_error", c->lastError}};
   }
   Json weights = Json::object();
   for (const auto& [vip, w] : weights_) {

@@ -7,6 +7,8 @@
 //                         [--bpf-object PATH] [--pin-root DIR] [--force]
 //   spillway-decap detach --dev IF [--pin-root DIR] [--force]
 //   spillway-decap stats  --dev IF [--json] [--pin-root DIR]
+//   spillway-decap agent  --vip A [--vip B ...] [--listen ADDR:PORT]
+//                         [--token-file F] [--list-cap N]   (conn_agent.hpp)
 //
 // attach loads the object, fills decap_config and decap_addrs, and attaches
 // the program through netlink (like `ip link set xdp`), so it stays attached
@@ -54,6 +56,7 @@
 #include <utility>
 #include <vector>
 
+#include "conn_agent.hpp"
 #include "spillway/errno_text.hpp"
 #include "spillway_decap_abi.h"
 #include "xdp_attach.hpp"
@@ -124,6 +127,7 @@ struct Options {
   bool force = false;
   bool json = false;
   bool verbose = false;
+  ConnAgentOptions agent;
 };
 
 constexpr std::string_view kDescription =
@@ -166,6 +170,16 @@ std::unique_ptr<CLI::App> makeParser(Options& options) {
   CLI::App* stats = app->add_subcommand("stats", "the program's counters");
   common(stats);
   stats->add_flag("--json", options.json, "one JSON object");
+  CLI::App* agent = app->add_subcommand(
+      "agent", "serve this host's TCP connections per VIP (for spillwayd's drains)");
+  agent->add_option("--vip", options.agent.vips, "a VIP address; repeat for more")->required();
+  agent->add_option("--listen", options.agent.listen, "ADDRESS:PORT")->capture_default_str();
+  agent->add_option("--token-file", options.agent.tokenFile,
+                    "the bearer token of GET /connections (without: list disabled)");
+  agent->add_option("--list-cap", options.agent.listCap, "connections in one list answer")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1'000'000));
+  agent->callback([&options] { options.command = "agent"; });
   return app;
 }
 
@@ -549,6 +563,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     parser->parse(argc, argv);
+    if (options.command == "agent") return runConnAgent(options.agent);
     validate(options);
     gVerbose = options.verbose;
     libbpf_set_print(printLibbpf);
