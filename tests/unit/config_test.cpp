@@ -112,7 +112,7 @@ TEST(Config, Defaults) {
   EXPECT_EQ(d.txDrainUs, 100u);
   EXPECT_EQ(d.idleSleepUs, 0u);
   EXPECT_EQ(d.idleSleepMaxUs, 0u);
-  EXPECT_EQ(d.secondChanceHoldMs, 600'000u);
+  EXPECT_EQ(d.secondChanceHoldMs, 0u) << "second chance is off unless asked for";
   const FlowTimeouts t{};
   EXPECT_EQ(d.timeouts.embryonic, t.embryonic);
   EXPECT_EQ(d.timeouts.established, t.established);

@@ -77,7 +77,7 @@ inline constexpr std::uint32_t kMaxLcoreId = 1023;
 inline constexpr std::size_t kMaxInterfaceName = 15;  // IFNAMSIZ - 1
 inline constexpr std::uint16_t kMaxEgressMtu = 9702;
 
-inline constexpr Millis kDefaultSecondChanceHoldMs = 600'000;
+inline constexpr Millis kDefaultSecondChanceHoldMs = 0;  // off: it needs spillway-decap --lb
 inline constexpr Millis kMaxSecondChanceHoldMs = 86'400'000;
 
 struct DataplaneConfig {
