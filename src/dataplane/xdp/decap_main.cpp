@@ -491,6 +491,9 @@ Snapshot readSnapshot(const Options& options) {
   std::vector<DecapCounterValue> perCpu(static_cast<std::size_t>(cpus));
   for (std::uint32_t index = 0; index < kDecapCounterCount; ++index) {
     if (bpf_map_lookup_elem(counters.get(), &index, perCpu.data()) != 0) {
+      // A program attached by a build before second chance has no such
+      // counters: they read as 0 until it is attached again.
+      if (errno == ENOENT && index >= kDecapScRedirected) continue;
       fail("cannot read counter " + std::string(kCounterNames[index]), errno);
     }
     for (const auto& value : perCpu) {
