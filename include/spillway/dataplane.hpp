@@ -49,6 +49,8 @@ struct DataplaneCounters {
   std::uint64_t icmpErrorsSteered = 0;
   std::uint64_t exceptionHits = 0;
   std::uint64_t placedOffTable = 0;  // new connections placed off their table entry (placement.hpp)
+  std::uint64_t secondChanceSent = 0;    // mid-flow packets sent with a second-chance hop
+  std::uint64_t secondChanceUnsent = 0;  // ... that needed one but went without (steering.hpp)
   std::uint64_t txDropped = 0;
   std::uint64_t exceptionRx = 0;  // from the kernel's exception path to the wire
   std::uint64_t exceptionTx = 0;  // from the wire to the kernel's exception path

@@ -36,6 +36,17 @@
 //  - The inner TTL / hop limit is decremented, as by any router (RFC 2003
 //    §3.1); the inner IPv4 header checksum is updated incrementally (RFC 1624).
 //
+// Second chance (issue #24 item 3; ARCHITECTURE.md "Second chance"). A GUE
+// packet may name the flow's previous backend, so the backend that receives
+// it can pass a packet it has no socket for on to that one (spillway-decap).
+// It travels as GUE private data (Hlen > 0, flags 0, draft-ietf-intarea-gue
+// §3.3): SecondChanceData, then the hop's tunnel address in the outer family
+// (4 or 16 bytes): 8 bytes over IPv4 (Hlen 2), 20 over IPv6 (Hlen 5). The
+// bytes count against the MTU only on the packets that carry them: a packet
+// that fits without them but not with them is sent without (the caller
+// counts it), so the MTU a client learns never changes. IPIP and IP6IP6 have
+// no room for it.
+//
 // Path MTU. Checked before anything is written: when the inner IP length plus
 // encapOverhead(kind) exceeds the target's egress L3 MTU,
 //  - inner IPv4 with DF, or inner IPv6: MtuExceeded, with `icmpMtu` the value
@@ -80,6 +91,24 @@ inline constexpr std::uint16_t kIpv4MinMtu = 68;    // RFC 791
 inline constexpr std::uint16_t kIpv6MinMtu = 1280;  // RFC 8200 §5
 inline constexpr std::uint16_t kGueSourcePortBase = 0xc000;
 
+// The first four bytes of the GUE private data of a second-chance packet
+// (shared with spillway_decap_abi.h, which defines the same values).
+inline constexpr std::uint8_t kSecondChanceType = 0x5c;  // "spillway second chance"
+inline constexpr std::uint8_t kSecondChanceVersion = 1;
+inline constexpr std::uint8_t kSecondChanceRedirected = 0x01;  // flags: already sent on once
+struct SecondChanceData {
+  std::uint8_t type = kSecondChanceType;
+  std::uint8_t version = kSecondChanceVersion;
+  std::uint8_t flags = 0;
+  std::uint8_t reserved = 0;
+};
+static_assert(sizeof(SecondChanceData) == 4 && alignof(SecondChanceData) == 1);
+
+// GUE private-data bytes of a second-chance hop for an outer family.
+[[nodiscard]] constexpr std::size_t secondChanceBytes(IpVersion outer) noexcept {
+  return sizeof(SecondChanceData) + (outer == IpVersion::V4 ? 4 : 16);
+}
+
 // Where a backend's tunnel goes. Addresses are of the outer family: an IPv4
 // address fills the first four bytes of its IpBytes, as in FlowKey.
 struct EncapTarget {
@@ -96,6 +125,9 @@ struct EncapTarget {
 
 struct EncapResult {
   DropReason drop = DropReason::None;
+  // With None and a hop asked for: whether it was written (false: IPIP /
+  // IP6IP6, or no room under the MTU for its bytes).
+  bool hopWritten = false;
   // With MtuExceeded: the MTU to put into the ICMP error for the client
   // (egress MTU - encapOverhead, clamped to 68 for IPv4 / 1280 for IPv6).
   std::uint16_t icmpMtu = 0;
@@ -127,10 +159,12 @@ struct EncapResult {
 }
 
 // The most headroom any kind needs in front of the frame (GUE over IPv6 with
-// an egress tag, from an untagged frame): 18 + 40 + 8 + 4 - 14.
-inline constexpr std::size_t kEncapMaxHeadroom =
-    encapHeaderBytes(EncapKind::Gue6, true) - sizeof(EthernetHeader);
-static_assert(kEncapMaxHeadroom == 56);
+// an egress tag, from an untagged frame): 18 + 40 + 8 + 4 - 14, plus a
+// second-chance hop's 20.
+inline constexpr std::size_t kEncapMaxHeadroom = encapHeaderBytes(EncapKind::Gue6, true) -
+                                                 sizeof(EthernetHeader) +
+                                                 secondChanceBytes(IpVersion::V6);
+static_assert(kEncapMaxHeadroom == 76);
 
 [[nodiscard]] constexpr std::uint16_t gueSourcePort(std::uint64_t flowHash) noexcept {
   return static_cast<std::uint16_t>(kGueSourcePortBase | (flowHash >> 50));
@@ -146,16 +180,19 @@ static_assert(kEncapMaxHeadroom == 56);
 // key.version must be `Inner` (else BadIpVersion; a view that does not lie
 // within the frame gives Truncated). `Kind` decides the format; target.kind is
 // read only by encapsulateAny(). On success the result names the new frame; on
-// any drop the buffer is unchanged.
+// any drop the buffer is unchanged. `secondChance`, when not null, is the
+// previous backend's tunnel address (outer family, as EncapTarget::backend):
+// GUE kinds write it as a second-chance hop when it fits under the MTU.
 template <EncapKind Kind, IpVersion Inner>
 [[nodiscard]] EncapResult encapsulate(std::span<std::byte> buffer, std::size_t dataOffset,
                                       std::size_t frameLength, const PacketView& view,
-                                      const EncapTarget& target, std::uint64_t flowHash) noexcept;
+                                      const EncapTarget& target, std::uint64_t flowHash,
+                                      const IpBytes* secondChance = nullptr) noexcept;
 
 #define SPILLWAY_ENCAP_EXTERN(K, V)                                                             \
   extern template EncapResult encapsulate<K, V>(std::span<std::byte>, std::size_t, std::size_t, \
                                                 const PacketView&, const EncapTarget&,          \
-                                                std::uint64_t) noexcept
+                                                std::uint64_t, const IpBytes*) noexcept
 SPILLWAY_ENCAP_EXTERN(EncapKind::IpInIp4, IpVersion::V4);
 SPILLWAY_ENCAP_EXTERN(EncapKind::IpInIp4, IpVersion::V6);
 SPILLWAY_ENCAP_EXTERN(EncapKind::IpInIp6, IpVersion::V4);
@@ -169,7 +206,7 @@ SPILLWAY_ENCAP_EXTERN(EncapKind::Gue6, IpVersion::V6);
 // Run-time dispatch on target.kind and view.key.version to the template above.
 [[nodiscard]] EncapResult encapsulateAny(std::span<std::byte> buffer, std::size_t dataOffset,
                                          std::size_t frameLength, const PacketView& view,
-                                         const EncapTarget& target,
-                                         std::uint64_t flowHash) noexcept;
+                                         const EncapTarget& target, std::uint64_t flowHash,
+                                         const IpBytes* secondChance = nullptr) noexcept;
 
 }  // namespace spillway

@@ -108,6 +108,19 @@ struct SnapshotVip {
   // Byte-aware placement of new TCP connections (placement.hpp); null: the
   // table alone places them.
   std::shared_ptr<const VipPlacement> placement;
+  // Second chance (ARCHITECTURE.md): by table slot, the backend index that
+  // held the slot before its last change, while that change is younger than
+  // [dataplane] second_chance_hold_ms (the builder clears it after); 0 =
+  // none. Same size as table, or null when no slot has a previous owner.
+  // Shared by successive snapshots while it does not change.
+  std::shared_ptr<const std::vector<std::uint32_t>> previousOwner;
+
+  // The previous owner of the slot `flowHash` maps to, or 0.
+  [[nodiscard]] std::uint32_t previousOwnerOf(std::uint64_t flowHash) const noexcept {
+    if (previousOwner == nullptr) return 0;
+    const std::uint32_t slot = MaglevTable::slotOf(flowHash, table.size());
+    return slot < previousOwner->size() ? (*previousOwner)[slot] : 0;
+  }
 };
 
 // An address of the gateway itself (a port's tunnel source): no client has

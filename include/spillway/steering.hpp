@@ -63,6 +63,7 @@ struct SteerResult {
   std::uint16_t egressPort = 0;
   std::uint32_t backend = 0;  // with Forward
   bool newFlow = false;       // with Forward: this packet opened a tracked flow
+  bool secondChance = false;  // with Forward: it carries a second-chance hop
   std::size_t dataOffset = 0;
   std::size_t length = 0;
 };
@@ -83,6 +84,12 @@ struct SteeringCounters {
   Counter icmpErrorsSteered;
   Counter exceptionHits;   // flows tracked anew on the backend a restored or peer exception named
   Counter placedOffTable;  // new connections a placing VIP sent elsewhere than its table's entry
+  // Mid-flow TCP packets placed by the table on a slot that changed within
+  // the second-chance hold time: sent with the previous owner as a hop
+  // (untracked), or without it (IPIP / IP6IP6, outer families differ, no
+  // room under the MTU): those would have needed it.
+  Counter secondChanceSent;
+  Counter secondChanceUnsent;
   DropCounters drops;
 };
 
@@ -120,8 +127,8 @@ class Steering {
   void finishVipFrame(const FrameRef& frame, Pending& p, SteerResult& r,
                       const ForwardingSnapshot& snapshot, Millis now) noexcept;
   void encapsulateTo(const FrameRef& frame, const PacketView& view, std::uint64_t hash,
-                     std::uint32_t backendIndex, SteerResult& r,
-                     const ForwardingSnapshot& snapshot) noexcept;
+                     std::uint32_t backendIndex, SteerResult& r, const ForwardingSnapshot& snapshot,
+                     const IpBytes* secondChance = nullptr) noexcept;
   void drop(SteerResult& r, DropReason reason) noexcept;
 
   FlowHasher hasher_;

@@ -333,6 +333,8 @@ DataplaneCounters DpdkDataplane::counters() const {
     c.icmpErrorsSteered += s.icmpErrorsSteered.read();
     c.exceptionHits += s.exceptionHits.read();
     c.placedOffTable += s.placedOffTable.read();
+    c.secondChanceSent += s.secondChanceSent.read();
+    c.secondChanceUnsent += s.secondChanceUnsent.read();
     c.txDropped += wc.txDropped.read();
     c.exceptionRx += wc.exceptionRx.read();
     c.exceptionTx += wc.exceptionTx.read();

@@ -112,6 +112,7 @@ TEST(Config, Defaults) {
   EXPECT_EQ(d.txDrainUs, 100u);
   EXPECT_EQ(d.idleSleepUs, 0u);
   EXPECT_EQ(d.idleSleepMaxUs, 0u);
+  EXPECT_EQ(d.secondChanceHoldMs, 0u) << "second chance is off unless asked for";
   const FlowTimeouts t{};
   EXPECT_EQ(d.timeouts.embryonic, t.embryonic);
   EXPECT_EQ(d.timeouts.established, t.established);
@@ -192,6 +193,7 @@ TEST(Config, HexSeedIdsAndBothFamilies) {
   EXPECT_EQ(c.dataplane.txDrainUs, 0u);
   EXPECT_EQ(c.dataplane.idleSleepUs, 50u);
   EXPECT_EQ(c.dataplane.idleSleepMaxUs, 3200u);
+  EXPECT_EQ(c.dataplane.secondChanceHoldMs, 2500u);
   EXPECT_EQ(c.dataplane.timeouts.embryonic, 2500u);
   EXPECT_EQ(c.dataplane.timeouts.established, 86'400'000u);
   EXPECT_EQ(c.dataplane.timeouts.udp, 30'000u);
@@ -265,6 +267,8 @@ const Invalid kInvalid[] = {
      "dataplane.idle_sleep_max_us = 2000: needs idle_sleep_us (the first pause) above 0"},
     {"dataplane_idle_sleep_max_below_min", 6,
      "dataplane.idle_sleep_max_us = 200: below idle_sleep_us = 500"},
+    {"dataplane_second_chance_hold_too_long", 5,
+     "dataplane.second_chance_hold_ms = 86400001: out of range; must be in [0, 86400000]"},
     {"dataplane_idle_sleep_max_too_long", 6,
      "dataplane.idle_sleep_max_us = 20000: out of range; must be in [0, 10000]"},
     {"dataplane_idle_sleep_too_long", 5,

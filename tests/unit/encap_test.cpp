@@ -656,5 +656,151 @@ TEST(Encap, RejectsViewsThatDoNotFit) {
       DropReason::TtlExhausted);
 }
 
+// ---- second chance (issue #24) --------------------------------------------
+
+// The bytes on the wire of a GUE packet that names a previous backend: UDP
+// length and checksum cover the private data, the GUE Hlen counts its 32-bit
+// words, the private data is type 0x5c, version 1, flags 0, reserved 0, then
+// the hop's address in the outer family; the inner packet follows unchanged
+// but for its TTL.
+TEST(EncapSecondChance, GueCarriesThePreviousOwnerAsPrivateData) {
+  for (const auto kind : {EncapKind::Gue4, EncapKind::Gue6}) {
+    for (const auto inner : kInnerVersions) {
+      const bool v4 = outerIpVersion(kind) == IpVersion::V4;
+      SCOPED_TRACE(std::string(kindName(kind)) + (inner == IpVersion::V4 ? " v4" : " v6"));
+      const auto input = clientPacket(inner, false, 60).build();
+      auto plain = withHeadroom(input);
+      auto withHop = withHeadroom(input);
+      const auto view = parsePacket(plain.frame());
+      ASSERT_TRUE(view.ok());
+      const auto target = targetFor(kind);
+      const IpBytes hop = ipBytes(v4 ? "10.2.0.99" : "fd00:2::99");
+      const auto a =
+          encapsulateAny(plain.bytes, plain.dataOffset, plain.frameLength, view, target, 77);
+      const auto b = encapsulateAny(withHop.bytes, withHop.dataOffset, withHop.frameLength, view,
+                                    target, 77, &hop);
+      ASSERT_TRUE(a.ok());
+      ASSERT_TRUE(b.ok());
+      EXPECT_FALSE(a.hopWritten);
+      EXPECT_TRUE(b.hopWritten);
+      const std::size_t hopBytes = v4 ? 8 : 20;
+      ASSERT_EQ(secondChanceBytes(outerIpVersion(kind)), hopBytes);
+      EXPECT_EQ(b.frameLength, a.frameLength + hopBytes);
+      EXPECT_EQ(b.dataOffset + hopBytes, a.dataOffset) << "the inner packet does not move";
+      const auto out =
+          std::span<const std::byte>(withHop.bytes).subspan(b.dataOffset, b.frameLength);
+      const std::size_t ipBytesLen = v4 ? 20 : 40;
+      const std::size_t udpAt = 14 + ipBytesLen;
+      auto byte = [&](std::size_t i) { return std::to_integer<unsigned>(out[i]); };
+      const std::size_t udpLength = (byte(udpAt + 4) << 8) | byte(udpAt + 5);
+      EXPECT_EQ(udpLength, b.frameLength - udpAt);
+      const std::size_t gueAt = udpAt + 8;
+      EXPECT_EQ(byte(gueAt), hopBytes / 4) << "version 0, C 0, Hlen in 32-bit words";
+      EXPECT_EQ(byte(gueAt + 1), inner == IpVersion::V4 ? 4U : 41U);
+      EXPECT_EQ(byte(gueAt + 2), 0U);
+      EXPECT_EQ(byte(gueAt + 3), 0U) << "flags 0: all of Hlen is private data";
+      EXPECT_EQ(byte(gueAt + 4), 0x5cU);
+      EXPECT_EQ(byte(gueAt + 5), 1U);
+      EXPECT_EQ(byte(gueAt + 6), 0U);
+      EXPECT_EQ(byte(gueAt + 7), 0U);
+      for (std::size_t i = 0; i < hopBytes - 4; ++i) {
+        EXPECT_EQ(out[gueAt + 8 + i], hop[i]) << "hop address byte " << i;
+      }
+      // The inner packet is what the plain encapsulation carries.
+      const auto plainOut =
+          std::span<const std::byte>(plain.bytes).subspan(a.dataOffset, a.frameLength);
+      const std::size_t innerAt = gueAt + 4 + hopBytes;
+      ASSERT_TRUE(std::equal(plainOut.begin() + static_cast<std::ptrdiff_t>(innerAt - hopBytes),
+                             plainOut.end(), out.begin() + static_cast<std::ptrdiff_t>(innerAt)));
+      // The UDP checksum covers the private data: pseudo header + UDP sums to 0.
+      std::uint32_t pseudo = 0;
+      if (v4) {
+        std::array<std::uint8_t, 4> src{}, dst{};
+        for (int i = 0; i < 4; ++i) {
+          src[i] = static_cast<std::uint8_t>(byte(14 + 12 + i));
+          dst[i] = static_cast<std::uint8_t>(byte(14 + 16 + i));
+        }
+        pseudo = pseudoHeaderSumV4(src, dst, 17, static_cast<std::uint32_t>(udpLength));
+      } else {
+        std::array<std::uint8_t, 16> src{}, dst{};
+        for (int i = 0; i < 16; ++i) {
+          src[i] = static_cast<std::uint8_t>(byte(14 + 8 + i));
+          dst[i] = static_cast<std::uint8_t>(byte(14 + 24 + i));
+        }
+        pseudo = pseudoHeaderSumV6(src, dst, 17, static_cast<std::uint32_t>(udpLength));
+      }
+      EXPECT_EQ(checksumFinish(checksumPartial(out.subspan(udpAt, udpLength), pseudo)), 0);
+      // The outer IP length covers it too.
+      const std::size_t ipLength =
+          v4 ? ((byte(14 + 2) << 8) | byte(14 + 3)) : ((byte(14 + 4) << 8) | byte(14 + 5)) + 40;
+      EXPECT_EQ(ipLength, b.frameLength - 14);
+      if (v4) {
+        EXPECT_EQ(internetChecksum(out.subspan(14, 20)), 0);
+      }
+    }
+  }
+}
+
+TEST(EncapSecondChance, IpInIpHasNoRoomAndWritesNoHop) {
+  for (const auto kind : {EncapKind::IpInIp4, EncapKind::IpInIp6}) {
+    const auto input = clientPacket(IpVersion::V4, false, 60).build();
+    auto plain = withHeadroom(input);
+    auto withHop = withHeadroom(input);
+    const auto view = parsePacket(plain.frame());
+    const auto target = targetFor(kind);
+    const IpBytes hop = ipBytes(outerIpVersion(kind) == IpVersion::V4 ? "10.2.0.99" : "fd00:2::99");
+    const auto a =
+        encapsulateAny(plain.bytes, plain.dataOffset, plain.frameLength, view, target, 5);
+    const auto b = encapsulateAny(withHop.bytes, withHop.dataOffset, withHop.frameLength, view,
+                                  target, 5, &hop);
+    ASSERT_TRUE(b.ok());
+    EXPECT_FALSE(b.hopWritten);
+    EXPECT_EQ(a.dataOffset, b.dataOffset);
+    EXPECT_EQ(plain.bytes, withHop.bytes);
+  }
+}
+
+// A packet that fits the MTU without the hop but not with it goes without
+// (the caller counts it); the MTU a client learns never includes the hop.
+TEST(EncapSecondChance, HopThatDoesNotFitTheMtuIsLeftOut) {
+  for (const auto kind : {EncapKind::Gue4, EncapKind::Gue6}) {
+    const auto target = targetFor(kind);
+    const std::size_t hopBytes = secondChanceBytes(outerIpVersion(kind));
+    const IpBytes hop = ipBytes(outerIpVersion(kind) == IpVersion::V4 ? "10.2.0.99" : "fd00:2::99");
+    const std::size_t fits = kDefaultEgressMtu - encapOverhead(kind);
+    for (const std::size_t length : {fits - hopBytes, fits - hopBytes + 1, fits}) {
+      auto buffer = withHeadroom(packetOfLength(IpVersion::V4, length));
+      const auto view = parsePacket(buffer.frame());
+      ASSERT_TRUE(view.ok());
+      const auto r = encapsulateAny(buffer.bytes, buffer.dataOffset, buffer.frameLength, view,
+                                    target, 9, &hop);
+      ASSERT_TRUE(r.ok()) << dropReasonName(r.drop);
+      EXPECT_EQ(r.hopWritten, length == fits - hopBytes) << "inner length " << length;
+    }
+    // Too big even without it: the usual MTU error, the usual MTU.
+    auto buffer = withHeadroom(packetOfLength(IpVersion::V4, fits + 1));
+    const auto view = parsePacket(buffer.frame());
+    const auto r =
+        encapsulateAny(buffer.bytes, buffer.dataOffset, buffer.frameLength, view, target, 9, &hop);
+    EXPECT_EQ(r.drop, DropReason::MtuExceeded);
+    EXPECT_EQ(r.icmpMtu, fits);
+  }
+}
+
+TEST(EncapSecondChance, HopThatDoesNotFitTheHeadroomIsLeftOut) {
+  const auto target = targetFor(EncapKind::Gue6);
+  const IpBytes hop = ipBytes("fd00:2::99");
+  const auto input = clientPacket(IpVersion::V4, false, 40).build();
+  const std::size_t plainHeadroom = encapHeaderBytes(EncapKind::Gue6, false) - 14;
+  for (const std::size_t headroom : {plainHeadroom, plainHeadroom + 19, plainHeadroom + 20}) {
+    auto buffer = withHeadroom(input, headroom);
+    const auto view = parsePacket(buffer.frame());
+    const auto r =
+        encapsulateAny(buffer.bytes, buffer.dataOffset, buffer.frameLength, view, target, 9, &hop);
+    ASSERT_TRUE(r.ok()) << dropReasonName(r.drop);
+    EXPECT_EQ(r.hopWritten, headroom == plainHeadroom + 20) << "headroom " << headroom;
+  }
+}
+
 }  // namespace
 }  // namespace spillway

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -649,6 +650,121 @@ TEST(SnapshotBuilder, PerVipWeightsAndPredictedMoves) {
   b.clearVipWeights();
   auto s3 = b.build(3);
   EXPECT_EQ(vipNamed(*s3, "v4").table, vipNamed(*s1, "v4").table);
+}
+
+// Second chance (issue #24): each slot whose owner changed names its owner
+// before the change, stamped with the build's `now`, until the hold time
+// (here 5 s) has passed; unchanged slots keep their history until then; a
+// slot that changes again names its latest previous owner.
+TEST(SnapshotBuilder, SecondChanceHistoryOfChangedSlotsUntilTheHoldEnds) {
+  Config c = estate();
+  c.dataplane.secondChanceHoldMs = 5'000;
+  SnapshotBuilder b = builderFor(std::move(c));
+  auto first = b.build(1, 100'000);
+  ASSERT_TRUE(first);
+  EXPECT_EQ(first->vips[0].previousOwner, nullptr) << "a first table has no history";
+  EXPECT_FALSE(b.secondChanceHoldEnds().has_value());
+
+  const std::uint32_t c1 = b.indexOf(id("c1"));
+  ASSERT_TRUE(b.setState(id("c1"), BackendState::Disabled));
+  auto second = b.build(2, 101'000);
+  ASSERT_TRUE(second);
+  const SnapshotVip& v = second->vips[0];
+  ASSERT_NE(v.previousOwner, nullptr);
+  ASSERT_EQ(v.previousOwner->size(), v.table.size());
+  const auto before = first->vips[0].table.entries();
+  const auto after = v.table.entries();
+  std::uint32_t named = 0;
+  std::uint32_t namedC1 = 0;
+  for (std::size_t slot = 0; slot < after.size(); ++slot) {
+    const std::uint32_t prev = (*v.previousOwner)[slot];
+    if (before[slot] != after[slot]) {
+      ASSERT_EQ(prev, before[slot]) << "slot " << slot;
+      ++named;
+      namedC1 += prev == c1;
+    } else {
+      ASSERT_EQ(prev, 0u) << "slot " << slot;
+    }
+  }
+  EXPECT_EQ(named, countChanged(first->vips[0].table, v.table));
+  EXPECT_GT(namedC1, named * 9 / 10) << "mostly c1's slots moved (Maglev moves a few others)";
+  EXPECT_NE(second->vips[1].previousOwner, nullptr) << "v6 (cloud only) lost c1 too";
+  ASSERT_EQ(b.secondChanceHoldEnds(), std::optional<Millis>(106'000));
+
+  // Unchanged tables keep the history (shared, not copied) within the hold.
+  auto third = b.build(3, 105'999);
+  ASSERT_TRUE(third);
+  EXPECT_EQ(third->vips[0].previousOwner, v.previousOwner);
+
+  // c1 back: the first table again; the slots that changed back name their
+  // owner of the moment.
+  ASSERT_TRUE(b.setState(id("c1"), BackendState::Active));
+  auto fourth = b.build(4, 105'999);
+  ASSERT_TRUE(fourth);
+  const auto& p4 = *fourth->vips[0].previousOwner;
+  for (std::size_t slot = 0; slot < after.size(); ++slot) {
+    if (before[slot] != after[slot]) {
+      ASSERT_EQ(fourth->vips[0].table.entries()[slot], before[slot]);
+      ASSERT_EQ(p4[slot], after[slot]) << "the owner it had since the second build";
+    }
+  }
+  EXPECT_EQ(b.secondChanceHoldEnds(), std::optional<Millis>(110'999))
+      << "every changed slot changed again at 105'999";
+
+  // The hold ends: the next build forgets it all.
+  auto fifth = b.build(5, 110'999);
+  ASSERT_TRUE(fifth);
+  EXPECT_EQ(fifth->vips[0].previousOwner, nullptr);
+  EXPECT_FALSE(b.secondChanceHoldEnds().has_value());
+}
+
+TEST(SnapshotBuilder, SecondChanceHoldOfDifferentAgesAndOff) {
+  Config c = estate();
+  c.dataplane.secondChanceHoldMs = 5'000;
+  SnapshotBuilder b = builderFor(c);
+  ASSERT_TRUE(b.build(1, 0));
+  ASSERT_TRUE(b.setState(id("c1"), BackendState::Disabled));
+  auto s1 = b.build(2, 1'000);
+  ASSERT_TRUE(b.setState(id("a1"), BackendState::Disabled));
+  auto s2 = b.build(3, 3'000);
+  ASSERT_TRUE(s1 && s2);
+  const std::uint32_t c1 = b.indexOf(id("c1"));
+  const std::uint32_t a1 = b.indexOf(id("a1"));
+  auto count = [](const ForwardingSnapshot& s, std::uint32_t owner) {
+    std::uint32_t n = 0;
+    if (s.vips[0].previousOwner == nullptr) return n;
+    for (std::uint32_t p : *s.vips[0].previousOwner) n += p == owner;
+    return n;
+  };
+  EXPECT_GT(count(*s2, c1), 0u);
+  EXPECT_GT(count(*s2, a1), 0u);
+  EXPECT_EQ(b.secondChanceHoldEnds(), std::optional<Millis>(6'000));
+  auto s3 = b.build(4, 6'000);  // c1's changes are 5 s old, a1's 3 s
+  ASSERT_TRUE(s3);
+  EXPECT_EQ(count(*s3, c1), 0u);
+  EXPECT_GT(count(*s3, a1), 0u);
+  // Exactly the slots that changed at 3'000 keep their previous owner.
+  const auto t1 = s1->vips[0].table.entries();
+  const auto t2 = s2->vips[0].table.entries();
+  for (std::size_t slot = 0; slot < t2.size(); ++slot) {
+    const std::uint32_t kept = (*s3->vips[0].previousOwner)[slot];
+    if (t1[slot] != t2[slot]) {
+      ASSERT_EQ(kept, t1[slot]) << "slot " << slot;
+    } else {
+      ASSERT_EQ(kept, 0u) << "slot " << slot;
+    }
+  }
+  EXPECT_EQ(b.secondChanceHoldEnds(), std::optional<Millis>(8'000));
+
+  // second_chance_hold_ms = 0: no history at all.
+  c.dataplane.secondChanceHoldMs = 0;
+  SnapshotBuilder off = builderFor(c);
+  ASSERT_TRUE(off.build(1, 0));
+  ASSERT_TRUE(off.setState(id("c1"), BackendState::Disabled));
+  auto o = off.build(2, 1'000);
+  ASSERT_TRUE(o);
+  EXPECT_EQ(o->vips[0].previousOwner, nullptr);
+  EXPECT_FALSE(off.secondChanceHoldEnds().has_value());
 }
 
 }  // namespace

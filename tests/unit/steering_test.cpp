@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <optional>
 #include <random>
 
 #include "packet_builder.hpp"
@@ -659,6 +660,132 @@ TEST_F(SteeringExceptionTest, TrackedFlowsCarryTheirVipTag) {
         ++seen;
       });
   EXPECT_EQ(seen, 1u);
+}
+
+// ---- second chance (issue #24) --------------------------------------------
+
+// The IPv4 VIP's backends speak GUE, and every slot of its table names a
+// previous owner: the backend after the table's (index % 4 + 1).
+class SteeringSecondChanceTest : public SteeringExceptionTest {
+ protected:
+  void SetUp() override {
+    SteeringTest::SetUp();
+    useGue(EncapKind::Gue4);
+  }
+  void useGue(EncapKind kind) {
+    for (std::size_t i = 1; i < snapshot_->backends.size(); ++i) {
+      snapshot_->backends[i].encap.kind = kind;
+    }
+    const auto entries = snapshot_->vips[0].table.entries();
+    auto owners = std::make_shared<std::vector<std::uint32_t>>(entries.size());
+    for (std::size_t slot = 0; slot < entries.size(); ++slot) {
+      (*owners)[slot] = entries[slot] % 4 + 1;
+    }
+    snapshot_->vips[0].previousOwner = std::move(owners);
+  }
+  // The hop address in a GUE frame, if it carries one.
+  static std::optional<IpBytes> hopOf(std::span<const std::byte> out) {
+    const std::size_t gueAt = 14 + 20 + 8;
+    const auto hlen = std::to_integer<unsigned>(out[gueAt]) & 0x1f;
+    if (hlen == 0) return std::nullopt;
+    EXPECT_EQ(hlen, 2u);
+    EXPECT_EQ(std::to_integer<unsigned>(out[gueAt + 4]), kSecondChanceType);
+    IpBytes hop{};
+    std::copy_n(out.begin() + gueAt + 8, 4, hop.begin());
+    return hop;
+  }
+  std::uint32_t previousOf(std::uint64_t hash) const {
+    return snapshot_->vips[0].previousOwnerOf(hash);
+  }
+};
+
+TEST_F(SteeringSecondChanceTest, UntrackedMidFlowPacketNamesThePreviousOwnerAndStaysUntracked) {
+  const auto [hash, other] = flowAndOtherBackend(42000);
+  (void)other;
+  const std::uint32_t table = snapshot_->vips[0].table.lookup(hash);
+  const std::uint32_t previous = previousOf(hash);
+  ASSERT_NE(previous, table);
+  for (int i = 0; i < 3; ++i) {
+    Frame f(syn(42000, kTcpAck));
+    const SteerResult r = steer(f);
+    ASSERT_EQ(r.verdict, Verdict::Forward) << dropReasonName(r.drop);
+    EXPECT_EQ(r.backend, table) << "the table's backend decides first";
+    EXPECT_TRUE(r.secondChance);
+    EXPECT_FALSE(r.newFlow);
+    const auto hop = hopOf(f.out(r));
+    ASSERT_TRUE(hop.has_value());
+    EXPECT_EQ(*hop, snapshot_->backends[previous].encap.backend);
+    EXPECT_EQ(steering_.flowTable().lookup(hash, now_), 0u)
+        << "not tracked: every packet of the flow carries the hop";
+  }
+  EXPECT_EQ(steering_.counters().secondChanceSent.read(), 3u);
+  EXPECT_EQ(steering_.counters().secondChanceUnsent.read(), 0u);
+  EXPECT_EQ(steering_.counters().newFlows.read(), 0u);
+  expectAllCounted();
+}
+
+TEST_F(SteeringSecondChanceTest, SynTrackedFlowsUdpAndExceptionsCarryNoHop) {
+  // A SYN: a new connection, placed by the table and tracked.
+  Frame s1(syn(42100));
+  const SteerResult r1 = steer(s1);
+  ASSERT_EQ(r1.verdict, Verdict::Forward);
+  EXPECT_FALSE(r1.secondChance);
+  EXPECT_FALSE(hopOf(s1.out(r1)).has_value());
+  // Its next packets hit the flow table: no hop.
+  Frame s2(syn(42100, kTcpAck));
+  const SteerResult r2 = steer(s2);
+  EXPECT_FALSE(r2.secondChance);
+  EXPECT_FALSE(hopOf(s2.out(r2)).has_value());
+  // UDP keeps no socket state the backend could check.
+  SnapshotVip udp = snapshot_->vips[0];
+  udp.key.proto = 17;
+  udp.name = "udp";
+  udp.tag = vipTagOf(udp.key);
+  snapshot_->vips.push_back(udp);
+  snapshot_->indexVips();
+  Frame u(PacketBuilder().ipv4("10.9.0.1", "192.0.2.10").udp(4000, 5000).payload(8).build());
+  const SteerResult ru = steer(u);
+  ASSERT_EQ(ru.verdict, Verdict::Forward) << dropReasonName(ru.drop);
+  EXPECT_FALSE(ru.secondChance);
+  // An exception knows the backend: no hop.
+  const auto [hash, other] = flowAndOtherBackend(42200);
+  setExceptions({{hash, other, FlowState::Established}});
+  Frame e(syn(42200, kTcpAck));
+  const SteerResult re = steer(e);
+  ASSERT_EQ(re.backend, other);
+  EXPECT_FALSE(re.secondChance);
+  EXPECT_EQ(steering_.counters().secondChanceSent.read(), 0u);
+  expectAllCounted();
+}
+
+TEST_F(SteeringSecondChanceTest, NoHopWherePreviousOwnerTakesNoFlowsOrSlotUnchanged) {
+  const auto [hash, other] = flowAndOtherBackend(42300);
+  (void)other;
+  const std::uint32_t previous = previousOf(hash);
+  snapshot_->backends[previous].state = BackendState::Failed;
+  Frame f(syn(42300, kTcpAck));
+  const SteerResult r = steer(f);
+  ASSERT_EQ(r.verdict, Verdict::Forward);
+  EXPECT_FALSE(r.secondChance);
+  EXPECT_NE(steering_.flowTable().lookup(hash, now_), 0u) << "tracked as before";
+  // A slot without history (previous 0): nothing.
+  snapshot_->vips[0].previousOwner.reset();
+  Frame g(syn(42301, kTcpAck));
+  EXPECT_FALSE(steer(g).secondChance);
+  EXPECT_EQ(steering_.counters().secondChanceSent.read(), 0u);
+  EXPECT_EQ(steering_.counters().secondChanceUnsent.read(), 0u);
+}
+
+TEST_F(SteeringSecondChanceTest, IpInIpCannotCarryItAndCountsThePacket) {
+  useGue(EncapKind::IpInIp4);
+  const auto [hash, other] = flowAndOtherBackend(42400);
+  (void)other;
+  Frame f(syn(42400, kTcpAck));
+  const SteerResult r = steer(f);
+  ASSERT_EQ(r.verdict, Verdict::Forward);
+  EXPECT_FALSE(r.secondChance);
+  EXPECT_EQ(steering_.counters().secondChanceUnsent.read(), 1u);
+  EXPECT_EQ(steering_.flowTable().lookup(hash, now_), r.backend) << "tracked as before";
 }
 
 TEST(ExceptionTable, FindsWhatItHoldsAndNothingElse) {

@@ -421,7 +421,74 @@ std::vector<VipKey> vipKeysOf(const Config& config) {
   return keys;
 }
 
-std::unique_ptr<ForwardingSnapshot> SnapshotBuilder::build(std::uint64_t generation) {
+void SnapshotBuilder::expireHistory(PreviousVip& history, Millis now, bool recount) const {
+  if (history.previousOwner == nullptr) return;
+  if (!recount && (history.holdEnds == 0 || now < history.holdEnds)) return;
+  const Millis hold = config_.dataplane.secondChanceHoldMs;
+  const std::vector<std::uint32_t>& current = *history.previousOwner;
+  std::shared_ptr<std::vector<std::uint32_t>> owners;  // a copy, once one entry ends
+  Millis ends = 0;
+  for (std::size_t slot = 0; slot < current.size(); ++slot) {
+    if (current[slot] == 0) continue;
+    const auto age =
+        static_cast<std::uint32_t>(static_cast<std::uint32_t>(now) - history.changedAt[slot]);
+    if (age >= hold) {
+      if (owners == nullptr) owners = std::make_shared<std::vector<std::uint32_t>>(current);
+      (*owners)[slot] = 0;
+      continue;
+    }
+    const Millis end = now + (hold - age);
+    ends = ends == 0 ? end : std::min(ends, end);
+  }
+  history.holdEnds = ends;
+  if (ends == 0) {
+    history.previousOwner.reset();
+    history.changedAt.clear();
+  } else if (owners != nullptr) {
+    history.previousOwner = std::move(owners);
+  }
+}
+
+void SnapshotBuilder::noteChanges(PreviousVip& history, const MaglevTable* before,
+                                  const MaglevTable& after, Millis now) const {
+  const Millis hold = config_.dataplane.secondChanceHoldMs;
+  if (hold == 0 || before == nullptr || before->size() != after.size()) {
+    history.previousOwner.reset();
+    history.changedAt.clear();
+    history.holdEnds = 0;
+    return;
+  }
+  const std::span<const std::uint32_t> old = before->entries();
+  const std::span<const std::uint32_t> fresh = after.entries();
+  std::shared_ptr<std::vector<std::uint32_t>> owners;
+  for (std::size_t slot = 0; slot < old.size(); ++slot) {
+    if (old[slot] == fresh[slot] || old[slot] == 0) continue;
+    if (owners == nullptr) {
+      owners = history.previousOwner != nullptr
+                   ? std::make_shared<std::vector<std::uint32_t>>(*history.previousOwner)
+                   : std::make_shared<std::vector<std::uint32_t>>(old.size(), 0);
+      history.changedAt.resize(old.size(), 0);
+    }
+    (*owners)[slot] = old[slot];
+    history.changedAt[slot] = static_cast<std::uint32_t>(now);
+  }
+  const bool changed = owners != nullptr;
+  if (changed) history.previousOwner = std::move(owners);
+  // Forgets what ended and finds the next end (one pass over the slots, as
+  // the comparison above).
+  expireHistory(history, now, changed);
+}
+
+std::optional<Millis> SnapshotBuilder::secondChanceHoldEnds() const {
+  std::optional<Millis> ends;
+  for (const auto& [name, p] : previous_) {
+    if (p.previousOwner == nullptr || p.holdEnds == 0) continue;
+    if (!ends || p.holdEnds < *ends) ends = p.holdEnds;
+  }
+  return ends;
+}
+
+std::unique_ptr<ForwardingSnapshot> SnapshotBuilder::build(std::uint64_t generation, Millis now) {
   lastError_.clear();
   auto snapshot = std::make_unique<ForwardingSnapshot>();
   snapshot->generation = generation;
@@ -496,7 +563,11 @@ std::unique_ptr<ForwardingSnapshot> SnapshotBuilder::build(std::uint64_t generat
   for (std::size_t i = 0; i < n; ++i) {
     const VipConfig& v = config_.vips[i];
     if (!results[i]) {
-      if (before[i] != nullptr) next.emplace(v.name, *before[i]);
+      if (before[i] != nullptr) {
+        PreviousVip& kept = next.emplace(v.name, *before[i]).first->second;
+        expireHistory(kept, now);
+        snapshot->vips[i].previousOwner = kept.previousOwner;
+      }
       continue;
     }
     if (!*results[i]) {
@@ -510,8 +581,18 @@ std::unique_ptr<ForwardingSnapshot> SnapshotBuilder::build(std::uint64_t generat
     r.allNone = built.allNone;
     r.shares = built.shares;
     snapshot->vips[i].table = built.table;
-    next.insert_or_assign(v.name, PreviousVip{std::move(inputs[i]), v.tableSize, seed,
-                                              std::move(built.table), std::move(built.shares)});
+    PreviousVip history;
+    if (before[i] != nullptr) {
+      history.previousOwner = before[i]->previousOwner;
+      history.changedAt = before[i]->changedAt;
+      history.holdEnds = before[i]->holdEnds;
+    }
+    noteChanges(history, before[i] != nullptr ? &before[i]->table : nullptr, built.table, now);
+    snapshot->vips[i].previousOwner = history.previousOwner;
+    next.insert_or_assign(
+        v.name, PreviousVip{std::move(inputs[i]), v.tableSize, seed, std::move(built.table),
+                            std::move(built.shares), std::move(history.previousOwner),
+                            std::move(history.changedAt), history.holdEnds});
   }
   previous_ = std::move(next);
   // Placing VIPs: the share of each backend's entries, and the byte rates.

@@ -174,8 +174,15 @@ class SnapshotBuilder {
   [[nodiscard]] std::vector<std::uint64_t> takeEnteredTables();
 
   // A complete snapshot, or nullptr with lastError() set (a table build
-  // rejected its input, which a validated Config does not cause).
-  [[nodiscard]] std::unique_ptr<ForwardingSnapshot> build(std::uint64_t generation);
+  // rejected its input, which a validated Config does not cause). `now`
+  // (milliseconds, any monotonic epoch) stamps the slots whose owner changed
+  // for second chance: each VIP's previousOwner names a slot's owner before
+  // its last change until [dataplane] second_chance_hold_ms has passed since
+  // (cleared by the first build after that; secondChanceHoldEnds() says
+  // when one is due). A changed table size forgets the history.
+  [[nodiscard]] std::unique_ptr<ForwardingSnapshot> build(std::uint64_t generation, Millis now = 0);
+  // The earliest time a build would forget a previous owner, if any.
+  [[nodiscard]] std::optional<Millis> secondChanceHoldEnds() const;
 
   // Per-VIP weights from the policy (load feedback, spillover), by backend
   // id; a backend without one uses its effective weight. Only backends that
@@ -222,7 +229,20 @@ class SnapshotBuilder {
     std::uint64_t seed = 0;
     MaglevTable table;
     std::vector<MaglevShare> shares;
+    // Second chance: by slot, the owner before the last change (0 = none)
+    // and the low 32 bits of `now` at that change; the earliest time an
+    // entry's hold ends (0 = no entry).
+    std::shared_ptr<const std::vector<std::uint32_t>> previousOwner;
+    std::vector<std::uint32_t> changedAt;
+    Millis holdEnds = 0;
   };
+  // Records the slots that differ between `before` and `after` (same size)
+  // as changed at `now`, and forgets those whose hold ended.
+  void noteChanges(PreviousVip& history, const MaglevTable* before, const MaglevTable& after,
+                   Millis now) const;
+  // Forgets the entries whose hold ended, when one is due (or always, with
+  // `recount`), and sets holdEnds to the next end.
+  void expireHistory(PreviousVip& history, Millis now, bool recount = false) const;
   struct PortBinding {
     std::optional<MacAddress> mac;
     std::optional<std::uint16_t> id;

@@ -776,6 +776,10 @@ void Loader::loadDataplane(const toml::table& root, std::set<std::string>& used)
                  "; the pauses grow from idle_sleep_us up to idle_sleep_max_us");
     }
   }
+  if (auto v = s.integer("second_chance_hold_ms", 0,
+                         static_cast<std::int64_t>(kMaxSecondChanceHoldMs))) {
+    d.secondChanceHoldMs = static_cast<Millis>(*v);
+  }
   if (const toml::table* tt = s.table("timeouts")) {
     Section ts(*this, *tt, "dataplane.timeouts");
     if (auto v = ts.seconds("embryonic")) d.timeouts.embryonic = *v;

@@ -77,6 +77,9 @@ inline constexpr std::uint32_t kMaxLcoreId = 1023;
 inline constexpr std::size_t kMaxInterfaceName = 15;  // IFNAMSIZ - 1
 inline constexpr std::uint16_t kMaxEgressMtu = 9702;
 
+inline constexpr Millis kDefaultSecondChanceHoldMs = 0;  // off: it needs spillway-decap --lb
+inline constexpr Millis kMaxSecondChanceHoldMs = 86'400'000;
+
 struct DataplaneConfig {
   std::vector<std::uint32_t> lcores;  // worker lcore ids, as written
   std::uint64_t hashSeed = 0;         // FlowHasher seed; the same on every instance
@@ -87,6 +90,9 @@ struct DataplaneConfig {
   std::uint32_t idleSleepMaxUs = 0;  // 0: the pause stays idleSleepUs
   FlowTimeouts timeouts{};
   IcmpRateLimits icmpLimits{};  // [dataplane.icmp_limits], per worker
+  // How long a Maglev slot that changed owner remembers its previous owner
+  // for second chance (snapshot.hpp, ARCHITECTURE.md); 0: no second chance.
+  Millis secondChanceHoldMs = kDefaultSecondChanceHoldMs;
 };
 
 enum class PortRole : std::uint8_t {

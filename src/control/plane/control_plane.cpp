@@ -465,6 +465,9 @@ bool ControlPlane::tick(Millis now) {
   }
   recycleIndices();
   noteHolds(now);
+  // A slot's second-chance hold ended: the next snapshot forgets its
+  // previous owner.
+  if (const auto ends = builder_.secondChanceHoldEnds(); ends && now >= *ends) dirty_ = true;
   if (pendingApply_ && dataplane_ != nullptr &&
       dataplane_->appliedGeneration() >= pendingApply_->first) {
     applyLatencies_.push_back(now - pendingApply_->second);
@@ -529,7 +532,7 @@ void ControlPlane::noteHolds(Millis now) {
 }
 
 std::unique_ptr<ForwardingSnapshot> ControlPlane::takeSnapshot(Millis now) {
-  auto s = builder_.build(generation_ + 1);
+  auto s = builder_.build(generation_ + 1, now);
   if (!s) {
     events_.append(now, "", kEventConfig, "snapshot build failed: " + builder_.lastError());
     dirty_ = false;

@@ -63,6 +63,8 @@ Json statsDocument(const DataplaneCounters& c, const Config& config, const Snaps
            {"icmp_errors_steered", c.icmpErrorsSteered},
            {"exception_hits", c.exceptionHits},
            {"placed_off_table", c.placedOffTable},
+           {"second_chance_sent", c.secondChanceSent},
+           {"second_chance_unsent", c.secondChanceUnsent},
            {"tx_dropped", c.txDropped},
            {"exception_rx", c.exceptionRx},
            {"exception_tx", c.exceptionTx},

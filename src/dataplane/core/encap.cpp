@@ -100,10 +100,11 @@ constexpr std::uint32_t memoryWord(std::uint32_t b0, std::uint32_t b1, std::uint
 template <EncapKind Kind, IpVersion Inner>
 EncapResult encapsulate(std::span<std::byte> buffer, std::size_t dataOffset,
                         std::size_t frameLength, const PacketView& view, const EncapTarget& target,
-                        std::uint64_t flowHash) noexcept {
+                        std::uint64_t flowHash, const IpBytes* secondChance) noexcept {
   constexpr IpVersion kOuter = outerIpVersion(Kind);
   constexpr bool kGue = usesGue(Kind);
-  constexpr std::size_t kOverhead = encapOverhead(Kind);
+  constexpr std::size_t kBaseOverhead = encapOverhead(Kind);
+  constexpr std::size_t kHopBytes = kGue ? secondChanceBytes(kOuter) : 0;
   constexpr std::size_t kInnerHeader =
       Inner == IpVersion::V4 ? sizeof(Ipv4Header) : sizeof(Ipv6Header);
   constexpr std::uint8_t kInnerProto = Inner == IpVersion::V4 ? kProtoIpv4 : kProtoIpv6;
@@ -131,6 +132,14 @@ EncapResult encapsulate(std::span<std::byte> buffer, std::size_t dataOffset,
     return result;
   }
 
+  // A hop is written only where its bytes fit both the MTU and the headroom;
+  // otherwise the packet goes without it, as any packet would.
+  const bool tagged = target.vlanTci.has_value();
+  const bool hop = kGue && secondChance != nullptr &&
+                   innerLength + kBaseOverhead + kHopBytes <= target.mtu &&
+                   l3 >= encapHeaderBytes(Kind, tagged) + kHopBytes;
+  const std::size_t hopBytes = hop ? kHopBytes : 0;
+  constexpr std::size_t kOverhead = kBaseOverhead;
   if (innerLength + kOverhead > target.mtu) {
     const std::size_t room = target.mtu > kOverhead ? target.mtu - kOverhead : 0;
     if constexpr (Inner == IpVersion::V4) {
@@ -146,8 +155,7 @@ EncapResult encapsulate(std::span<std::byte> buffer, std::size_t dataOffset,
     return result;
   }
 
-  const bool tagged = target.vlanTci.has_value();
-  const std::size_t headerBytes = encapHeaderBytes(Kind, tagged);
+  const std::size_t headerBytes = encapHeaderBytes(Kind, tagged) + hopBytes;
   if (l3 < headerBytes) {
     result.drop = DropReason::NoHeadroom;
     return result;
@@ -173,7 +181,8 @@ EncapResult encapsulate(std::span<std::byte> buffer, std::size_t dataOffset,
   }
 
   // Length of what follows the outer IP header (UDP + GUE + inner).
-  const std::size_t outerPayload = kOverhead - (kOuter == IpVersion::V4 ? 20 : 40) + innerLength;
+  const std::size_t outerPayload =
+      kOverhead - (kOuter == IpVersion::V4 ? 20 : 40) + hopBytes + innerLength;
   const std::uint8_t outerProto = kGue ? kProtoUdp : kInnerProto;
   std::uint32_t pseudoSum = 0;
   if constexpr (kOuter == IpVersion::V4) {
@@ -213,10 +222,18 @@ EncapResult encapsulate(std::span<std::byte> buffer, std::size_t dataOffset,
     storeAt(buffer, at, udp);
     at += sizeof udp;
     GueHeader gue{};
-    gue.versionControlHlen = 0;  // version 0, C = 0, Hlen = 0
+    // version 0, C = 0, Hlen = 32-bit words of private data (0 without a hop)
+    gue.versionControlHlen = static_cast<std::uint8_t>(hopBytes / 4);
     gue.protocol = kInnerProto;
     storeAt(buffer, at, gue);
     at += sizeof gue;
+    if (hop) {
+      storeAt(buffer, at, SecondChanceData{});
+      at += sizeof(SecondChanceData);
+      std::memcpy(buffer.data() + at, secondChance->data(), kHopBytes - sizeof(SecondChanceData));
+      at += kHopBytes - sizeof(SecondChanceData);
+      result.hopWritten = true;
+    }
     auto sum = checksumFinish(checksumPartial(buffer.subspan(udpAt, outerPayload), pseudoSum));
     if (sum == 0) sum = 0xffff;  // 0 means "no checksum" (RFC 768)
     storeAt(buffer, udpAt + offsetof(UdpHeader, checksum), Be16::fromHost(sum));
@@ -227,10 +244,10 @@ EncapResult encapsulate(std::span<std::byte> buffer, std::size_t dataOffset,
   return result;
 }
 
-#define SPILLWAY_ENCAP_INSTANTIATE(K, V)                                                 \
-  template EncapResult encapsulate<K, V>(std::span<std::byte>, std::size_t, std::size_t, \
-                                         const PacketView&, const EncapTarget&,          \
-                                         std::uint64_t) noexcept
+#define SPILLWAY_ENCAP_INSTANTIATE(K, V)                                                       \
+  template EncapResult encapsulate<K, V>(std::span<std::byte>, std::size_t, std::size_t,       \
+                                         const PacketView&, const EncapTarget&, std::uint64_t, \
+                                         const IpBytes*) noexcept
 SPILLWAY_ENCAP_INSTANTIATE(EncapKind::IpInIp4, IpVersion::V4);
 SPILLWAY_ENCAP_INSTANTIATE(EncapKind::IpInIp4, IpVersion::V6);
 SPILLWAY_ENCAP_INSTANTIATE(EncapKind::IpInIp6, IpVersion::V4);
@@ -243,29 +260,30 @@ SPILLWAY_ENCAP_INSTANTIATE(EncapKind::Gue6, IpVersion::V6);
 
 EncapResult encapsulateAny(std::span<std::byte> buffer, std::size_t dataOffset,
                            std::size_t frameLength, const PacketView& view,
-                           const EncapTarget& target, std::uint64_t flowHash) noexcept {
+                           const EncapTarget& target, std::uint64_t flowHash,
+                           const IpBytes* secondChance) noexcept {
   const bool v4 = view.key.version == IpVersion::V4;
   switch (target.kind) {
     case EncapKind::IpInIp4:
-      return v4 ? encapsulate<EncapKind::IpInIp4, IpVersion::V4>(buffer, dataOffset, frameLength,
-                                                                 view, target, flowHash)
-                : encapsulate<EncapKind::IpInIp4, IpVersion::V6>(buffer, dataOffset, frameLength,
-                                                                 view, target, flowHash);
+      return v4 ? encapsulate<EncapKind::IpInIp4, IpVersion::V4>(
+                      buffer, dataOffset, frameLength, view, target, flowHash, secondChance)
+                : encapsulate<EncapKind::IpInIp4, IpVersion::V6>(
+                      buffer, dataOffset, frameLength, view, target, flowHash, secondChance);
     case EncapKind::IpInIp6:
-      return v4 ? encapsulate<EncapKind::IpInIp6, IpVersion::V4>(buffer, dataOffset, frameLength,
-                                                                 view, target, flowHash)
-                : encapsulate<EncapKind::IpInIp6, IpVersion::V6>(buffer, dataOffset, frameLength,
-                                                                 view, target, flowHash);
+      return v4 ? encapsulate<EncapKind::IpInIp6, IpVersion::V4>(
+                      buffer, dataOffset, frameLength, view, target, flowHash, secondChance)
+                : encapsulate<EncapKind::IpInIp6, IpVersion::V6>(
+                      buffer, dataOffset, frameLength, view, target, flowHash, secondChance);
     case EncapKind::Gue4:
       return v4 ? encapsulate<EncapKind::Gue4, IpVersion::V4>(buffer, dataOffset, frameLength, view,
-                                                              target, flowHash)
+                                                              target, flowHash, secondChance)
                 : encapsulate<EncapKind::Gue4, IpVersion::V6>(buffer, dataOffset, frameLength, view,
-                                                              target, flowHash);
+                                                              target, flowHash, secondChance);
     case EncapKind::Gue6:
       return v4 ? encapsulate<EncapKind::Gue6, IpVersion::V4>(buffer, dataOffset, frameLength, view,
-                                                              target, flowHash)
+                                                              target, flowHash, secondChance)
                 : encapsulate<EncapKind::Gue6, IpVersion::V6>(buffer, dataOffset, frameLength, view,
-                                                              target, flowHash);
+                                                              target, flowHash, secondChance);
   }
   EncapResult bad;
   bad.drop = DropReason::Truncated;

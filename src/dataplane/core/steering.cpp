@@ -112,7 +112,8 @@ void Steering::drop(SteerResult& r, DropReason reason) noexcept {
 
 void Steering::encapsulateTo(const FrameRef& frame, const PacketView& view, std::uint64_t hash,
                              std::uint32_t backendIndex, SteerResult& r,
-                             const ForwardingSnapshot& snapshot) noexcept {
+                             const ForwardingSnapshot& snapshot,
+                             const IpBytes* secondChance) noexcept {
   const SnapshotBackend* backend = snapshot.backend(backendIndex);
   if (backend == nullptr) {
     drop(r, DropReason::NoBackend);
@@ -122,9 +123,10 @@ void Steering::encapsulateTo(const FrameRef& frame, const PacketView& view, std:
     drop(r, DropReason::NextHopUnresolved);
     return;
   }
-  const EncapResult e =
-      encapsulateAny(frame.buffer, frame.dataOffset, frame.length, view, backend->encap, hash);
+  const EncapResult e = encapsulateAny(frame.buffer, frame.dataOffset, frame.length, view,
+                                       backend->encap, hash, secondChance);
   if (e.ok()) [[likely]] {
+    r.secondChance = e.hopWritten;
     r.verdict = Verdict::Forward;
     r.backend = backendIndex;
     r.egressPort = backend->egressPort;
@@ -222,15 +224,48 @@ void Steering::finishVipFrame(const FrameRef& frame, Pending& p, SteerResult& r,
     placeAndForward(frame, p, r, snapshot, now);
     return;
   }
-  if (backend == 0) backend = vip.table.lookup(p.hash);
+  const bool byTable = backend == 0;
+  if (byTable) backend = vip.table.lookup(p.hash);
   if (backend == 0) {
     drop(r, DropReason::NoBackend);
     return;
   }
-  encapsulateTo(frame, p.view, p.hash, backend, r, snapshot);
+  // Second chance: a TCP packet in mid-flow that only the table placed, on a
+  // slot that changed within the hold time, names the slot's previous owner,
+  // whose socket it may belong to (a load balancer that tracked it died or
+  // lost it). The backend decides (spillway-decap).
+  const IpBytes* hop = nullptr;
+  if (byTable && p.view.key.proto == static_cast<std::uint8_t>(IpProto::Tcp) &&
+      (p.view.tcpFlags & kTcpSyn) == 0) {
+    if (const std::uint32_t previous = vip.previousOwnerOf(p.hash);
+        previous != 0 && previous != backend) {
+      const SnapshotBackend* prev = snapshot.backend(previous);
+      const SnapshotBackend* next = snapshot.backend(backend);
+      if (prev != nullptr && next != nullptr && keepsTrackedFlows(prev->state)) {
+        if (usesGue(next->encap.kind) &&
+            outerIpVersion(prev->encap.kind) == outerIpVersion(next->encap.kind)) {
+          hop = &prev->encap.backend;
+        } else {
+          counters_.secondChanceUnsent.add();
+        }
+      }
+    }
+  }
+  encapsulateTo(frame, p.view, p.hash, backend, r, snapshot, hop);
   // A flow is tracked once its first packet is on its way to the backend; one
   // answered with an MTU error or dropped is not a flow yet.
   if (r.verdict != Verdict::Forward) return;
+  if (hop != nullptr) {
+    if (!r.secondChance) {
+      counters_.secondChanceUnsent.add();
+    } else {
+      // Not tracked: its next packets are placed by the table too, and so
+      // carry the hop while the slot's history lasts. Tracking it on the
+      // table's backend would send them without.
+      counters_.secondChanceSent.add();
+      return;
+    }
+  }
   const InsertResult ins = flows_.insert(p.hash, backend, state, now, vip.tag);
   if (ins == InsertResult::Inserted) {
     counters_.newFlows.add();

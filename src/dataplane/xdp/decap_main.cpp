@@ -87,7 +87,8 @@ constexpr std::array<std::string_view, kDecapCounterCount> kCounterNames = {
     "decap_ip4in4",     "decap_ip6in4",     "decap_ip4in6",     "decap_ip6in6",
     "decap_gue_ip4in4", "decap_gue_ip6in4", "decap_gue_ip4in6", "decap_gue_ip6in6",
     "pass_non_ip",      "pass_not_local",   "pass_not_tunnel",  "malformed",
-    "fragment",         "error",
+    "fragment",         "error",            "sc_redirected",    "sc_kept",
+    "sc_unknown_lb",    "sc_arrived",
 };
 // clang-format on
 constexpr std::uint32_t kFirstPassCounter = kDecapPassNonIp;
@@ -119,6 +120,7 @@ struct Options {
   std::string command;
   std::string device;
   std::vector<std::string> addresses;
+  std::vector<std::string> loadBalancers;  // --lb
   std::uint16_t guePort = kDefaultGuePort;
   std::string modeName = "native";
   XdpMode mode = XdpMode::Native;  // from modeName
@@ -156,6 +158,10 @@ std::unique_ptr<CLI::App> makeParser(Options& options) {
                    "a tunnel address of this backend (IPv4 or IPv6); repeat for more")
       ->required()
       ->allow_extra_args(false);
+  attach->add_option("--lb", options.loadBalancers,
+                     "a load balancer's tunnel source address: a second-chance packet from it "
+                     "that no local socket wants is sent on to the backend it names; repeat for "
+                     "more (none: every packet is decapsulated here)");
   attach->add_option("--gue-port", options.guePort, "GUE UDP port")
       ->capture_default_str()
       ->check(CLI::Range(1, 65535));
@@ -342,6 +348,17 @@ int attach(const Options& options) {
   if (keys.size() > SPILLWAY_DECAP_MAX_ADDRS) {
     throw UsageError("at most " + std::to_string(SPILLWAY_DECAP_MAX_ADDRS) + " addresses");
   }
+  std::vector<DecapAddressKey> lbKeys;
+  for (const auto& address : options.loadBalancers) {
+    try {
+      lbKeys.push_back(parseAddress(address));
+    } catch (const UsageError&) {
+      throw UsageError("--lb: '" + address + "' is neither an IPv4 nor an IPv6 address");
+    }
+  }
+  if (lbKeys.size() > SPILLWAY_DECAP_MAX_LBS) {
+    throw UsageError("at most " + std::to_string(SPILLWAY_DECAP_MAX_LBS) + " --lb addresses");
+  }
   const XdpAttachment before = queryDevice(options.device);
 
   // What runs there now: ours is replaced, a foreign program only with --force.
@@ -390,6 +407,11 @@ int attach(const Options& options) {
       fail("cannot add " + formatAddress(key) + " to " SPILLWAY_DECAP_MAP_ADDRS, errno);
     }
   }
+  for (const auto& key : lbKeys) {
+    if (bpf_map_update_elem(mapFd(SPILLWAY_DECAP_MAP_LBS), &key, &present, BPF_ANY) != 0) {
+      fail("cannot add " + formatAddress(key) + " to " SPILLWAY_DECAP_MAP_LBS, errno);
+    }
+  }
 
   // A program in the other mode would keep running beside ours: remove it.
   std::string error;
@@ -410,6 +432,10 @@ int attach(const Options& options) {
             << ", prog id " << info.id << (sameMode != nullptr ? ", replaced an earlier one" : "")
             << "), GUE port " << options.guePort << ", addresses:";
   for (const auto& key : keys) std::cout << ' ' << formatAddress(key);
+  if (!lbKeys.empty()) {
+    std::cout << "; second chance for load balancers:";
+    for (const auto& key : lbKeys) std::cout << ' ' << formatAddress(key);
+  }
   std::cout << '\n';
   return 0;
 }
@@ -479,6 +505,9 @@ Snapshot readSnapshot(const Options& options) {
   std::vector<DecapCounterValue> perCpu(static_cast<std::size_t>(cpus));
   for (std::uint32_t index = 0; index < kDecapCounterCount; ++index) {
     if (bpf_map_lookup_elem(counters.get(), &index, perCpu.data()) != 0) {
+      // A program attached by a build before second chance has no such
+      // counters: they read as 0 until it is attached again.
+      if (errno == ENOENT && index >= kDecapScRedirected) continue;
       fail("cannot read counter " + std::string(kCounterNames[index]), errno);
     }
     for (const auto& value : perCpu) {
@@ -509,9 +538,12 @@ int stats(const Options& options) {
   const Snapshot snapshot = readSnapshot(options);
   std::uint64_t decapsulated = 0;
   std::uint64_t passed = 0;
-  for (std::uint32_t index = 0; index < kDecapCounterCount; ++index) {
+  // Second-chance counters other than redirected count frames that are in
+  // decapsulated already.
+  for (std::uint32_t index = 0; index < kDecapScRedirected; ++index) {
     (index < kFirstPassCounter ? decapsulated : passed) += snapshot.counters[index].packets;
   }
+  const std::uint64_t redirected = snapshot.counters[kDecapScRedirected].packets;
   if (options.json) {
     nlohmann::ordered_json counters = nlohmann::ordered_json::object();
     for (std::uint32_t index = 0; index < kDecapCounterCount; ++index) {
@@ -522,7 +554,8 @@ int stats(const Options& options) {
         {"device", options.device},        {"prog_id", snapshot.progId},
         {"mode", snapshot.mode},           {"gue_port", snapshot.guePort},
         {"addresses", snapshot.addresses}, {"counters", counters},
-        {"decapsulated", decapsulated},    {"passed", passed}};
+        {"decapsulated", decapsulated},    {"passed", passed},
+        {"redirected", redirected}};
     std::cout << out.dump() << '\n';
     return 0;
   }
@@ -545,7 +578,8 @@ int stats(const Options& options) {
                   static_cast<unsigned long long>(snapshot.counters[index].bytes));
     out << line;
   }
-  out << "decapsulated " << decapsulated << ", passed " << passed << '\n';
+  out << "decapsulated " << decapsulated << ", passed " << passed << ", redirected (second chance) "
+      << redirected << '\n';
   std::cout << out.str();
   return 0;
 }

@@ -24,8 +24,24 @@
  * unchecked, as the tunnel modules do for IPIP and as the LB's UDP checksum
  * only protects the tunnel hop.
  *
+ * Second chance (issue #24; ARCHITECTURE.md "Second chance"). GUE may carry
+ * private data (flags 0, Hlen 2 over IPv4, 5 over IPv6) naming the flow's
+ * previous backend, which the load balancer adds to a mid-flow TCP packet
+ * that only its table placed, on a slot whose owner changed lately. Here the
+ * backend decides: a non-SYN TCP packet for which the kernel has no socket
+ * (bpf_skc_lookup_tcp on the inner tuple; a listener alone does not count:
+ * a non-SYN segment is not its business) is sent on once to the named
+ * backend: outer source becomes our address, destination the hop's, TTL /
+ * hop limit minus one, the private data marked redirected, checksums
+ * updated, MACs swapped, XDP_TX (the next hop that sent it routes it on).
+ * Only when the outer source is a load balancer in decap_lbs (no open
+ * relay), never a packet already marked (no loop), never a SYN (a new
+ * connection belongs to the table's backend). Everything else with a hop is
+ * decapsulated here as usual and counted.
+ *
  * Every frame is counted once in decap_counters (spillway_decap_abi.h) and
- * nothing is ever dropped, except a frame already shortened when the
+ * nothing is ever dropped (a redirected frame counts as kDecapScRedirected
+ * only; the other second-chance outcomes count in addition), except a frame already shortened when the
  * headers cannot be rewritten (kDecapError, cannot happen after a successful
  * adjust, but the verifier wants the branch).
  *
@@ -39,6 +55,7 @@
 #include <linux/in.h>
 #include <linux/ip.h>
 #include <linux/ipv6.h>
+#include <linux/tcp.h>
 #include <linux/udp.h>
 
 #include <bpf/bpf_endian.h>
@@ -56,6 +73,8 @@
 #define kIpv6NextFragment 44
 #define kIpv4FragmentMask 0x3fff /* MF and offset */
 #define kGueHeaderBytes 4
+#define kIpProtoTcp 6
+#define kTcpStateListen 10 /* BPF_TCP_LISTEN */
 
 struct VlanTag {
   __be16 tci;
@@ -74,6 +93,13 @@ struct {
   __type(key, struct DecapAddressKey);
   __type(value, __u8);
 } decap_addrs SEC(".maps");
+
+struct {
+  __uint(type, BPF_MAP_TYPE_HASH);
+  __uint(max_entries, SPILLWAY_DECAP_MAX_LBS);
+  __type(key, struct DecapAddressKey);
+  __type(value, __u8);
+} decap_lbs SEC(".maps");
 
 struct {
   __uint(type, BPF_MAP_TYPE_ARRAY);
@@ -95,6 +121,8 @@ struct Tunnel {
   __u32 innerOffset;
   __u16 innerEtherType; /* host byte order */
   __u32 counter;
+  __u32 hopOffset; /* second-chance private data, from the frame's start; 0 = none */
+  __u32 udpOffset; /* with a hop: the UDP header */
 };
 
 static __always_inline int countAs(__u32 counter, __u64 frameBytes, int action) {
@@ -106,7 +134,7 @@ static __always_inline int countAs(__u32 counter, __u64 frameBytes, int action) 
   return action;
 }
 
-static __always_inline int isOwnAddress(__u8 family, const void* addr, __u32 len) {
+static __always_inline int inAddressMap(void* map, __u8 family, const void* addr, __u32 len) {
   struct DecapAddressKey key;
   __builtin_memset(&key, 0, sizeof(key));
   key.family = family;
@@ -114,7 +142,11 @@ static __always_inline int isOwnAddress(__u8 family, const void* addr, __u32 len
     __builtin_memcpy(key.addr, addr, 4);
   else
     __builtin_memcpy(key.addr, addr, 16);
-  return bpf_map_lookup_elem(&decap_addrs, &key) != 0;
+  return bpf_map_lookup_elem(map, &key) != 0;
+}
+
+static __always_inline int isOwnAddress(__u8 family, const void* addr, __u32 len) {
+  return inAddressMap(&decap_addrs, family, addr, len);
 }
 
 static __always_inline __u16 guePort(void) {
@@ -142,10 +174,23 @@ static __always_inline __u32 parseTunnelPayload(void* data, void* dataEnd, __u32
     struct GueHeader* gue = (void*)(udp + 1);
     if ((void*)(gue + 1) > dataEnd) return kDecapMalformed;
     if (bpf_ntohs(udp->len) < sizeof(*udp) + sizeof(*gue)) return kDecapMalformed;
-    /* version 0, C 0, Hlen 0: no optional fields, so the flags are 0 too */
-    if (gue->versionControlHlen != 0 || gue->flags != 0) return kDecapMalformed;
+    /* version 0, C 0, flags 0. Hlen 0, or the second-chance private data of
+     * the outer family (the only optional field Spillway writes). */
+    if ((gue->versionControlHlen & 0xe0) != 0 || gue->flags != 0) return kDecapMalformed;
+    __u32 hlenBytes = (gue->versionControlHlen & 0x1f) * 4;
+    if (hlenBytes != 0) {
+      __u32 want = ipBase == kDecapIp4In4 ? SPILLWAY_SC_BYTES_V4 : SPILLWAY_SC_BYTES_V6;
+      if (hlenBytes != want) return kDecapMalformed;
+      struct DecapSecondChance* sc = (void*)(gue + 1);
+      if ((void*)(sc + 1) > dataEnd) return kDecapMalformed;
+      if (sc->type != SPILLWAY_SC_TYPE || sc->version != SPILLWAY_SC_VERSION)
+        return kDecapMalformed;
+      if (bpf_ntohs(udp->len) < sizeof(*udp) + sizeof(*gue) + hlenBytes) return kDecapMalformed;
+      tunnel->hopOffset = payloadOffset + sizeof(*udp) + kGueHeaderBytes;
+      tunnel->udpOffset = payloadOffset;
+    }
     innerProtocol = gue->protocol;
-    innerOffset = payloadOffset + sizeof(*udp) + kGueHeaderBytes;
+    innerOffset = payloadOffset + sizeof(*udp) + kGueHeaderBytes + hlenBytes;
     base = gueBase;
   } else if (protocol != kIpProtoIpv4 && protocol != kIpProtoIpv6) {
     return kDecapPassNotTunnel;
@@ -207,7 +252,151 @@ static __always_inline __u32 parseOuterIpv6(void* data, void* dataEnd, __u32 l3O
                             kDecapGue4In6, tunnel);
 }
 
+/* ---- second chance ------------------------------------------------------ */
+
+static __always_inline __u16 checksumFold(__u64 sum) {
+  sum = (sum & 0xffffffff) + (sum >> 32);
+  sum = (sum & 0xffff) + (sum >> 16);
+  sum = (sum & 0xffff) + (sum >> 16);
+  return (__u16)~sum;
+}
+
+/* The inner packet's say: kDecapScKept when it stays here (not TCP, a SYN, a
+ * local socket that is not a listener), kDecapCounterCount when no socket of
+ * this host wants it. */
+static __always_inline __u32 innerWantsHere(struct xdp_md* ctx, void* data, void* dataEnd,
+                                            const struct Tunnel* tunnel) {
+  struct bpf_sock_tuple tuple;
+  __u32 tupleSize;
+  struct tcphdr* tcp;
+  __u32 syn;
+  __builtin_memset(&tuple, 0, sizeof(tuple));
+  if (tunnel->innerEtherType == kEtherTypeIpv4) {
+    struct iphdr* in = data + tunnel->innerOffset;
+    if ((void*)(in + 1) > dataEnd) return kDecapScKept;
+    if (in->protocol != kIpProtoTcp) return kDecapScKept;
+    if (in->frag_off & bpf_htons(kIpv4FragmentMask)) return kDecapScKept;
+    __u32 ihl = (in->ihl & 0x0f) * 4;
+    if (ihl < sizeof(*in)) return kDecapScKept;
+    tcp = (void*)in + ihl;
+    if ((void*)(tcp + 1) > dataEnd) return kDecapScKept;
+    tuple.ipv4.saddr = in->saddr;
+    tuple.ipv4.daddr = in->daddr;
+    tuple.ipv4.sport = tcp->source;
+    tuple.ipv4.dport = tcp->dest;
+    syn = tcp->syn;
+    asm volatile("" : "+r"(syn)); /* read here, where the bounds are known */
+    tupleSize = sizeof(tuple.ipv4);
+  } else {
+    struct ipv6hdr* in6 = data + tunnel->innerOffset;
+    if ((void*)(in6 + 1) > dataEnd) return kDecapScKept;
+    if (in6->nexthdr != kIpProtoTcp) return kDecapScKept; /* extension headers: stays */
+    tcp = (void*)(in6 + 1);
+    if ((void*)(tcp + 1) > dataEnd) return kDecapScKept;
+    __builtin_memcpy(tuple.ipv6.saddr, &in6->saddr, 16);
+    __builtin_memcpy(tuple.ipv6.daddr, &in6->daddr, 16);
+    tuple.ipv6.sport = tcp->source;
+    tuple.ipv6.dport = tcp->dest;
+    syn = tcp->syn;
+    asm volatile("" : "+r"(syn)); /* read here, where the bounds are known */
+    tupleSize = sizeof(tuple.ipv6);
+  }
+  if (syn) return kDecapScKept; /* a new connection is the table's backend's */
+  struct bpf_sock* sk = bpf_skc_lookup_tcp(ctx, &tuple, tupleSize, BPF_F_CURRENT_NETNS, 0);
+  if (sk) {
+    __u32 state = sk->state;
+    bpf_sk_release(sk);
+    /* Established, closing, time-wait or a request socket: this host's.
+     * A listener only says the port is served here; a non-SYN segment
+     * that finds nothing but a listener belongs to another host's
+     * connection (ARCHITECTURE.md, "Second chance", on SYN cookies). */
+    if (state != kTcpStateListen) return kDecapScKept;
+  }
+  return kDecapCounterCount;
+}
+
+/* Outer IPv4: decides, and rewrites for the hop when the packet moves on. */
+static __always_inline __u32 secondChanceV4(struct xdp_md* ctx, void* data, void* dataEnd,
+                                            __u32 l3Offset, const struct Tunnel* tunnel) {
+  struct iphdr* ip = data + l3Offset;
+  if ((void*)(ip + 1) > dataEnd) return kDecapScKept;
+  struct DecapSecondChance* sc = data + tunnel->hopOffset;
+  if ((void*)((__u8*)sc + SPILLWAY_SC_BYTES_V4) > dataEnd) return kDecapScKept;
+  if (sc->flags & SPILLWAY_SC_REDIRECTED) return kDecapScArrived;
+  if (!inAddressMap(&decap_lbs, kDecapFamilyIpv4, &ip->saddr, 4)) return kDecapScUnknownLb;
+  __u32 wants = innerWantsHere(ctx, data, dataEnd, tunnel);
+  if (wants != kDecapCounterCount) return wants;
+  if (ip->ttl <= 1 || ip->ihl != 5) return kDecapScKept;
+  struct udphdr* udp = data + tunnel->udpOffset;
+  if ((void*)(udp + 1) > dataEnd) return kDecapScKept;
+
+  __u32 before[3];
+  __u32 after[3];
+  before[0] = ip->saddr;
+  before[1] = ip->daddr;
+  __builtin_memcpy(&before[2], sc, 4);
+  after[0] = ip->daddr;
+  __builtin_memcpy(&after[1], (__u8*)sc + sizeof(*sc), 4);
+  sc->flags |= SPILLWAY_SC_REDIRECTED;
+  __builtin_memcpy(&after[2], sc, 4);
+
+  ip->saddr = after[0];
+  ip->daddr = after[1];
+  ip->ttl -= 1;
+  ip->check = 0;
+  __u64 sum = 0;
+  __u16* words = (__u16*)ip;
+#pragma unroll
+  for (int i = 0; i < 10; ++i) sum += words[i];
+  ip->check = checksumFold(sum);
+  if (udp->check != 0) { /* 0: sent without one (RFC 768) */
+    __u32 old = (__u16)~udp->check;
+    __s64 delta = bpf_csum_diff(before, sizeof(before), after, sizeof(after), old);
+    __u16 check = checksumFold((__u32)delta);
+    udp->check = check == 0 ? 0xffff : check;
+  }
+  return kDecapScRedirected;
+}
+
+/* Outer IPv6: the same, with the 16-byte addresses and the hop limit. */
+static __always_inline __u32 secondChanceV6(struct xdp_md* ctx, void* data, void* dataEnd,
+                                            __u32 l3Offset, const struct Tunnel* tunnel) {
+  struct ipv6hdr* ip6 = data + l3Offset;
+  if ((void*)(ip6 + 1) > dataEnd) return kDecapScKept;
+  struct DecapSecondChance* sc = data + tunnel->hopOffset;
+  if ((void*)((__u8*)sc + SPILLWAY_SC_BYTES_V6) > dataEnd) return kDecapScKept;
+  if (sc->flags & SPILLWAY_SC_REDIRECTED) return kDecapScArrived;
+  if (!inAddressMap(&decap_lbs, kDecapFamilyIpv6, &ip6->saddr, 16)) return kDecapScUnknownLb;
+  __u32 wants = innerWantsHere(ctx, data, dataEnd, tunnel);
+  if (wants != kDecapCounterCount) return wants;
+  if (ip6->hop_limit <= 1) return kDecapScKept;
+  struct udphdr* udp = data + tunnel->udpOffset;
+  if ((void*)(udp + 1) > dataEnd) return kDecapScKept;
+
+  __u32 before[9];
+  __u32 after[9];
+  __builtin_memcpy(&before[0], &ip6->saddr, 16);
+  __builtin_memcpy(&before[4], &ip6->daddr, 16);
+  __builtin_memcpy(&before[8], sc, 4);
+  __builtin_memcpy(&after[0], &ip6->daddr, 16);
+  __builtin_memcpy(&after[4], (__u8*)sc + sizeof(*sc), 16);
+  sc->flags |= SPILLWAY_SC_REDIRECTED;
+  __builtin_memcpy(&after[8], sc, 4);
+
+  __builtin_memcpy(&ip6->saddr, &after[0], 16);
+  __builtin_memcpy(&ip6->daddr, &after[4], 16);
+  ip6->hop_limit -= 1;
+  if (udp->check != 0) {
+    __u32 old = (__u16)~udp->check;
+    __s64 delta = bpf_csum_diff(before, sizeof(before), after, sizeof(after), old);
+    __u16 check = checksumFold((__u32)delta);
+    udp->check = check == 0 ? 0xffff : check;
+  }
+  return kDecapScRedirected;
+}
+
 SEC("xdp")
+
 int spillway_decap(struct xdp_md* ctx) {
   void* data = (void*)(long)ctx->data;
   void* dataEnd = (void*)(long)ctx->data_end;
@@ -231,7 +420,7 @@ int spillway_decap(struct xdp_md* ctx) {
     tagged = 1;
   }
 
-  struct Tunnel tunnel = {0, 0, 0};
+  struct Tunnel tunnel = {0};
   __u32 verdict;
   if (etherType == kEtherTypeIpv4)
     verdict = parseOuterIpv4(data, dataEnd, l2Bytes, &tunnel);
@@ -240,6 +429,21 @@ int spillway_decap(struct xdp_md* ctx) {
   else
     verdict = kDecapPassNonIp;
   if (verdict != kDecapCounterCount) return countAs(verdict, frameBytes, XDP_PASS);
+
+  if (tunnel.hopOffset != 0) {
+    __u32 decided = etherType == kEtherTypeIpv4
+                        ? secondChanceV4(ctx, data, dataEnd, l2Bytes, &tunnel)
+                        : secondChanceV6(ctx, data, dataEnd, l2Bytes, &tunnel);
+    if (decided == kDecapScRedirected) {
+      /* Back to the next hop that sent it, which routes it on. */
+      eth = data;
+      if ((void*)(eth + 1) > dataEnd) return countAs(kDecapError, frameBytes, XDP_PASS);
+      __builtin_memcpy(eth->h_dest, savedEth.h_source, ETH_ALEN);
+      __builtin_memcpy(eth->h_source, savedEth.h_dest, ETH_ALEN);
+      return countAs(kDecapScRedirected, frameBytes, XDP_TX);
+    }
+    countAs(decided, frameBytes, XDP_PASS);
+  }
 
   /* Drop everything between the L2 header and the inner packet. */
   int strip = (int)(tunnel.innerOffset - l2Bytes);

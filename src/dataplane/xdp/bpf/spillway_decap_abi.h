@@ -13,6 +13,15 @@
  *                   attach, read per UDP packet to an own address.
  *  - decap_counters per-CPU array[kDecapCounterCount] of DecapCounterValue;
  *                   each CPU writes its own slot, the loader sums them.
+ *  - decap_lbs      hash, DecapAddressKey -> __u8 (1): the tunnel addresses
+ *                   of the load balancers (attach --lb). Only a second-chance
+ *                   packet whose outer source is one of them is ever sent on
+ *                   (no open relay). Written by the loader.
+ *
+ * Second chance (ARCHITECTURE.md "Second chance"): GUE private data of
+ * SPILLWAY_SC_BYTES_V4 / _V6 bytes (Hlen 2 / 5): DecapSecondChance, then the
+ * previous backend's tunnel address in the outer family. Same values as
+ * spillway/encap.hpp's SecondChanceData.
  */
 #ifndef SPILLWAY_DECAP_ABI_H
 #define SPILLWAY_DECAP_ABI_H
@@ -35,7 +44,22 @@ typedef __u64 DecapU64;
 #define SPILLWAY_DECAP_MAP_ADDRS "decap_addrs"
 #define SPILLWAY_DECAP_MAP_CONFIG "decap_config"
 #define SPILLWAY_DECAP_MAP_COUNTERS "decap_counters"
+#define SPILLWAY_DECAP_MAP_LBS "decap_lbs"
 #define SPILLWAY_DECAP_MAX_ADDRS 256
+#define SPILLWAY_DECAP_MAX_LBS 256
+
+#define SPILLWAY_SC_TYPE 0x5c
+#define SPILLWAY_SC_VERSION 1
+#define SPILLWAY_SC_REDIRECTED 0x01 /* flags: already sent on once */
+#define SPILLWAY_SC_BYTES_V4 8
+#define SPILLWAY_SC_BYTES_V6 20
+
+struct DecapSecondChance {
+  DecapU8 type; /* SPILLWAY_SC_TYPE */
+  DecapU8 version;
+  DecapU8 flags;
+  DecapU8 reserved;
+};
 
 enum DecapFamily {
   kDecapFamilyIpv4 = 4,
@@ -83,17 +107,27 @@ enum DecapCounter {
   kDecapFragment = 12,      /* to an own address, an outer fragment of a
                                tunnel or UDP packet */
   kDecapError = 13,         /* bpf_xdp_adjust_head failed */
-  kDecapCounterCount = 14,
+  /* Second chance. A redirected frame is counted here only (sent back out,
+   * XDP_TX); the other three count a GUE frame with a hop that stays here,
+   * in addition to its decap_gue_* counter above. */
+  kDecapScRedirected = 14,  /* no local socket: sent on to the named backend */
+  kDecapScKept = 15,        /* a local socket (not a listener), a SYN, not TCP,
+                               or outer TTL / hop limit exhausted: stays */
+  kDecapScUnknownLb = 16,   /* outer source not in decap_lbs: stays */
+  kDecapScArrived = 17,     /* already redirected once (flag set): stays */
+  kDecapCounterCount = 18,
 };
 
 #ifdef __cplusplus
 static_assert(sizeof(DecapAddressKey) == 20);
 static_assert(sizeof(DecapConfig) == 8);
 static_assert(sizeof(DecapCounterValue) == 16);
+static_assert(sizeof(DecapSecondChance) == 4);
 #else
 _Static_assert(sizeof(struct DecapAddressKey) == 20, "DecapAddressKey layout");
 _Static_assert(sizeof(struct DecapConfig) == 8, "DecapConfig layout");
 _Static_assert(sizeof(struct DecapCounterValue) == 16, "DecapCounterValue layout");
+_Static_assert(sizeof(struct DecapSecondChance) == 4, "DecapSecondChance layout");
 #endif
 
 #endif /* SPILLWAY_DECAP_ABI_H */
