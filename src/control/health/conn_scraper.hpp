@@ -27,6 +27,7 @@
 
 #include "control/config/config.hpp"
 #include "control/health/http_client.hpp"
+#include "control/health/scrape_rounds.hpp"
 #include "spillway/flow_table.hpp"
 
 namespace spillway {
@@ -50,40 +51,23 @@ struct BackendConnReport {
   std::uint64_t failures = 0;
 };
 
-class ConnScraper {
+class ConnScraper final : public ScrapeRounds {
  public:
-  ConnScraper();
-  ~ConnScraper();
-  ConnScraper(const ConnScraper&) = delete;
-  ConnScraper& operator=(const ConnScraper&) = delete;
-
-  [[nodiscard]] const std::string& initError() const noexcept { return initError_; }
+  ConnScraper() = default;
 
   // A target whose address, source and VIPs are unchanged keeps its report.
   void setTargets(std::vector<ConnTarget> targets);
-  [[nodiscard]] int pollFd() const noexcept { return epollFd_; }
-  void poll(Millis now) noexcept;
+  void poll(Millis now) noexcept { pollRounds(now); }
 
   // std::nullopt for an unknown id or a target that is not scraped.
   [[nodiscard]] std::optional<BackendConnReport> report(std::uint64_t id, Millis now) const;
 
-  // What poll() does with a 200 response's body; for tests and replays.
-  bool ingest(std::uint64_t id, Millis now, std::string_view body) noexcept;
-
  private:
   struct Entry;
-  void startScrape(Entry& e, Millis now) noexcept;
-  void finishScrape(Entry& e, Millis now) noexcept;
-  void endScrape(Entry& e) noexcept;
-  bool ingestInto(Entry& e, Millis now, std::string_view body);
-  static void fail(Entry& e, std::string error) noexcept;
-
-  std::string initError_;
-  int epollFd_ = -1;
-  std::vector<std::unique_ptr<Entry>> entries_;
-  std::unordered_map<std::uint64_t, Entry*> byId_;
-  std::unordered_map<std::uint64_t, Entry*> byTag_;
-  std::uint64_t nextTag_ = 1;
+  [[nodiscard]] Timing timing(const Slot& slot) const noexcept override;
+  [[nodiscard]] HttpRequest request(const Slot& slot) const override;
+  bool received(Slot& slot, Millis now, std::string_view body) override;
+  void failed(Slot& slot, Millis now, std::string error) noexcept override;
 };
 
 }  // namespace spillway

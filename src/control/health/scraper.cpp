@@ -57,63 +57,26 @@ std::optional<double> LoadSignal::value(Millis now, Millis staleAfter) const noe
 // ---------------------------------------------------------------------------
 // LoadScraper
 
-struct LoadScraper::Entry {
+struct LoadScraper::Entry : Slot {
   explicit Entry(ScrapeTarget t) : target(std::move(t)) {}
 
   ScrapeTarget target;
   LoadSignal gpu;
   LoadSignal queue;
   LoadStatus status;
-  std::optional<Millis> due;
-  bool scraping = false;
-  Millis scrapeStart = 0;
-  std::uint64_t tag = 0;
-  HttpExchange exchange;
   // Whether an out-of-range value of the metric raises a notice: true until
   // one did, and again once the metric reports an in-range value.
   bool gpuNoticeArmed = true;
   bool queueNoticeArmed = true;
 };
 
-LoadScraper::LoadScraper(LoadScraperOptions options) : options_(options) {
-  epollFd_ = ::epoll_create1(EPOLL_CLOEXEC);
-  if (epollFd_ < 0) initError_ = "epoll_create1: " + errnoText(errno);
-}
-
-LoadScraper::~LoadScraper() {
-  entries_.clear();
-  if (epollFd_ >= 0) ::close(epollFd_);
-}
-
-void LoadScraper::endScrape(Entry& e) noexcept {
-  if (e.tag != 0) byTag_.erase(e.tag);
-  e.tag = 0;
-  e.exchange.abort("aborted");
-  e.scraping = false;
-}
-
 void LoadScraper::setTargets(std::vector<ScrapeTarget> targets) {
-  std::unordered_map<std::uint64_t, std::unique_ptr<Entry>> old;
-  for (auto& e : entries_) old.emplace(e->target.id, std::move(e));
-  entries_.clear();
-  byId_.clear();
-  for (ScrapeTarget& t : targets) {
-    if (byId_.contains(t.id)) continue;
-    std::unique_ptr<Entry> entry;
-    if (const auto it = old.find(t.id); it != old.end()) {
-      if (it->second->target.address == t.address &&
-          sameSource(it->second->target.config, t.config)) {
-        entry = std::move(it->second);
-        entry->target.name = t.name;
-      }
-      if (it->second) endScrape(*it->second);
-      old.erase(it);
-    }
-    if (!entry) entry = std::make_unique<Entry>(std::move(t));
-    byId_.emplace(entry->target.id, entry.get());
-    entries_.push_back(std::move(entry));
-  }
-  for (auto& [id, e] : old) endScrape(*e);
+  replaceTargets<Entry>(
+      std::move(targets),
+      [](const Entry& e, const ScrapeTarget& t) {
+        return e.target.address == t.address && sameSource(e.target.config, t.config);
+      },
+      [](Entry& e, const ScrapeTarget& t) { e.target.name = t.name; });
 }
 
 std::optional<Millis> LoadScraper::nextDeadline() const noexcept {
@@ -121,12 +84,13 @@ std::optional<Millis> LoadScraper::nextDeadline() const noexcept {
   const auto consider = [&next](Millis t) {
     if (!next || t < *next) next = t;
   };
-  for (const auto& e : entries_) {
-    if (!e->target.config.enabled) continue;
-    if (e->scraping) {
-      consider(e->scrapeStart + std::max<Millis>(e->target.config.timeout, 1));
+  for (const auto& sp : entries_) {
+    const Entry& e = static_cast<const Entry&>(*sp);
+    if (!e.target.config.enabled) continue;
+    if (e.scraping) {
+      consider(e.scrapeStart + std::max<Millis>(e.target.config.timeout, 1));
     } else {
-      consider(e->due.value_or(0));
+      consider(e.due.value_or(0));
     }
   }
   return next;
@@ -139,9 +103,9 @@ std::size_t LoadScraper::scrapesInFlight() const noexcept {
 }
 
 ScrapedLoad LoadScraper::load(std::uint64_t id, Millis now) const noexcept {
-  const auto it = byId_.find(id);
-  if (it == byId_.end() || !it->second->target.config.enabled) return {};
-  const Entry& e = *it->second;
+  const auto* found = static_cast<const Entry*>(slot(id));
+  if (found == nullptr || !found->target.config.enabled) return {};
+  const Entry& e = *found;
   const Millis stale = e.target.config.staleAfter;
   ScrapedLoad l;
   l.gpuUtilization = e.gpu.value(now, stale);
@@ -150,9 +114,9 @@ ScrapedLoad LoadScraper::load(std::uint64_t id, Millis now) const noexcept {
 }
 
 std::optional<LoadStatus> LoadScraper::status(std::uint64_t id) const {
-  const auto it = byId_.find(id);
-  if (it == byId_.end()) return std::nullopt;
-  const Entry& e = *it->second;
+  const auto* found = static_cast<const Entry*>(slot(id));
+  if (found == nullptr) return std::nullopt;
+  const Entry& e = *found;
   LoadStatus s = e.status;
   s.rawGpu = e.gpu.raw();
   s.smoothedGpu = e.gpu.smoothed();
@@ -163,38 +127,15 @@ std::optional<LoadStatus> LoadScraper::status(std::uint64_t id) const {
   return s;
 }
 
-void LoadScraper::poll(Millis now) noexcept {
-  try {
-    if (epollFd_ >= 0) {
-      drainReady(epollFd_, [&](const epoll_event& ev) {
-        const auto it = byTag_.find(ev.data.u64);
-        if (it == byTag_.end()) return;
-        Entry& e = *it->second;
-        e.exchange.onEvent(ev.events);
-        if (e.exchange.finished()) onExchangeFinished(e, now);
-      });
-    }
-    for (auto& ep : entries_) {
-      Entry& e = *ep;
-      const LoadSourceConfig& c = e.target.config;
-      if (!c.enabled) continue;
-      const Millis timeout = std::max<Millis>(c.timeout, 1);
-      if (e.scraping && now >= e.scrapeStart + timeout) {
-        const std::string what =
-            e.exchange.connected() ? "no complete response" : "connect timeout";
-        endScrape(e);
-        recordFailure(e, now, what + " within " + std::to_string(timeout) + " ms");
-      }
-      if (!e.due)
-        e.due = now + (options_.staggerStart ? staggerOffset(e.target.id, c.interval) : 0);
-      if (!e.scraping && *e.due <= now) startScrape(e, now);
-    }
-  } catch (...) {
-    // Allocation failure: scrapes in flight time out later.
-  }
+ScrapeRounds::Timing LoadScraper::timing(const Slot& slot) const noexcept {
+  const Entry& e = static_cast<const Entry&>(slot);
+  const LoadSourceConfig& c = e.target.config;
+  return Timing{c.enabled, c.interval, c.timeout,
+                options_.staggerStart ? staggerOffset(e.target.id, c.interval) : 0};
 }
 
-HttpRequest LoadScraper::scrapeRequest(const Entry& e) const {
+HttpRequest LoadScraper::request(const Slot& slot) const {
+  const Entry& e = static_cast<const Entry&>(slot);
   const LoadSourceConfig& c = e.target.config;
   HttpRequest request;
   request.mode = HttpExchangeMode::FullResponse;
@@ -208,68 +149,25 @@ HttpRequest LoadScraper::scrapeRequest(const Entry& e) const {
 
 void LoadScraper::replayResponse(std::uint64_t id, Millis now, std::string_view response,
                                  std::size_t piece) noexcept {
-  const auto it = byId_.find(id);
-  if (it == byId_.end()) return;
-  Entry& e = *it->second;
+  auto* found = static_cast<Entry*>(slot(id));
+  if (found == nullptr) return;
+  Entry& e = *found;
   endScrape(e);
   try {
-    e.exchange.startDetached(scrapeRequest(e));
+    e.exchange.startDetached(request(e));
   } catch (...) {
-    recordFailure(e, now, "out of memory");
+    failed(e, now, "out of memory");
     return;
   }
   e.scraping = true;
   e.scrapeStart = now;
   e.exchange.feed(response, piece);
   e.exchange.feedEnd();
-  onExchangeFinished(e, now);
+  finishScrape(e, now);
 }
 
-void LoadScraper::startScrape(Entry& e, Millis now) noexcept {
-  const LoadSourceConfig& c = e.target.config;
-  e.scraping = true;
-  e.scrapeStart = now;
-  e.due = now + std::max<Millis>(c.interval, 1);
-  if (epollFd_ < 0) {
-    e.scraping = false;
-    recordFailure(e, now, initError_);
-    return;
-  }
-  try {
-    const HttpRequest request = scrapeRequest(e);
-    e.tag = nextTag_++;
-    byTag_[e.tag] = &e;
-    e.exchange.start(request, epollFd_, e.tag);
-  } catch (...) {
-    endScrape(e);
-    recordFailure(e, now, "out of memory");
-    return;
-  }
-  if (e.exchange.finished()) onExchangeFinished(e, now);
-}
-
-void LoadScraper::onExchangeFinished(Entry& e, Millis now) noexcept {
-  if (e.exchange.state() == HttpExchange::State::Failed) {
-    std::string error = e.exchange.error();
-    endScrape(e);
-    recordFailure(e, now, std::move(error));
-    return;
-  }
-  if (e.exchange.status() != 200) {
-    const int code = e.exchange.status();
-    endScrape(e);
-    recordFailure(e, now, "HTTP status " + std::to_string(code) + ", expected 200");
-    return;
-  }
-  try {
-    (void)ingestInto(e, now, e.exchange.body());
-  } catch (...) {
-    recordFailure(e, now, "out of memory");
-  }
-  endScrape(e);
-}
-
-void LoadScraper::recordFailure(Entry& e, Millis now, std::string error) noexcept {
+void LoadScraper::failed(Slot& slot, Millis now, std::string error) noexcept {
+  Entry& e = static_cast<Entry&>(slot);
   ++e.status.scrapes;
   ++e.status.failures;
   e.status.lastAttempt = now;
@@ -289,18 +187,8 @@ std::vector<ScrapeNotice> LoadScraper::takeNotices() {
   return std::exchange(notices_, {});
 }
 
-bool LoadScraper::ingest(std::uint64_t id, Millis now, std::string_view body) noexcept {
-  const auto it = byId_.find(id);
-  if (it == byId_.end()) return false;
-  try {
-    return ingestInto(*it->second, now, body);
-  } catch (...) {
-    recordFailure(*it->second, now, "out of memory");
-    return false;
-  }
-}
-
-bool LoadScraper::ingestInto(Entry& e, Millis now, std::string_view body) {
+bool LoadScraper::received(Slot& slot, Millis now, std::string_view body) {
+  Entry& e = static_cast<Entry&>(slot);
   const LoadSourceConfig& c = e.target.config;
   std::array<std::string_view, 2> keep{c.gpuMetric, c.queueMetric};
   PrometheusParseOptions options;
@@ -308,7 +196,7 @@ bool LoadScraper::ingestInto(Entry& e, Millis now, std::string_view body) {
   options.keepNames = std::span<const std::string_view>(keep.data(), c.queueMetric.empty() ? 1 : 2);
   const PrometheusParseResult parsed = parsePrometheusText(body, options);
   if (!parsed.ok()) {
-    recordFailure(e, now, "invalid exposition text: " + formatError(*parsed.error));
+    failed(e, now, "invalid exposition text: " + formatError(*parsed.error));
     return false;
   }
   ++e.status.scrapes;

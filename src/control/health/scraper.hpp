@@ -40,6 +40,7 @@
 #include "control/config/config.hpp"
 #include "control/health/http_client.hpp"
 #include "control/health/prometheus_text.hpp"
+#include "control/health/scrape_rounds.hpp"
 #include "spillway/flow_table.hpp"
 
 namespace spillway {
@@ -108,23 +109,16 @@ struct LoadScraperOptions {
   bool staggerStart = true;  // spread first scrapes over one interval, by id
 };
 
-class LoadScraper {
+class LoadScraper final : public ScrapeRounds {
  public:
-  explicit LoadScraper(LoadScraperOptions options = {});
-  ~LoadScraper();
-  LoadScraper(const LoadScraper&) = delete;
-  LoadScraper& operator=(const LoadScraper&) = delete;
-
-  // Empty when the scraper works; otherwise why its epoll fd could not be made.
-  [[nodiscard]] const std::string& initError() const noexcept { return initError_; }
+  explicit LoadScraper(LoadScraperOptions options = {}) : options_(options) {}
 
   // Replaces the set of targets. A target whose id, address and load source
   // are unchanged keeps its signals and schedule; otherwise it starts
   // unknown. Scrapes of removed or changed targets are aborted.
   void setTargets(std::vector<ScrapeTarget> targets);
 
-  [[nodiscard]] int pollFd() const noexcept { return epollFd_; }
-  void poll(Millis now) noexcept;
+  void poll(Millis now) noexcept { pollRounds(now); }
   // When poll() next has something to do without a socket event; may be in
   // the past (poll at once); std::nullopt when nothing is scheduled.
   [[nodiscard]] std::optional<Millis> nextDeadline() const noexcept;
@@ -133,11 +127,6 @@ class LoadScraper {
   [[nodiscard]] std::optional<LoadStatus> status(std::uint64_t id) const;
   [[nodiscard]] std::size_t targetCount() const noexcept { return entries_.size(); }
   [[nodiscard]] std::size_t scrapesInFlight() const noexcept;
-
-  // What poll() does with a 200 response's body, for target `id` at `now`;
-  // public so that tests and replays can feed exposition text directly.
-  // Returns false when the text was rejected (status(id)->lastError says why).
-  bool ingest(std::uint64_t id, Millis now, std::string_view body) noexcept;
 
   // What poll() does when target `id`'s scrape, started at `now`, receives
   // `response` from the server (in recv()-sized pieces of `piece` bytes)
@@ -152,21 +141,13 @@ class LoadScraper {
  private:
   struct Entry;
 
-  [[nodiscard]] HttpRequest scrapeRequest(const Entry& e) const;
-  void startScrape(Entry& e, Millis now) noexcept;
-  void onExchangeFinished(Entry& e, Millis now) noexcept;
-  void endScrape(Entry& e) noexcept;
-  bool ingestInto(Entry& e, Millis now, std::string_view body);
-  void recordFailure(Entry& e, Millis now, std::string error) noexcept;
+  [[nodiscard]] Timing timing(const Slot& slot) const noexcept override;
+  [[nodiscard]] HttpRequest request(const Slot& slot) const override;
+  bool received(Slot& slot, Millis now, std::string_view body) override;
+  void failed(Slot& slot, Millis now, std::string error) noexcept override;
   void noteOutOfRange(Entry& e, Millis now, bool& armed, const std::string& text);
 
   LoadScraperOptions options_;
-  std::string initError_;
-  int epollFd_ = -1;
-  std::vector<std::unique_ptr<Entry>> entries_;
-  std::unordered_map<std::uint64_t, Entry*> byId_;
-  std::unordered_map<std::uint64_t, Entry*> byTag_;
-  std::uint64_t nextTag_ = 1;
   std::vector<ScrapeNotice> notices_;
 };
 

@@ -12,6 +12,7 @@
 #include <filesystem>
 
 #include "control/sys/durable_file.hpp"
+#include "control/sys/le_bytes.hpp"
 #include "spillway/errno_text.hpp"
 
 namespace spillway {
@@ -22,10 +23,6 @@ constexpr const char* kSnapshotName = "intent.snapshot";
 // A journal grows past kCompactBytes only while compaction fails; beyond
 // this, the file is not read (reported as unreadable).
 constexpr std::uint64_t kMaxReadBytes = std::uint64_t{64} << 20;
-
-void putLe(std::string& out, std::uint64_t v, int bytes) {
-  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
-}
 
 void putString(std::string& out, const std::string& s) {
   putLe(out, s.size(), 2);

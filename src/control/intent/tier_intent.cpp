@@ -3,24 +3,13 @@
 #include <algorithm>
 
 #include "control/sys/durable_file.hpp"
+#include "control/sys/le_bytes.hpp"
 
 namespace spillway {
 namespace {
 
 constexpr std::uint32_t kTierFileMagic = 0x31545753;  // "SWT1"
 constexpr std::size_t kTierMaxFileBytes = std::size_t{64} << 20;
-
-void putLe(std::string& out, std::uint64_t v, int bytes) {
-  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
-}
-
-std::uint64_t getLe(std::string_view in, std::size_t at, int bytes) {
-  std::uint64_t v = 0;
-  for (int i = 0; i < bytes; ++i) {
-    v |= std::uint64_t{static_cast<unsigned char>(in[at + static_cast<std::size_t>(i)])} << (8 * i);
-  }
-  return v;
-}
 
 // FNV-1a, 64 bit: a digest to compare sets, not a MAC (the channel's frames
 // are authenticated already).

@@ -1,19 +1,9 @@
 #include "control/tier/intent_wire.hpp"
 
+#include "control/sys/le_bytes.hpp"
+
 namespace spillway {
 namespace {
-
-void putLe(std::string& out, std::uint64_t v, int bytes) {
-  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
-}
-
-std::uint64_t getLe(std::string_view in, std::size_t at, int bytes) {
-  std::uint64_t v = 0;
-  for (int i = 0; i < bytes; ++i) {
-    v |= std::uint64_t{static_cast<unsigned char>(in[at + static_cast<std::size_t>(i)])} << (8 * i);
-  }
-  return v;
-}
 
 std::string header(std::uint8_t flags, std::size_t records, std::size_t total,
                    std::uint64_t digest) {
