@@ -164,6 +164,23 @@ struct LoadSourceConfig {
   double smoothing = 0.3;    // EWMA weight of the newest sample, (0, 1]
 };
 
+// Backends that a source publishes for a pool ([[pool]] discovery = {...};
+// control/discovery/): today a Prometheus file_sd JSON file watched with
+// inotify. A backend absent from the source for `hold` drains like a
+// `backend remove`; the operator's drain, disable and remove win.
+enum class DiscoveryKind : std::uint8_t { None, File };
+struct DiscoveryConfig {
+  DiscoveryKind kind = DiscoveryKind::None;
+  std::string path;                     // the file_sd JSON file
+  Millis hold = 5000;                   // absent this long before it drains
+  std::uint32_t maxEntries = 256;       // entries read from the source, at most
+  std::uint32_t maxPoolBackends = 512;  // backends of the pool (all origins) it may grow to
+  std::uint64_t maxFileBytes = 1U << 20;
+  bool operator==(const DiscoveryConfig&) const = default;
+};
+inline constexpr std::uint32_t kMaxDiscoveryEntries = 4096;
+inline constexpr std::uint64_t kMaxDiscoveryFileBytes = 16U << 20;
+
 struct PoolConfig {
   std::string name;
   PoolSite site = PoolSite::OnPrem;
@@ -172,6 +189,7 @@ struct PoolConfig {
   std::uint16_t guePort = kGueDefaultPort;
   HealthCheckConfig health{};
   LoadSourceConfig load{};
+  DiscoveryConfig discovery{};
 };
 
 // Spillover and weight policy ([policy]); the formula is in the README's

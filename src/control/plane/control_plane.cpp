@@ -68,6 +68,7 @@ ControlPlane::ControlPlane(Config config, std::string configPath, SnapshotBuilde
   }
   applyIntentStates(now, nullptr);
   applyTargets();
+  syncDiscoverySources();
   for (const BackendConfig& b : config_.backends) {
     if (auto s = states_.state(b.id)) builder_.setState(b.id, *s);
   }
@@ -392,6 +393,7 @@ bool ControlPlane::tick(Millis now) {
       retiring_.erase(id);
     }
   }
+  tickDiscovery(now, gone);
 
   const bool statesChanged = states_.generation() != statesSeen_;
   if (statesChanged) {
@@ -710,6 +712,7 @@ ApiResult ControlPlane::configReload(const std::string& path, const PeerCredenti
   }
   configPath_ = file;
   applyTierAndAnnounce(before, changes);
+  syncDiscoverySources();
   events_.append(now_, "", kEventConfig, "reloaded " + file + ": " + changes.dump());
   return Json{{"path", file},
               {"applied", true},
@@ -814,6 +817,7 @@ ApiResult ControlPlane::backendRemove(const std::string& name) {
   if (auto e = precheck(IntentOp::Remove, b->id)) return *e;
   IntentRecord r = intentRecord(IntentOp::Remove, name, b->id);
   if (auto e = journal(r)) return *e;
+  if (discovered_.count(b->id) != 0) operatorRemoved_.insert(b->id);  // not added back
   return intentReply(stateResult(states_.remove(b->id, now_, "operator: remove"), name, "remove"),
                      r);
 }

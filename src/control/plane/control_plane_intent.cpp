@@ -171,6 +171,9 @@ std::variant<ControlPlane::ApplyPlan, ApiError> ControlPlane::planApply(
       if (retiring_.count(b.id) != 0) plan.unretire.push_back(b.id);
       continue;
     }
+    // Discovered backends stay while their pool keeps its source (the
+    // source, not the file, says when they go).
+    const bool discoveredStays = discoveryKeeps(b, next);
     const BackendStatus* st = states_.find(b.id);
     if (st == nullptr || st->effective == BackendState::Removed) continue;
     // It drains: keep it in the next configuration until its flows end.
@@ -194,7 +197,7 @@ std::variant<ControlPlane::ApplyPlan, ApiError> ControlPlane::planApply(
       continue;
     }
     next.backends.push_back(k);
-    if (st->admin != AdminState::Removing) plan.retire.push_back(b.id);
+    if (st->admin != AdminState::Removing && !discoveredStays) plan.retire.push_back(b.id);
   }
   if (auto e = trialBuild(next)) {
     return ApiError{"invalid", "the new configuration cannot be built: " + *e};

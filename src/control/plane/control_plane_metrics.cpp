@@ -310,6 +310,7 @@ std::string ControlPlane::metricsText() {
       }
     }
   }
+  discoveryMetrics(m);
   return m.text();
 }
 
