@@ -490,6 +490,52 @@ TEST(ControlDiscovery, OperatorIntentWins) {
   EXPECT_TRUE(d.state("d-10-3-0-7"));
 }
 
+TEST(ControlDiscovery, OperatorIntentSurvivesRestartsAndReloads) {
+  TempDir dir;
+  const std::string sd = dir / "cloud.json";
+  writeAll(sd, targets({"10.3.0.5", "10.3.0.6", "10.3.0.7", "10.3.0.8"}));
+  const std::string text = configText(dir / "state", sd);
+  {
+    Daemon d(dir, text);
+    Millis now = 1000;
+    d.run(now, 200);
+    d.setFlows(2);
+    ASSERT_FALSE(std::holds_alternative<ApiError>(d.cp().backendDrain("d-10-3-0-5")));
+    ASSERT_FALSE(std::holds_alternative<ApiError>(d.cp().backendDisable("d-10-3-0-6")));
+    ASSERT_FALSE(std::holds_alternative<ApiError>(d.cp().backendRemove("d-10-3-0-7")));
+    d.setFlows(0);
+    d.run(now, 3000);
+    EXPECT_FALSE(d.state("d-10-3-0-7"));
+    // A reload after the removal completed keeps it in the journal.
+    ASSERT_FALSE(std::holds_alternative<ApiError>(d.cp().configReload(d.path())));
+    d.run(now, 1000);
+    EXPECT_FALSE(d.state("d-10-3-0-7"));
+  }
+  for (int restart = 0; restart < 2; ++restart) {
+    Daemon d(dir, text);
+    Millis now = 1000;
+    EXPECT_EQ(d.state("d-10-3-0-5"), "draining") << restart;
+    EXPECT_EQ(d.state("d-10-3-0-6"), "disabled") << restart;
+    EXPECT_EQ(d.origin("d-10-3-0-5"), "discovered:cloud");
+    EXPECT_TRUE(d.state("d-10-3-0-8"));
+    d.setFlows(2);
+    d.run(now, 3000);
+    EXPECT_FALSE(d.state("d-10-3-0-7")) << restart;  // not added back
+    EXPECT_EQ(d.state("d-10-3-0-5"), "draining");
+    ASSERT_FALSE(std::holds_alternative<ApiError>(d.cp().configReload(d.path())));
+    d.run(now, 1000);
+    EXPECT_EQ(d.state("d-10-3-0-6"), "disabled");
+    EXPECT_FALSE(d.state("d-10-3-0-7"));
+  }
+  // Clearing the operator's overrides gives the source its say again.
+  Daemon d(dir, text);
+  Millis now = 1000;
+  ASSERT_FALSE(std::holds_alternative<ApiError>(d.cp().configClearOverrides("")));
+  d.run(now, 500);
+  EXPECT_TRUE(d.state("d-10-3-0-7"));
+  EXPECT_NE(d.state("d-10-3-0-6"), "disabled");
+}
+
 TEST(ControlDiscovery, PoolCapBoundsJoins) {
   TempDir dir;
   const std::string sd = dir / "cloud.json";

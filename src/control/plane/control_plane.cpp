@@ -60,7 +60,9 @@ ControlPlane::ControlPlane(Config config, std::string configPath, SnapshotBuilde
           .count();
     };
   }
+  primeDiscovery(now);
   replayIntent(now);
+  refreshOperatorRemoved();
   for (const BackendConfig& b : config_.backends) {
     (void)states_.add(
         b.id, b.name, now, "configured",
@@ -68,7 +70,6 @@ ControlPlane::ControlPlane(Config config, std::string configPath, SnapshotBuilde
   }
   applyIntentStates(now, nullptr);
   applyTargets();
-  syncDiscoverySources();
   for (const BackendConfig& b : config_.backends) {
     if (auto s = states_.state(b.id)) builder_.setState(b.id, *s);
   }
@@ -713,6 +714,7 @@ ApiResult ControlPlane::configReload(const std::string& path, const PeerCredenti
   configPath_ = file;
   applyTierAndAnnounce(before, changes);
   syncDiscoverySources();
+  refreshOperatorRemoved();
   events_.append(now_, "", kEventConfig, "reloaded " + file + ": " + changes.dump());
   return Json{{"path", file},
               {"applied", true},
@@ -817,7 +819,7 @@ ApiResult ControlPlane::backendRemove(const std::string& name) {
   if (auto e = precheck(IntentOp::Remove, b->id)) return *e;
   IntentRecord r = intentRecord(IntentOp::Remove, name, b->id);
   if (auto e = journal(r)) return *e;
-  if (discovered_.count(b->id) != 0) operatorRemoved_.insert(b->id);  // not added back
+  refreshOperatorRemoved();  // a discovered backend is not added back
   return intentReply(stateResult(states_.remove(b->id, now_, "operator: remove"), name, "remove"),
                      r);
 }

@@ -206,8 +206,19 @@ class ControlPlane final : public ControlApi {
     std::uint64_t refreshes = 0, errors = 0, invalid = 0, joined = 0, left = 0;
   };
   void syncDiscoverySources();
+  // Start-up, before the journal's replay: the sources' first answers join
+  // the configuration directly, so the operator's overrides of discovered
+  // backends (drain, disable, remove) find them and apply again.
+  void primeDiscovery(Millis now);
   void tickDiscovery(Millis now, const std::vector<std::uint64_t>& gone);
-  void reconcileDiscovery(DiscoverySource& s, Millis now);
+  void reconcileDiscovery(DiscoverySource& s, Millis now, bool starting = false);
+  // `file` plus the discovered backends that stay (their pool keeps its
+  // source): the base the operator's overlay is merged with.
+  [[nodiscard]] Config withDiscovered(const Config& file) const;
+  // Discovered backends the operator removed (the journal's overlay): not
+  // added back while their source lists them.
+  void refreshOperatorRemoved();
+  [[nodiscard]] bool removedAndGone(std::uint64_t id) const;
   // Discovered backends a reload keeps: their pool still has its source.
   [[nodiscard]] bool discoveryKeeps(const BackendConfig& b, const Config& next) const;
   [[nodiscard]] std::string originOf(const BackendConfig& b) const;

@@ -51,6 +51,106 @@ bool ControlPlane::discoveryKeeps(const BackendConfig& b, const Config& next) co
   });
 }
 
+Config ControlPlane::withDiscovered(const Config& file) const {
+  Config out = file;
+  for (const BackendConfig& b : config_.backends) {
+    if (!discoveryKeeps(b, file)) continue;
+    const bool clash = std::any_of(file.backends.begin(), file.backends.end(), [&](const auto& f) {
+      return f.id == b.id || f.name == b.name || f.address == b.address;
+    });
+    if (clash) continue;  // the file now defines it: the file's definition wins
+    BackendConfig k = b;
+    bool port = false;
+    for (std::uint32_t p = 0; p < out.pools.size(); ++p) {
+      if (out.pools[p].name == b.pool) k.poolIndex = p;
+    }
+    for (std::uint32_t p = 0; p < out.ports.size(); ++p) {
+      if (out.ports[p].name == b.port) k.portIndex = p, port = true;
+    }
+    if (port) out.backends.push_back(k);
+  }
+  // Those the operator removed and whose removal completed: still defined by
+  // their source, so the overlay's removal is kept (planApply takes them
+  // out of the merged configuration again).
+  for (const DiscoverySource& src : discovery_) {
+    std::optional<std::uint32_t> poolIndex;
+    for (std::uint32_t p = 0; p < out.pools.size(); ++p) {
+      if (out.pools[p].name == src.pool && out.pools[p].discovery.kind != DiscoveryKind::None) {
+        poolIndex = p;
+      }
+    }
+    if (!poolIndex) continue;
+    for (const auto& [id, d] : src.membership.wanted()) {
+      if (operatorRemoved_.count(id) == 0) continue;
+      const bool clash = std::any_of(out.backends.begin(), out.backends.end(), [&](const auto& f) {
+        return f.id == id || f.name == d.name || f.address == d.address;
+      });
+      if (clash) continue;
+      BackendConfig k;
+      k.name = d.name;
+      k.id = id;
+      k.address = d.address;
+      k.weight = d.weight;
+      k.mac = d.mac;
+      k.pool = src.pool;
+      k.poolIndex = *poolIndex;
+      for (std::uint32_t p = 0; p < out.ports.size(); ++p) {
+        if (out.ports[p].role != PortRole::Client && k.port.empty()) {
+          k.port = out.ports[p].name;
+          k.portIndex = p;
+        }
+      }
+      if (!k.port.empty()) out.backends.push_back(k);
+    }
+  }
+  return out;
+}
+
+bool ControlPlane::removedAndGone(std::uint64_t id) const {
+  return operatorRemoved_.count(id) != 0 &&
+         std::none_of(config_.backends.begin(), config_.backends.end(),
+                      [&](const BackendConfig& b) { return b.id == id; });
+}
+
+void ControlPlane::refreshOperatorRemoved() {
+  const std::set<std::uint64_t> before = operatorRemoved_;
+  for (const DiscoverySource& s : discovery_) {
+    for (const auto& [id, d] : s.membership.wanted()) {
+      const BackendOverride* o = journal_.overlay().find(d.name);
+      if (o != nullptr && o->removed) {
+        operatorRemoved_.insert(id);
+      } else {
+        operatorRemoved_.erase(id);
+      }
+    }
+  }
+  if (operatorRemoved_ != before) {
+    for (DiscoverySource& s : discovery_) s.reconciled = ~0ULL;  // reconcile at the next tick
+  }
+}
+
+void ControlPlane::primeDiscovery(Millis now) {
+  syncDiscoverySources();
+  for (DiscoverySource& s : discovery_) {
+    FileSdSource::Refresh r = s.file->poll(now);
+    s.lastRefresh = now;
+    ++s.refreshes;
+    if (r.error) {
+      ++s.errors;
+      s.lastError = r.error;
+      report("discovery: pool " + s.pool + ": " + *r.error);
+      continue;
+    }
+    s.invalid += r.invalid.size();
+    s.lastInvalid = std::move(r.invalid);
+    if (s.lastInvalid.size() > kInvalidKept) s.lastInvalid.resize(kInvalidKept);
+    s.membership.update(s.file->backends(), now);
+    reconcileDiscovery(s, now, true);
+    report("discovery: pool " + s.pool + ": " + std::to_string(s.joined) + " backend(s) from " +
+           s.file->config().path);
+  }
+}
+
 std::string ControlPlane::originOf(const BackendConfig& b) const {
   if (auto it = discovered_.find(b.id); it != discovered_.end()) {
     return "discovered:" + it->second;
@@ -98,7 +198,7 @@ void ControlPlane::tickDiscovery(Millis now, const std::vector<std::uint64_t>& g
   }
 }
 
-void ControlPlane::reconcileDiscovery(DiscoverySource& s, Millis now) {
+void ControlPlane::reconcileDiscovery(DiscoverySource& s, Millis now, bool starting) {
   s.reconciled = s.membership.generation();
   const auto& wanted = s.membership.wanted();
   std::erase_if(operatorRemoved_, [&](std::uint64_t id) {
@@ -210,7 +310,12 @@ void ControlPlane::reconcileDiscovery(DiscoverySource& s, Millis now) {
       joined.clear();
     } else {
       for (std::uint64_t id : joinedIds) discovered_[id] = s.pool;
-      reconfigure(std::move(next), now, "discovered by pool " + s.pool + "'s source");
+      if (starting) {  // the constructor adds every backend of config_ to the states
+        config_ = std::move(next);
+        (void)builder_.setConfig(config_);
+      } else {
+        reconfigure(std::move(next), now, "discovered by pool " + s.pool + "'s source");
+      }
       s.joined += joined.size();
     }
   }
