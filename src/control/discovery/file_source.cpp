@@ -40,6 +40,10 @@ FileSdSource::Refresh FileSdSource::poll(Millis now) {
       for (ssize_t off = 0; off < n;) {
         const auto* ev = reinterpret_cast<const inotify_event*>(buf.data() + off);
         off += static_cast<ssize_t>(sizeof(inotify_event) + ev->len);
+        if ((ev->mask & IN_Q_OVERFLOW) != 0) {
+          due_ = true;  // events were lost: read to be sure
+          continue;
+        }
         if ((ev->mask & (IN_IGNORED | IN_DELETE_SELF | IN_MOVE_SELF)) != 0) {
           if (watch_ >= 0 && (ev->mask & IN_IGNORED) == 0) {
             (void)::inotify_rm_watch(inotify_, watch_);
