@@ -3,6 +3,7 @@
 
     control_e2e.py TEST SPILLWAYD SPILLWAY_DECAP SPILLWAYCTL
     TEST: health | spillover | cli | restart | affinity-restart | affinity-crash | restart
+          | privileges | discovery
 
 Each builds a scripts/topology estate through spillwayd_e2e.Estate (imported,
 not copied) and drives the running daemon through spillwayctl --json on its
@@ -583,6 +584,70 @@ def test_restart(e, ctl_exe):
     return None
 
 
+@checks(8)
+def test_discovery(e, ctl_exe):
+    """The cloud pool's backends come from a watched file_sd file (README
+    "Discovery"): written by a stand-in controller (write aside, rename)."""
+    sd_dir = os.path.join(e.work, "sd")
+    os.makedirs(sd_dir, exist_ok=True)
+    os.chmod(sd_dir, 0o755)
+    path = os.path.join(sd_dir, "cloud.json")
+
+    def publish(names, text=None):
+        addr = {n: a for n, _, a in e.backends}
+        body = text if text is not None else json.dumps(
+            [{"targets": [addr[n]], "labels": {"name": n}} for n in names])
+        with open(path + ".tmp", "w") as f:
+            f.write(body)
+        os.chmod(path + ".tmp", 0o644)
+        os.rename(path + ".tmp", path)
+
+    publish([], text="[]")  # the estate's addresses are known once it is up
+    line = f'discovery = {{ kind = "file", path = "{path}", hold = 1 }}'
+    lb, ctl = start_estate(e, ctl_exe, 2, 2, only={"onprem1", "onprem2"},
+                           pool_tables={"cloud": [line]})
+    publish(["cloud1"])
+
+    def state(name):
+        return ctl.backends().get(name, {}).get("state")
+
+    def active(name):
+        b = ctl.backends().get(name)
+        return bool(b) and b.get("state") == "active" and b.get("next_hop_resolved")
+
+    wait_until("cloud1 discovered and active", lambda: active("cloud1"), 20)
+    dump = ctl("config", "dump", "--effective")
+    origin = {b["name"]: b.get("origin") for b in dump.get("backends", [])}
+    e.check("config dump --effective: cloud1 discovered:cloud, onprem1 file",
+            origin.get("cloud1") == "discovered:cloud" and origin.get("onprem1") == "file",
+            str(origin))
+    publish(["cloud1", "cloud2"])
+    ok = soon(lambda: active("cloud2"), timeout=20.0)
+    e.check("a second target joins: cloud2 active", ok, str(state("cloud2")))
+    r = e.fanout(VIP_NCCL, 8000, 60, "discovered")
+    e.check("new connections reach the discovered backends",
+            r["ok"] == 60 and r["per_backend"].get("cloud2", 0) > 0, str(r["per_backend"]))
+    publish([], text='[{"targets": ["' + dict((n, a) for n, _, a in e.backends)["cloud1"])
+    ok = soon(lambda: ctl("discovery")["sources"][0].get("last_error") is not None, timeout=5.0)
+    src = ctl("discovery")["sources"][0]
+    e.check("a torn file is refused with its position", ok and "line 1" in str(
+        src.get("last_error")), str(src.get("last_error")))
+    time.sleep(2.5)  # past the hold: a refused file must change nothing
+    e.check("... and the last good set stays", active("cloud1") and active("cloud2"),
+            f"{state('cloud1')} {state('cloud2')}")
+    publish(["cloud2"])
+    ok = soon(lambda: state("cloud1") in (None, "draining", "removed"), timeout=10.0)
+    e.check("cloud1 unlisted: drains after the hold, then leaves", ok, str(state("cloud1")))
+    r = e.fanout(VIP_NCCL, 8000, 60, "after-leave")
+    e.check("new connections avoid cloud1", r["ok"] == 60 and "cloud1" not in r["per_backend"],
+            str(r["per_backend"]))
+    src = ctl("discovery")["sources"][0]
+    e.check("spillwayctl discovery counts it: 2 joined, 1 left, 1 error",
+            (src.get("joined"), src.get("left"), src.get("errors")) == (2, 1, 1), json.dumps(src))
+    rc, _, _ = e.stop_lb(lb)
+    return None
+
+
 HELD = 60
 HOLD = 20.0
 ECHO_TIMEOUT = 10.0
@@ -897,7 +962,8 @@ TESTS = {"health": ("e2e-control-health", test_health),
                                   lambda e, ctl: affinity(e, ctl, kill=False))),
          "affinity-crash": ("e2e-affinity-crash", checks(affinity.min_checks)(
              lambda e, ctl: affinity(e, ctl, kill=True))),
-         "privileges": ("e2e-privileges", test_privileges)}
+         "privileges": ("e2e-privileges", test_privileges),
+         "discovery": ("e2e-discovery", test_discovery)}
 
 
 def main():

@@ -32,7 +32,7 @@ if [ -n "$rte_up" ]; then
 fi
 # The control plane's rooms (ARCHITECTURE.md, "Rooms of the control plane"):
 # a room includes only itself and the rooms below it, in this order.
-rooms=(sys config host api health policy backends intent tier announce plane)
+rooms=(sys config host api health policy discovery backends intent tier announce plane)
 rank_of() {
   local i
   for i in "${!rooms[@]}"; do

@@ -175,6 +175,9 @@ class FakeControlApi : public ControlApi {
   ApiResult lbStatus() override {
     return answer("lbStatus", "lbStatus()", Json{{"state", "disabled"}});
   }
+  ApiResult discovery() override {
+    return answer("discovery", "discovery()", Json{{"sources", Json::array()}});
+  }
   std::string metricsText() override {
     calls.push_back("metricsText()");
     return metrics;

@@ -92,6 +92,7 @@ TEST(Protocol, EveryCommandReachesItsCall) {
       {R"({"v":1,"cmd":"lb.drain"})", "lbDrain()"},
       {R"({"v":1,"cmd":"lb.undrain"})", "lbUndrain()"},
       {R"({"v":1,"cmd":"lb.status"})", "lbStatus()"},
+      {R"({"v":1,"cmd":"discovery"})", "discovery()"},
       // Key order and whitespace do not matter.
       {" {\n \"args\" : { \"name\" : \"gpu-a1\" } , \"cmd\":\"backend.drain\", \"v\":1}\n",
        "backendDrain(gpu-a1)"},
@@ -139,7 +140,8 @@ TEST(Protocol, CommandListIsTheReference) {
                                              "config.clear-overrides",
                                              "lb.drain",
                                              "lb.undrain",
-                                             "lb.status"}));
+                                             "lb.status",
+                                             "discovery"}));
   EXPECT_EQ(findCommand("lb.drain")->access, Access::Write);
   EXPECT_EQ(findCommand("lb.status")->access, Access::Read);
   EXPECT_EQ(findCommand("backend.drain")->access, Access::Write);

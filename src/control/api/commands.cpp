@@ -192,6 +192,12 @@ constexpr CommandSpec kCommands[] = {
      "announcement state, and per VIP announced or why not",
      {},
      [](ControlApi& api, Args, Peer) { return api.lbStatus(); }},
+    {"discovery",
+     Access::Read,
+     "",
+     "discovery sources per pool: last refresh, entries, errors, last change",
+     {},
+     [](ControlApi& api, Args, Peer) { return api.discovery(); }},
 };
 
 constexpr CommandGroup kGroups[] = {

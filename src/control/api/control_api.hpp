@@ -114,6 +114,9 @@ class ControlApi {
   virtual ApiResult lbDrain() = 0;
   virtual ApiResult lbUndrain() = 0;
   virtual ApiResult lbStatus() = 0;
+  // Discovery sources ([[pool]] discovery): per source its last refresh,
+  // entries, errors and last change.
+  virtual ApiResult discovery() = 0;
   // The Prometheus text exposition of every metric.
   virtual std::string metricsText() = 0;
 };

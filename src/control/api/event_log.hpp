@@ -38,6 +38,7 @@ inline constexpr const char* kEventCheckpoint = "checkpoint";  // flow affinity 
 inline constexpr const char* kEventWarmup = "warmup";          // start-up tables held / released
 inline constexpr const char* kEventAnnounce = "announce";      // a VIP announced or withdrawn (BGP)
 inline constexpr const char* kEventScrape = "scrape";          // a load value out of range (once)
+inline constexpr const char* kEventDiscovery = "discovery";  // a source's answer refused or applied
 inline constexpr const char* kEventIntent =
     "intent";  // operator intent journaled, replayed or dropped
 

@@ -438,6 +438,7 @@ class Loader {
   void loadHealth(Section& pool, PoolConfig& p);
   void loadLoadSource(Section& pool, PoolConfig& p);
   void loadConnSource(Section& pool, PoolConfig& p);
+  void loadDiscovery(Section& pool, PoolConfig& p);
   void loadPolicy(const toml::table& root, std::set<std::string>& used);
   void loadPlacement(const toml::table& root, std::set<std::string>& used);
   void loadControl(const toml::table& root, std::set<std::string>& used);
@@ -966,6 +967,7 @@ void Loader::loadPools(const toml::table& root, std::set<std::string>& used) {
     loadHealth(s, p);
     loadLoadSource(s, p);
     loadConnSource(s, p);
+    loadDiscovery(s, p);
     s.finish();
     if (errors_.size() != before) poolsValid_ = false;
     config_.pools.push_back(std::move(p));
@@ -1313,6 +1315,32 @@ void Loader::loadHealth(Section& pool, PoolConfig& p) {
     for (const char* key : {"port", "interval", "timeout", "rise", "fall"}) {
       if (t->get(key) != nullptr) s.fail(key, "set, but kind is \"none\" (never checked)");
     }
+  }
+  s.finish();
+}
+
+void Loader::loadDiscovery(Section& pool, PoolConfig& p) {
+  DiscoveryConfig& d = p.discovery;
+  const toml::table* t = pool.table("discovery");
+  if (t == nullptr) return;  // no discovery: backends from the file and the CLI only
+  Section s(*this, *t, pool.field("discovery"));
+  if (auto v = s.choice<DiscoveryKind>("kind", {{"file", DiscoveryKind::File}}, true)) d.kind = *v;
+  if (auto v = s.string("path", true)) {
+    if (v->empty() || v->front() != '/' || v->back() == '/') {
+      s.fail("path", "must be an absolute path to a file (its directory is watched)");
+    } else {
+      d.path = *v;
+    }
+  }
+  (void)s.secondsInto("hold", 0, 3'600'000, d.hold);
+  if (auto v = s.integer("max_entries", 1, kMaxDiscoveryEntries)) {
+    d.maxEntries = static_cast<std::uint32_t>(*v);
+  }
+  if (auto v = s.integer("max_pool_backends", 1, 65535)) {
+    d.maxPoolBackends = static_cast<std::uint32_t>(*v);
+  }
+  if (auto v = s.integer("max_file_bytes", 2, static_cast<std::int64_t>(kMaxDiscoveryFileBytes))) {
+    d.maxFileBytes = static_cast<std::uint64_t>(*v);
   }
   s.finish();
 }

@@ -187,6 +187,22 @@ struct ConnSourceConfig {
   Millis staleAfter = 3000;  // an older report is no report (the own count decides)
   Millis grace = 2000;       // zeros held this long outvote this instance's own count
 };
+// Backends that a source publishes for a pool ([[pool]] discovery = {...};
+// control/discovery/): today a Prometheus file_sd JSON file watched with
+// inotify. A backend absent from the source for `hold` drains like a
+// `backend remove`; the operator's drain, disable and remove win.
+enum class DiscoveryKind : std::uint8_t { None, File };
+struct DiscoveryConfig {
+  DiscoveryKind kind = DiscoveryKind::None;
+  std::string path;                     // the file_sd JSON file
+  Millis hold = 5000;                   // absent this long before it drains
+  std::uint32_t maxEntries = 256;       // entries read from the source, at most
+  std::uint32_t maxPoolBackends = 512;  // backends of the pool (all origins) it may grow to
+  std::uint64_t maxFileBytes = 1U << 20;
+  bool operator==(const DiscoveryConfig&) const = default;
+};
+inline constexpr std::uint32_t kMaxDiscoveryEntries = 4096;
+inline constexpr std::uint64_t kMaxDiscoveryFileBytes = 16U << 20;
 
 struct PoolConfig {
   std::string name;
@@ -197,6 +213,7 @@ struct PoolConfig {
   HealthCheckConfig health{};
   LoadSourceConfig load{};
   ConnSourceConfig connections{};
+  DiscoveryConfig discovery{};
 };
 
 // Spillover and weight policy ([policy]); the formula is in the README's

@@ -60,7 +60,9 @@ ControlPlane::ControlPlane(Config config, std::string configPath, SnapshotBuilde
           .count();
     };
   }
+  primeDiscovery(now);
   replayIntent(now);
+  refreshOperatorRemoved();
   for (const BackendConfig& b : config_.backends) {
     (void)states_.add(
         b.id, b.name, now, "configured",
@@ -414,6 +416,7 @@ bool ControlPlane::tick(Millis now) {
       retiring_.erase(id);
     }
   }
+  tickDiscovery(now, gone);
 
   const bool statesChanged = states_.generation() != statesSeen_;
   if (statesChanged) {
@@ -735,6 +738,8 @@ ApiResult ControlPlane::configReload(const std::string& path, const PeerCredenti
   }
   configPath_ = file;
   applyTierAndAnnounce(before, changes);
+  syncDiscoverySources();
+  refreshOperatorRemoved();
   events_.append(now_, "", kEventConfig, "reloaded " + file + ": " + changes.dump());
   return Json{{"path", file},
               {"applied", true},
@@ -857,6 +862,7 @@ ApiResult ControlPlane::backendRemove(const std::string& name) {
   if (auto e = precheck(IntentOp::Remove, b->id)) return *e;
   IntentRecord r = intentRecord(IntentOp::Remove, name, b->id);
   if (auto e = journal(r)) return *e;
+  refreshOperatorRemoved();  // a discovered backend is not added back
   return intentReply(stateResult(states_.remove(b->id, now_, "operator: remove"), name, "remove"),
                      r);
 }

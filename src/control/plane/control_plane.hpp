@@ -36,6 +36,8 @@
 #include "control/backends/snapshot_builder.hpp"
 #include "control/config/config.hpp"
 #include "control/health/conn_scraper.hpp"
+#include "control/discovery/file_source.hpp"
+#include "control/discovery/membership.hpp"
 #include "control/health/health.hpp"
 #include "control/health/scraper.hpp"
 #include "control/intent/affinity_keeper.hpp"
@@ -47,6 +49,8 @@
 #include "spillway/dataplane.hpp"
 
 namespace spillway {
+
+class MetricsWriter;
 
 // Operator intent (intent_journal.hpp, intent_merge.hpp): the constructor
 // opens the journal in config.control.stateDir, replays it and lays the
@@ -140,6 +144,8 @@ class ControlPlane final : public ControlApi {
   ApiResult lbUndrain() override;
   ApiResult lbStatus() override;
   std::string metricsText() override;
+  // Discovery sources, one per pool with `discovery` (control_plane_discovery.cpp).
+  ApiResult discovery() override;
 
  private:
   const BackendConfig* backendNamed(const std::string& name) const;
@@ -179,6 +185,48 @@ class ControlPlane final : public ControlApi {
   void samplePlacement(Millis now);
   [[nodiscard]] bool anyVipPlaces() const;
   [[nodiscard]] double placementLoad(std::uint32_t index) const;
+
+  // Discovery (control_plane_discovery.cpp): each source's answer, damped
+  // by its membership, is reconciled with config_: wanted and missing
+  // backends are added like `backend add` (validated the same way, batched,
+  // trial-built; they enter the tables when healthy and their next hop
+  // resolves), discovered backends no longer wanted drain like `backend
+  // remove`. Nothing else of an existing backend is touched, so the
+  // operator's drain, disable and weight stay; a discovered backend the
+  // operator removed is not added back while the source lists it.
+  struct DiscoverySource {
+    std::string pool;
+    std::unique_ptr<FileSdSource> file;
+    DiscoveryMembership membership{0};
+    std::uint64_t reconciled = ~0ULL;  // membership generation last reconciled
+    std::optional<Millis> lastRefresh;
+    std::optional<Millis> lastChange;
+    std::string lastChangeText;
+    std::optional<std::string> lastError;
+    std::vector<std::string> lastInvalid;  // of the last answer and reconcile
+    std::uint64_t refreshes = 0, errors = 0, invalid = 0, joined = 0, left = 0;
+  };
+  void syncDiscoverySources();
+  // Start-up, before the journal's replay: the sources' first answers join
+  // the configuration directly, so the operator's overrides of discovered
+  // backends (drain, disable, remove) find them and apply again.
+  void primeDiscovery(Millis now);
+  void tickDiscovery(Millis now, const std::vector<std::uint64_t>& gone);
+  void reconcileDiscovery(DiscoverySource& s, Millis now, bool starting = false);
+  // `file` plus the discovered backends that stay (their pool keeps its
+  // source): the base the operator's overlay is merged with.
+  [[nodiscard]] Config withDiscovered(const Config& file) const;
+  // Discovered backends the operator removed (the journal's overlay): not
+  // added back while their source lists them.
+  void refreshOperatorRemoved();
+  [[nodiscard]] bool removedAndGone(std::uint64_t id) const;
+  // Discovered backends a reload keeps: their pool still has its source.
+  [[nodiscard]] bool discoveryKeeps(const BackendConfig& b, const Config& next) const;
+  [[nodiscard]] std::string originOf(const BackendConfig& b) const;
+  void discoveryMetrics(MetricsWriter& m) const;
+  std::vector<DiscoverySource> discovery_;
+  std::map<std::uint64_t, std::string> discovered_;  // backend id -> its source (pool name)
+  std::set<std::uint64_t> operatorRemoved_;          // discovered, removed by the operator
 
   // Intent.
   struct ApplyPlan {

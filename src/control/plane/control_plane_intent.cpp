@@ -40,8 +40,8 @@ void ControlPlane::replayIntent(Millis now) {
            std::to_string(journal_.lastSeq()) + ")");
   }
   if (journal_.overlay().empty()) return;
-  IntentMerge m =
-      mergeIntent(fileConfig_, journal_.overlay(), wallNow(), fileConfig_.policy.drainTimeout);
+  IntentMerge m = mergeIntent(withDiscovered(fileConfig_), journal_.overlay(), wallNow(),
+                              fileConfig_.policy.drainTimeout);
   for (const std::string& d : m.dropped) report("operator intent: " + d);
   for (const std::string& c : m.conflicts) {
     report("operator intent: dropped, it conflicts with the file: " + c);
@@ -55,7 +55,7 @@ void ControlPlane::replayIntent(Millis now) {
   if (auto e = builder_.setConfig(config_)) {
     report("operator intent: the merged configuration cannot be built (" + *e +
            "); running the file alone");
-    config_ = fileConfig_;
+    config_ = withDiscovered(fileConfig_);
     (void)builder_.setConfig(config_);
   }
 }
@@ -156,7 +156,7 @@ Json ControlPlane::stampJson(const IntentStamp& s) const {
 std::variant<ControlPlane::ApplyPlan, ApiError> ControlPlane::planApply(
     Config file, const IntentOverlay& overlay) {
   ApplyPlan plan;
-  IntentMerge m = mergeIntent(file, overlay, wallNow(), file.policy.drainTimeout);
+  IntentMerge m = mergeIntent(withDiscovered(file), overlay, wallNow(), file.policy.drainTimeout);
   if (!m.conflicts.empty()) {
     std::string text;
     for (const std::string& c : m.conflicts) text += (text.empty() ? "" : "; ") + c;
@@ -165,6 +165,7 @@ std::variant<ControlPlane::ApplyPlan, ApiError> ControlPlane::planApply(
                                     "spillwayctl config clear-overrides --backend NAME)"};
   }
   Config next = std::move(m.config);
+  std::erase_if(next.backends, [&](const BackendConfig& b) { return removedAndGone(b.id); });
   for (const BackendConfig& b : config_.backends) {
     const bool named = std::any_of(next.backends.begin(), next.backends.end(),
                                    [&](const BackendConfig& n) { return n.id == b.id; });
@@ -172,6 +173,9 @@ std::variant<ControlPlane::ApplyPlan, ApiError> ControlPlane::planApply(
       if (retiring_.count(b.id) != 0) plan.unretire.push_back(b.id);
       continue;
     }
+    // Discovered backends stay while their pool keeps its source (the
+    // source, not the file, says when they go).
+    const bool discoveredStays = discoveryKeeps(b, next);
     const BackendStatus* st = states_.find(b.id);
     if (st == nullptr || st->effective == BackendState::Removed) continue;
     // It drains: keep it in the next configuration until its flows end.
@@ -195,7 +199,7 @@ std::variant<ControlPlane::ApplyPlan, ApiError> ControlPlane::planApply(
       continue;
     }
     next.backends.push_back(k);
-    if (st->admin != AdminState::Removing) plan.retire.push_back(b.id);
+    if (st->admin != AdminState::Removing && !discoveredStays) plan.retire.push_back(b.id);
   }
   if (auto e = trialBuild(next)) {
     return ApiError{"invalid", "the new configuration cannot be built: " + *e};
@@ -329,6 +333,7 @@ ApiResult ControlPlane::configClearOverrides(const std::string& backend) {
       (void)states_.enable(b->id, now_, "operator: clear-overrides");
     }
   }
+  refreshOperatorRemoved();
   lastChurn_ = 0;
   return Json{{"cleared", cleared}, {"intent_seq", r.seq}, {"changes", changes}};
 }

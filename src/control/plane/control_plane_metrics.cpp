@@ -320,6 +320,7 @@ std::string ControlPlane::metricsText() {
       }
     }
   }
+  discoveryMetrics(m);
   return m.text();
 }
 

@@ -427,6 +427,7 @@ ApiResult ControlPlane::configDump(bool effective) {
         j["state"] = stateName(st->effective);
       }
       j["sources"] = src;
+      j["origin"] = originOf(b);
     }
     backends.push_back(j);
   }
