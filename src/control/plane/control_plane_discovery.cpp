@@ -80,10 +80,13 @@ Config ControlPlane::withDiscovered(const Config& file) const {
       }
     }
     if (!poolIndex) continue;
-    for (const auto& [id, d] : src.membership.wanted()) {
+    for (const auto& entry : src.membership.wanted()) {
+      const auto& [id, d] = entry;
       if (operatorRemoved_.count(id) == 0) continue;
+      // Lambdas capture the pair, not its bindings (clang refuses those).
       const bool clash = std::any_of(out.backends.begin(), out.backends.end(), [&](const auto& f) {
-        return f.id == id || f.name == d.name || f.address == d.address;
+        return f.id == entry.first || f.name == entry.second.name ||
+               f.address == entry.second.address;
       });
       if (clash) continue;
       BackendConfig k;
@@ -242,8 +245,9 @@ void ControlPlane::reconcileDiscovery(DiscoverySource& s, Millis now, bool start
   std::vector<std::uint64_t> joinedIds;
   std::size_t overCap = 0;
   for (const auto& [id, d] : wanted) {
+    const std::uint64_t wantedId = id;
     const bool present = std::any_of(next.backends.begin(), next.backends.end(),
-                                     [&](const BackendConfig& b) { return b.id == id; });
+                                     [&](const BackendConfig& b) { return b.id == wantedId; });
     if (present || operatorRemoved_.count(id) != 0) continue;
     const std::string at = d.name + " (" + formatIpAddress(d.address) + ")";
     if (auto bad = backendAddressProblem(config_, d.address)) {
