@@ -15,6 +15,21 @@ namespace {
 
 constexpr std::size_t kInvalidKept = 20;  // reasons kept per source for `discovery`
 
+// A discovered endpoint as a backend of the pool at poolIndex (its port is
+// chosen by the caller).
+BackendConfig backendOf(std::uint64_t id, const DiscoveredBackend& d, const std::string& pool,
+                        std::uint32_t poolIndex) {
+  BackendConfig b;
+  b.name = d.name;
+  b.id = id;
+  b.address = d.address;
+  b.weight = d.weight;
+  b.mac = d.mac;
+  b.pool = pool;
+  b.poolIndex = poolIndex;
+  return b;
+}
+
 }  // namespace
 
 void ControlPlane::syncDiscoverySources() {
@@ -89,14 +104,7 @@ Config ControlPlane::withDiscovered(const Config& file) const {
                f.address == entry.second.address;
       });
       if (clash) continue;
-      BackendConfig k;
-      k.name = d.name;
-      k.id = id;
-      k.address = d.address;
-      k.weight = d.weight;
-      k.mac = d.mac;
-      k.pool = src.pool;
-      k.poolIndex = *poolIndex;
+      BackendConfig k = backendOf(id, d, src.pool, *poolIndex);
       for (std::uint32_t p = 0; p < out.ports.size(); ++p) {
         if (out.ports[p].role != PortRole::Client && k.port.empty()) {
           k.port = out.ports[p].name;
@@ -264,14 +272,7 @@ void ControlPlane::reconcileDiscovery(DiscoverySource& s, Millis now, bool start
       invalid.push_back(at + ": " + *clash);
       continue;
     }
-    BackendConfig b;
-    b.name = d.name;
-    b.id = id;
-    b.address = d.address;
-    b.weight = d.weight;
-    b.mac = d.mac;
-    b.pool = s.pool;
-    b.poolIndex = poolIndex;
+    BackendConfig b = backendOf(id, d, s.pool, poolIndex);
     bool portFound = false;
     for (std::uint32_t p = 0; p < next.ports.size() && !portFound; ++p) {
       if (next.ports[p].role == PortRole::Client) continue;
