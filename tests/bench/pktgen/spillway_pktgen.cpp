@@ -955,10 +955,26 @@ int runGenerator(int argc, char** argv) {
 
     const std::uint64_t hz = rte_get_tsc_hz();
     const std::uint64_t linkDeadline = rte_rdtsc() + static_cast<std::uint64_t>(o.linkTimeout * hz);
+    // DPDK 22.11's memif server refuses a client that connects before the
+    // server configured as many queues ("Invalid ring index") and its client
+    // never tries again on its own: a peer that is still setting up (testpmd
+    // building its mbuf pool, say) leaves the link down for good. Restarting
+    // the port makes the client connect once more.
+    constexpr double kReconnectAfterS = 2.0;
+    std::uint64_t nextReconnect = rte_rdtsc() + static_cast<std::uint64_t>(kReconnectAfterS * hz);
     rte_eth_link link{};
     for (;;) {
       (void)rte_eth_link_get_nowait(port, &link);
       if (link.link_status == RTE_ETH_LINK_UP || gStop.load() || rte_rdtsc() > linkDeadline) break;
+      if (rte_rdtsc() > nextReconnect) {
+        std::fprintf(stderr, "spillway-pktgen: port 0 link still down; restarting the port\n");
+        (void)rte_eth_dev_stop(port);
+        if (rte_eth_dev_start(port) != 0) {
+          std::fprintf(stderr, "spillway-pktgen: cannot restart port 0\n");
+          break;
+        }
+        nextReconnect = rte_rdtsc() + static_cast<std::uint64_t>(kReconnectAfterS * hz);
+      }
       rte_delay_ms(10);
     }
     // DPDK 22.11's memif is not safe against a peer that polls while the
