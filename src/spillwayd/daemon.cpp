@@ -283,6 +283,7 @@ int runDaemon(const Config& configIn, const DaemonOptions& options) {
   NextHopRefresh nextHops(resolver, builder);
   nextHops.prime(config, millis());
   ControlPlane control(config, options.configPath, builder, dataplane.get(), millis());
+  control.writeCheckpointsInBackground();
   for (const std::string& line : control.startupReport()) log(line);
   auto first = control.takeSnapshot(millis());
   if (!first) return fail(builder.lastError());

@@ -18,6 +18,7 @@
 #include "control/intent/affinity_keeper.hpp"
 #include "control/intent/flow_checkpoint.hpp"
 #include "control/plane/control_plane.hpp"
+#include "control/sys/durable_writer.hpp"
 #include "estate_fixture.hpp"
 #include "fake_dataplane.hpp"
 
@@ -303,6 +304,87 @@ TEST_F(AffinityRestart, UnwritableStateDirIsCountedNotFatal) {
   EXPECT_GE(c.affinity().stats().failures, 1u);
   EXPECT_NE(c.affinity().stats().lastError, "");
   EXPECT_EQ(c.affinity().stats().checkpoints, 0u);
+}
+
+// A checkpoint written on the writer's thread: while the disk stalls (the
+// writer held) the control loop goes on ticking and publishing, the peers'
+// exports go on, no second checkpoint starts; once the disk answers, the
+// checkpoint counts with the files on disk.
+TEST_F(AffinityRestart, CheckpointOnAStalledDiskNeverStallsTheControlLoop) {
+  Config cfg = config();
+  cfg.tier.node = "lb1";  // a peer: exports for it every sync_interval too
+  cfg.tier.peers = {{"lb2", "127.0.0.1:9"}};
+  SnapshotBuilder builder;
+  ASSERT_FALSE(builder.setConfig(cfg));
+  ControlPlane c(cfg, "test.toml", builder, &dp_, 0);
+  c.writeCheckpointsInBackground();
+  DurableWriter& writer = c.checkpointWriterForTest();
+  writer.holdForTest(true);
+  (void)first(c);
+  const std::uint32_t b1 = builder.indexOf(backendIdFromName("b1"));
+  dp_.exportFlows = {{0xA, b1, FlowState::Established, 0}};
+  Millis t = 0;
+  for (; t < 1'000 && !writer.busy(); t += 10) run(c, t);
+  ASSERT_TRUE(writer.busy()) << "no checkpoint started";
+  const std::uint64_t asked = dp_.exportAsked;
+  // Twenty seconds of control loop while the disk does not answer: tables
+  // go out, the peers' exports go on, no second checkpoint starts.
+  ASSERT_TRUE(std::holds_alternative<Json>(c.backendDrain("b2")));
+  std::uint64_t published = 0;
+  for (const Millis end = t + 20'000; t < end; t += 50) published += run(c, t) != nullptr;
+  EXPECT_GE(published, 1u);
+  EXPECT_GE(dp_.exportAsked, asked + 10);  // sync_interval 1 s over 20 s
+  EXPECT_EQ(c.affinity().stats().checkpoints, 0u);
+  EXPECT_TRUE(writer.busy());
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/flows.ckpt"));
+  // The disk answers: the checkpoint counts at the next tick, files on disk,
+  // and the drain's tables get their own checkpoint after it.
+  writer.holdForTest(false);
+  writer.waitFinishedForTest();
+  run(c, t);
+  EXPECT_EQ(c.affinity().stats().checkpoints, 1u) << c.affinity().stats().lastError;
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/flows.ckpt"));
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/tables.json"));
+  for (Millis end = t + 1'000; t < end && !writer.busy(); t += 10) run(c, t);
+  ASSERT_TRUE(writer.busy()) << "the newer tables were never checkpointed";
+  writer.waitFinishedForTest();
+  run(c, t + 10);
+  EXPECT_EQ(c.affinity().stats().checkpoints, 2u);
+  EXPECT_EQ(c.affinity().stats().lastGeneration, c.generation());
+}
+
+TEST(DurableWriterThread, WritesInOrderOneBatchAtATimeAndFlushesOnDestruction) {
+  char tmpl[] = "/tmp/spillway-writer-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  {
+    DurableWriter w(DurableWriter::Mode::Thread);
+    w.holdForTest(true);
+    ASSERT_TRUE(w.submit({{dir + "/a", "one"}, {dir + "/b", "two"}}));
+    EXPECT_TRUE(w.busy());
+    EXPECT_FALSE(w.submit({{dir + "/c", "refused"}}));  // one batch at a time
+    EXPECT_FALSE(w.poll().has_value());                 // held: not written yet
+    w.holdForTest(false);
+    auto r = w.wait();
+    ASSERT_TRUE(r.has_value());
+    EXPECT_FALSE(r->error.has_value()) << *r->error;
+    EXPECT_FALSE(w.busy());
+    EXPECT_FALSE(w.poll().has_value());  // the result is handed back once
+    std::string error;
+    EXPECT_EQ(readStateFile(dir + "/a", 100, error).value_or(""), "one");
+    EXPECT_EQ(readStateFile(dir + "/b", 100, error).value_or(""), "two");
+    EXPECT_FALSE(std::filesystem::exists(dir + "/c"));
+    // A failing batch says why; the next one is accepted.
+    ASSERT_TRUE(w.submit({{dir + "/missing/x", "no"}}));
+    r = w.wait();
+    ASSERT_TRUE(r.has_value() && r->error.has_value());
+    EXPECT_NE(r->error->find(dir + "/missing"), std::string::npos) << *r->error;
+    // Destroyed with a batch queued: it is written before the thread ends.
+    ASSERT_TRUE(w.submit({{dir + "/d", "last"}}));
+  }
+  std::string error;
+  EXPECT_EQ(readStateFile(dir + "/d", 100, error).value_or(""), "last");
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -1,7 +1,5 @@
 #include "control/intent/affinity_keeper.hpp"
 
-#include <chrono>
-
 #include "control/sys/durable_file.hpp"
 
 namespace spillway {
@@ -13,12 +11,6 @@ constexpr std::size_t kMaxTablesBytes = std::size_t{64} << 20;
 // An export that has not finished by then is abandoned (a stalled worker);
 // the next one starts over.
 constexpr Millis kExportGiveUp = 30'000;
-
-Millis steadyNowMs() {
-  return static_cast<Millis>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                 std::chrono::steady_clock::now().time_since_epoch())
-                                 .count());
-}
 
 }  // namespace
 
@@ -113,6 +105,7 @@ void AffinityKeeper::tick(Millis now, std::uint64_t unixMs, std::uint64_t publis
                           const std::function<std::uint64_t(std::uint32_t)>& idOf,
                           const ExceptionExportHooks& hooks) {
   if ((!enabled() && options_.exportInterval == 0) || !hooks.request || !hooks.collect) return;
+  finishWrite(now, false);
   if (exporting_) {
     if (auto flows = hooks.collect(exportN_)) {
       exporting_ = false;
@@ -131,10 +124,10 @@ void AffinityKeeper::tick(Millis now, std::uint64_t unixMs, std::uint64_t publis
   }
   const bool changed = published > checkpointedGeneration_;
   const bool placed = placedTotal_ != placedAtWrite_;
-  const bool write =
-      enabled() && (!lastWriteStart_ || (changed && now >= *lastStart_ + options_.minInterval) ||
-                    (placed && now >= *lastWriteStart_ + options_.placedInterval) ||
-                    now >= *lastWriteStart_ + options_.maxInterval);
+  const bool write = enabled() && !writer_.busy() &&
+                     (!lastWriteStart_ || (changed && now >= *lastStart_ + options_.minInterval) ||
+                      (placed && now >= *lastWriteStart_ + options_.placedInterval) ||
+                      now >= *lastWriteStart_ + options_.maxInterval);
   const bool sync =
       options_.exportInterval > 0 &&
       (!lastStart_ || now >= *lastStart_ + options_.exportInterval ||
@@ -157,9 +150,11 @@ void AffinityKeeper::finalCheckpoint(Millis now, std::uint64_t unixMs,
                                      std::vector<ExportedFlow> flows, const TablesState& tables,
                                      const std::function<std::uint64_t(std::uint32_t)>& idOf) {
   if (!enabled()) return;
+  finishWrite(now, true);  // the one in flight first: files are replaced in order
   exportStarted_ = now;
   syncOnly_ = false;
   complete(now, unixMs, flows, tables, idOf);
+  finishWrite(now, true);
 }
 
 void AffinityKeeper::complete(Millis now, std::uint64_t unixMs,
@@ -200,7 +195,6 @@ void AffinityKeeper::complete(Millis now, std::uint64_t unixMs,
   if (options_.onExport) options_.onExport(records);
   if (std::exchange(syncOnly_, false)) return;
 
-  const Millis writeStart = steadyNowMs();
   if (!dirReady_) {
     if (auto e = ensureStateDirectory(options_.stateDir)) {
       ++stats_.failures;
@@ -210,16 +204,27 @@ void AffinityKeeper::complete(Millis now, std::uint64_t unixMs,
     }
     dirReady_ = true;
   }
-  const std::string bytes = encodeFlowCheckpoint(options_.hashSeed, unixMs, records);
   tables.writtenUnixMs = unixMs;
-  std::optional<std::string> error = writeFileDurably(path(kFlowCheckpointFile), bytes);
-  if (!error) error = writeFileDurably(path(kTablesStateFile), encodeTablesState(tables));
-  const Millis writeEnd = steadyNowMs();
-  if (error) {
+  std::vector<DurableWriter::File> files;
+  files.push_back(
+      {path(kFlowCheckpointFile), encodeFlowCheckpoint(options_.hashSeed, unixMs, records)});
+  files.push_back({path(kTablesStateFile), encodeTablesState(tables)});
+  const Writing w{exportStarted_, tables.generation, records.size(), files[0].bytes.size()};
+  if (!writer_.submit(std::move(files))) return;  // not reached: tick() waits for the writer
+  writing_ = w;
+  finishWrite(now, false);  // inline mode: done already
+}
+
+void AffinityKeeper::finishWrite(Millis now, bool wait) {
+  if (!writing_) return;
+  std::optional<DurableWriter::Result> r = wait ? writer_.wait() : writer_.poll();
+  if (!r) return;
+  const Writing w = *std::exchange(writing_, std::nullopt);
+  if (r->error) {
     ++stats_.failures;
-    stats_.lastError = *error;
+    stats_.lastError = *r->error;
     dirReady_ = false;
-    events_.append(now, "", kEventCheckpoint, "checkpoint failed: " + *error);
+    events_.append(now, "", kEventCheckpoint, "checkpoint failed: " + *r->error);
     return;
   }
   // An event for the first checkpoint, the first after a failure, and then
@@ -227,20 +232,22 @@ void AffinityKeeper::complete(Millis now, std::uint64_t unixMs,
   const bool quiet = lastEventAt_ && stats_.lastError.empty() && now < *lastEventAt_ + 60'000;
   ++stats_.checkpoints;
   stats_.lastAt = now;
-  stats_.lastGeneration = tables.generation;
-  stats_.lastExceptions = records.size();
-  stats_.lastBytes = bytes.size();
-  stats_.lastWriteMs = writeEnd - writeStart;
-  stats_.lastDurationMs = now - exportStarted_ + stats_.lastWriteMs;
+  stats_.lastGeneration = w.generation;
+  stats_.lastExceptions = w.records;
+  stats_.lastBytes = w.bytes;
+  stats_.lastWriteMs = r->writeMs;
+  // Inline or waited for, `now` is still the export's completion time: add
+  // the write; polled, `now` is after it.
+  stats_.lastDurationMs = now - w.exportStarted +
+                          (wait || writer_.mode() == DurableWriter::Mode::Inline ? r->writeMs : 0);
   stats_.lastError.clear();
   if (!quiet) {
     lastEventAt_ = now;
     events_.append(now, "", kEventCheckpoint,
-                   "checkpoint: generation " + std::to_string(tables.generation) + ", " +
-                       std::to_string(records.size()) + " flow exceptions (" +
-                       std::to_string(restored_.size()) + " restored), " +
-                       std::to_string(bytes.size()) + " bytes in " +
-                       std::to_string(stats_.lastWriteMs) + " ms");
+                   "checkpoint: generation " + std::to_string(w.generation) + ", " +
+                       std::to_string(w.records) + " flow exceptions (" +
+                       std::to_string(restored_.size()) + " restored), " + std::to_string(w.bytes) +
+                       " bytes in " + std::to_string(r->writeMs) + " ms");
   }
 }
 

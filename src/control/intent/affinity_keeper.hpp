@@ -48,6 +48,7 @@
 
 #include "control/api/event_log.hpp"
 #include "control/intent/flow_checkpoint.hpp"
+#include "control/sys/durable_writer.hpp"
 #include "spillway/flow_exceptions.hpp"
 #include "spillway/flow_table.hpp"
 
@@ -94,6 +95,12 @@ class AffinityKeeper {
   AffinityKeeper(Options options, EventLog& events);
 
   [[nodiscard]] bool enabled() const noexcept { return !options_.stateDir.empty(); }
+  // Checkpoint files are written on a thread of their own (the daemon; see
+  // durable_writer.hpp), not inline in tick() (the default, for tests that
+  // step time by hand). A checkpoint counts once its files are durable; no
+  // new one starts while one is being written (exports for the peers go on).
+  void writeInBackground() { (void)writer_.setMode(DurableWriter::Mode::Thread); }
+  [[nodiscard]] DurableWriter& writerForTest() noexcept { return writer_; }
   // A reload's [tier] sync_interval (0: no peers, no such exports).
   void setExportInterval(Millis interval) noexcept { options_.exportInterval = interval; }
 
@@ -136,6 +143,8 @@ class AffinityKeeper {
   };
   void complete(Millis now, std::uint64_t unixMs, const std::vector<ExportedFlow>& flows,
                 TablesState tables, const std::function<std::uint64_t(std::uint32_t)>& idOf);
+  // Takes the writer's result, if any (waiting for it when `wait`).
+  void finishWrite(Millis now, bool wait);
   [[nodiscard]] Millis timeoutOf(FlowState s) const noexcept;
   [[nodiscard]] std::string path(const char* file) const;
 
@@ -159,6 +168,16 @@ class AffinityKeeper {
   std::optional<Millis> lastEventAt_;     // of the last "checkpoint" event
   std::uint64_t placedTotal_ = 0;
   std::uint64_t placedAtWrite_ = 0;  // placedTotal_ when the last writing export started
+
+  // The checkpoint being written: what its stats will say once durable.
+  struct Writing {
+    Millis exportStarted = 0;
+    std::uint64_t generation = 0;
+    std::size_t records = 0;
+    std::size_t bytes = 0;
+  };
+  DurableWriter writer_;
+  std::optional<Writing> writing_;
 };
 
 }  // namespace spillway

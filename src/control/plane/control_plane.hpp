@@ -89,6 +89,12 @@ class ControlPlane final : public ControlApi {
   // The last checkpoint, from the stopped workers' exceptions (SIGTERM).
   void finalCheckpoint(Millis now, std::vector<ExportedFlow> flows);
   [[nodiscard]] const AffinityKeeper& affinity() const noexcept { return keeper_; }
+  // The daemon: checkpoints are written on a thread of their own, never
+  // inline in tick() (an fsync can stall for seconds on a busy host).
+  void writeCheckpointsInBackground() { keeper_.writeInBackground(); }
+  [[nodiscard]] DurableWriter& checkpointWriterForTest() noexcept {
+    return keeper_.writerForTest();
+  }
   // What the start did with the intent journal (replayed, damage found,
   // overrides dropped), one line each, for the daemon's log.
   [[nodiscard]] const std::vector<std::string>& startupReport() const noexcept {
