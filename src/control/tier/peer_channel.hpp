@@ -33,6 +33,13 @@
 // intentAgreement() says whether every reachable peer's last dump had this
 // instance's digest (a joining instance announces only then).
 //
+// Table steps (make-before-break and the join gate, control_plane_step.cpp):
+// noteStep() sends a Step frame (ms since this instance's last moving step)
+// on every sending connection, again when one comes up and with every
+// heartbeat; lastPeerStep() is the most recent step a connected peer
+// reported. pushLocal()/localDelivered() let a held step wait until this
+// instance's set has left the process for every connected peer.
+//
 // exceptions(): the peers' sets in the order their records were received,
 // for the snapshot's ExceptionTable (of two records of one flow the later
 // wins there: the most recently received).
