@@ -140,8 +140,8 @@ class Mbb : public ::testing::Test {
   }
 
   void joinAndSettle() {
-    ASSERT_TRUE(pollUntil([&] { step(); },
-                          [&] { return a_->peersReady(now_) && b_->connected("lb-a"); }));
+    ASSERT_TRUE(
+        pollUntil([&] { step(); }, [&] { return a_->peersReady(now_) && b_->connected("lb-a"); }));
     for (int i = 0; i < 150; ++i) step();  // first exports and rebuilds done
   }
 

@@ -199,9 +199,8 @@ void ControlPlane::stepMetrics(MetricsWriter& m) const {
   m.counter("spillway_mbb_unheld_steps_total",
             "Table steps that moved entries and were published at once (no peer to send to).", {},
             static_cast<double>(stepStats_.unheld));
-  m.gauge("spillway_mbb_step_delay_last_seconds",
-          "Build to publish of the last held table step.", {},
-          static_cast<double>(stepStats_.lastDelayMs) / 1000.0);
+  m.gauge("spillway_mbb_step_delay_last_seconds", "Build to publish of the last held table step.",
+          {}, static_cast<double>(stepStats_.lastDelayMs) / 1000.0);
   m.gauge("spillway_mbb_step_delay_max_seconds",
           "Build to publish of the longest held table step since start.", {},
           static_cast<double>(stepStats_.maxDelayMs) / 1000.0);
