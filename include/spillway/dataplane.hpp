@@ -119,7 +119,16 @@ class Dataplane {
   [[nodiscard]] virtual std::optional<std::vector<LcoreFlowCounts>> collectFlowCounts(
       std::uint64_t n) = 0;
 
-  virtual void requestExceptionExport(std::uint64_t n) = 0;
+  // `next` (may be null): a snapshot built and not yet published
+  // (make-before-break, affinity_keeper.hpp). With it, a flow is exported
+  // when it is an exception against the snapshot its worker uses or against
+  // `next` (its backend differs from next's entry: the step would make it
+  // one). The workers read `next` until forgetExportNext() or the next
+  // request; the caller keeps it alive until then (a worker reads it only
+  // between two quiescent reports, so once it is forgotten, freeing it after
+  // a grace period is safe).
+  virtual void requestExceptionExport(std::uint64_t n, const ForwardingSnapshot* next) = 0;
+  virtual void forgetExportNext() = 0;
   [[nodiscard]] virtual std::optional<std::vector<ExportedFlow>> collectExceptionExport(
       std::uint64_t n) = 0;
 

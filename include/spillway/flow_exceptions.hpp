@@ -72,6 +72,14 @@ struct FlowExceptionRecord {
 [[nodiscard]] bool isTableException(const ForwardingSnapshot& snapshot, std::uint64_t hash,
                                     std::uint32_t backend, std::uint8_t vipTag) noexcept;
 
+// What a worker's export keeps (worker.hpp): a flow on a backend that keeps
+// tracked flows and is an exception against `current`, or, with `next` (a
+// snapshot built and not yet published: make-before-break), one that `next`
+// would make an exception (its backend differs from next's entry).
+[[nodiscard]] bool exportsFlow(const ForwardingSnapshot& current, const ForwardingSnapshot* next,
+                               std::uint64_t hash, std::uint32_t backend,
+                               std::uint8_t vipTag) noexcept;
+
 struct ExceptionEntry {
   std::uint64_t hash = 0;
   std::uint32_t backend = 0;  // index, 1 .. FlowTable::kMaxBackend

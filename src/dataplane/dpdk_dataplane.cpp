@@ -259,11 +259,15 @@ std::optional<std::vector<LcoreFlowCounts>> DpdkDataplane::collectFlowCounts(std
   return out;
 }
 
-void DpdkDataplane::requestExceptionExport(std::uint64_t n) {
+void DpdkDataplane::requestExceptionExport(std::uint64_t n, const ForwardingSnapshot* next) {
   exportFor_ = n;
   exportFlows_.clear();
   for (auto& p : exportProgress_) p.done = false;
-  for (auto& w : workers_) w->requestExceptionExport(n);
+  for (auto& w : workers_) w->requestExceptionExport(n, next);
+}
+
+void DpdkDataplane::forgetExportNext() {
+  for (auto& w : workers_) w->forgetExportNext();
 }
 
 std::optional<std::vector<ExportedFlow>> DpdkDataplane::collectExceptionExport(std::uint64_t n) {

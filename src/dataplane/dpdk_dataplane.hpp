@@ -72,7 +72,8 @@ class DpdkDataplane final : public Dataplane {
   void requestFlowCounts(std::uint64_t n) override;
   [[nodiscard]] std::optional<std::vector<LcoreFlowCounts>> collectFlowCounts(
       std::uint64_t n) override;
-  void requestExceptionExport(std::uint64_t n) override;
+  void requestExceptionExport(std::uint64_t n, const ForwardingSnapshot* next) override;
+  void forgetExportNext() override;
   [[nodiscard]] std::optional<std::vector<ExportedFlow>> collectExceptionExport(
       std::uint64_t n) override;
   void requestPurge(std::uint64_t n, const std::vector<std::uint32_t>& indices) override;

@@ -246,14 +246,24 @@ void Worker::exportExceptionsSlice(const ForwardingSnapshot& snapshot,
     exportingFor_ = req;
     exportCursor_ = 0;
     exportChunkSize_ = 0;
+    exportAhead_ = exportNext_.load(std::memory_order_acquire) != nullptr;
+  }
+  // Make-before-break: the snapshot about to be published, read afresh each
+  // slice (the control thread keeps it alive until it clears the pointer).
+  const ForwardingSnapshot* next =
+      exportAhead_ ? exportNext_.load(std::memory_order_acquire) : nullptr;
+  if (exportAhead_ && next == nullptr) {
+    // The step was published without waiting for this walk: no one collects it.
+    exportDoneFor_ = exportingFor_;
+    exportingFor_ = 0;
+    exportChunkSize_ = 0;
+    return;
   }
   const FlowTable& table = steering_.flowTable();
   table.forEachLive(nowMs, exportCursor_, kBucketsPerSlice,
                     [&](std::uint64_t hash, std::uint32_t backend, FlowState state,
                         std::uint32_t idle, std::uint8_t vipTag) {
-                      const SnapshotBackend* b = snapshot.backend(backend);
-                      if (b != nullptr && keepsTrackedFlows(b->state) &&
-                          isTableException(snapshot, hash, backend, vipTag)) {
+                      if (exportsFlow(snapshot, next, hash, backend, vipTag)) {
                         exportChunk_[exportChunkSize_++] = ExportedFlow{hash, backend, state, idle};
                       }
                     });
@@ -280,9 +290,7 @@ void Worker::exportAllStopped(const ForwardingSnapshot& snapshot,
   table.forEachLive(lastNowMs_, 0, table.bucketCount(),
                     [&](std::uint64_t hash, std::uint32_t backend, FlowState state,
                         std::uint32_t idle, std::uint8_t vipTag) {
-                      const SnapshotBackend* b = snapshot.backend(backend);
-                      if (b != nullptr && keepsTrackedFlows(b->state) &&
-                          isTableException(snapshot, hash, backend, vipTag)) {
+                      if (exportsFlow(snapshot, nullptr, hash, backend, vipTag)) {
                         out.push_back(ExportedFlow{hash, backend, state, idle});
                       }
                     });

@@ -152,10 +152,16 @@ class Worker {
   // the last value passed to takeExportChunk(); the control thread reads
   // exportChunk() and exportChunkLast(), then takes it, and the worker goes
   // on. exportChunkLast() == n marks the final chunk of request n.
+  // With `next` (make-before-break, spillway/dataplane.hpp) a flow is also
+  // exported when `next` would make it an exception; the worker reads `next`
+  // once per slice, between two quiescent reports, and abandons the walk
+  // once forgetExportNext() cleared it.
   static constexpr std::size_t kExportChunk = 16384;
-  void requestExceptionExport(std::uint64_t n) noexcept {
+  void requestExceptionExport(std::uint64_t n, const ForwardingSnapshot* next) noexcept {
+    exportNext_.store(next, std::memory_order_release);
     exportRequest_.store(n, std::memory_order_release);
   }
+  void forgetExportNext() noexcept { exportNext_.store(nullptr, std::memory_order_release); }
   [[nodiscard]] std::uint64_t exportPublished() const noexcept {
     return exportPublished_.load(std::memory_order_acquire);
   }
@@ -221,6 +227,8 @@ class Worker {
   std::atomic<std::uint64_t> exportRequest_{0};
   std::atomic<std::uint64_t> exportPublished_{0};
   std::atomic<std::uint64_t> exportTaken_{0};
+  std::atomic<const ForwardingSnapshot*> exportNext_{nullptr};
+  bool exportAhead_ = false;        // the request being walked came with a next snapshot
   std::uint64_t exportingFor_ = 0;  // request being walked; 0 = none
   std::uint64_t exportDoneFor_ = 0;
   std::size_t exportCursor_ = 0;

@@ -133,7 +133,8 @@ class LaggingDataplane final : public Dataplane {
   bool purgeDone(std::uint64_t n) const override { return lastPurgeFinished() >= n; }
   void publish(std::unique_ptr<const ForwardingSnapshot> s) override { latest_ = std::move(s); }
   std::size_t reclaim() override { return 0; }
-  void requestExceptionExport(std::uint64_t) override {}
+  void requestExceptionExport(std::uint64_t, const ForwardingSnapshot*) override {}
+  void forgetExportNext() override {}
   std::optional<std::vector<ExportedFlow>> collectExceptionExport(std::uint64_t) override {
     return std::nullopt;
   }

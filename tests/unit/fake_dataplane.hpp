@@ -3,6 +3,7 @@
 // flow counts, exception exports and VIP syncs from what the test sets.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -17,6 +18,7 @@ class FakeDataplane final : public Dataplane {
   void publish(std::unique_ptr<const ForwardingSnapshot> snapshot) override {
     latest = std::shared_ptr<const ForwardingSnapshot>(std::move(snapshot));
     ++publishes;
+    if (onPublish) onPublish(*latest);
     if (applyAtOnce) applied = latest->generation;
   }
   std::size_t reclaim() override { return 0; }
@@ -32,11 +34,26 @@ class FakeDataplane final : public Dataplane {
     return flowCounts;
   }
 
-  void requestExceptionExport(std::uint64_t n) override { exportAsked = n; }
+  void requestExceptionExport(std::uint64_t n, const ForwardingSnapshot* next) override {
+    exportAsked = n;
+    exportAskedAhead = next != nullptr;
+    exportNext = next;
+    if (next != nullptr) {
+      ++exportsAhead;
+      lastExportNext = next;
+    }
+  }
+  void forgetExportNext() override {
+    exportNext = nullptr;
+    ++forgets;
+  }
   [[nodiscard]] std::optional<std::vector<ExportedFlow>> collectExceptionExport(
       std::uint64_t n) override {
     if (n != exportAsked || !answerExports) return std::nullopt;
-    return exportFlows;
+    if (!exportAskedAhead) return exportFlows;
+    std::vector<ExportedFlow> all = exportFlows;
+    all.insert(all.end(), aheadFlows.begin(), aheadFlows.end());
+    return all;
   }
 
   void requestPurge(std::uint64_t n, const std::vector<std::uint32_t>& indices) override {
@@ -71,6 +88,12 @@ class FakeDataplane final : public Dataplane {
     answerFlowCounts = true;
     flowCounts.clear();
     exportAsked = 0;
+    exportAskedAhead = false;
+    aheadFlows.clear();
+    exportNext = nullptr;
+    lastExportNext = nullptr;
+    exportsAhead = 0;
+    forgets = 0;
     answerExports = true;
     exportFlows.clear();
     vipSyncError.reset();
@@ -85,12 +108,20 @@ class FakeDataplane final : public Dataplane {
   // What the test sets and reads.
   std::shared_ptr<const ForwardingSnapshot> latest;
   std::uint64_t publishes = 0;
+  std::function<void(const ForwardingSnapshot&)> onPublish;  // before it is applied
   bool applyAtOnce = true;
   std::uint64_t applied = 0;
   std::uint64_t flowCountAsked = 0;
   bool answerFlowCounts = true;
   std::vector<LcoreFlowCounts> flowCounts;
   std::uint64_t exportAsked = 0;
+  bool exportAskedAhead = false;
+  // Flows only a next snapshot makes exceptions: answered to requests with one.
+  std::vector<ExportedFlow> aheadFlows;
+  const ForwardingSnapshot* exportNext = nullptr;      // of the last request, until forgotten
+  const ForwardingSnapshot* lastExportNext = nullptr;  // the last one given, never cleared
+  std::uint64_t exportsAhead = 0;                      // requests that came with a next snapshot
+  std::uint64_t forgets = 0;
   bool answerExports = true;
   std::vector<ExportedFlow> exportFlows;
   std::uint64_t purgeAsked = 0;

@@ -144,6 +144,12 @@ TEST(TierIntent, MergeIsAJoinWhateverTheOrderAndGrouping) {
   }
 }
 
+TEST(TierIntent, AnEmptyIntentHasTheDigestItsDumpIsCheckedAgainst) {
+  // A receiver checks a dump's entries against the digest it carries
+  // (PeerChannel::receiveIntent): an empty intent must agree with itself.
+  EXPECT_EQ(TierIntent{}.digest(), tierIntentDigest({}));
+}
+
 TEST(TierIntent, DigestAndDifferingCount) {
   TierIntent a, b;
   EXPECT_EQ(a.digest(), b.digest());

@@ -1687,6 +1687,7 @@ void Loader::loadTier(const toml::table& root, std::set<std::string>& used) {
   }
   if (auto v = s.seconds("sync_interval", 100, 60'000)) c.syncInterval = *v;
   if (auto v = s.seconds("hold_time", 1000, 86'400'000)) c.holdTime = *v;
+  if (auto v = s.seconds("make_before_break", 0, 5000)) c.makeBeforeBreak = *v;
   if (auto v = s.integer("max_records_per_peer", 1, 100'000'000)) {
     c.maxRecordsPerPeer = static_cast<std::size_t>(*v);
   }

@@ -304,6 +304,10 @@ struct TierConfig {
   std::string secret;          // the file's bytes, read when the configuration is loaded
   Millis syncInterval = 1000;  // exceptions are exported (and sent) at least this often
   Millis holdTime = 600'000;   // a disconnected peer's exceptions are kept this long
+  // Make-before-break: a step that moves table entries waits at most this
+  // long for its exceptions to reach the peers before it is published
+  // anyway (0: published at once, as without peers).
+  Millis makeBeforeBreak = 500;
   std::size_t maxRecordsPerPeer = 1'000'000;
   std::size_t maxOutputBytes = std::size_t{16} << 20;  // per peer; past it: disconnect, resync
 };

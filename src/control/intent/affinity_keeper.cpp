@@ -104,11 +104,20 @@ void AffinityKeeper::tick(Millis now, std::uint64_t unixMs, std::uint64_t publis
                           std::uint64_t applied, const std::function<TablesState()>& tables,
                           const std::function<std::uint64_t(std::uint32_t)>& idOf,
                           const ExceptionExportHooks& hooks) {
-  if ((!enabled() && options_.exportInterval == 0) || !hooks.request || !hooks.collect) return;
+  if ((!enabled() && options_.exportInterval == 0 && ahead_ == Ahead::None) || !hooks.request ||
+      !hooks.collect) {
+    return;
+  }
   finishWrite(now, false);
   if (exporting_) {
     if (auto flows = hooks.collect(exportN_)) {
       exporting_ = false;
+      if (ahead_ == Ahead::Exporting) {
+        syncOnly_ = true;
+        complete(now, unixMs, *flows, TablesState{}, idOf);
+        ahead_ = Ahead::Shared;
+        return;
+      }
       const bool writes = !syncOnly_;
       complete(now, unixMs, *flows, std::move(*exportTables_), idOf);
       exportTables_.reset();
@@ -116,12 +125,22 @@ void AffinityKeeper::tick(Millis now, std::uint64_t unixMs, std::uint64_t publis
       exportedGeneration_ = exportGeneration_;
     } else if (now - exportStarted_ > kExportGiveUp) {
       exporting_ = false;
+      if (ahead_ == Ahead::Exporting) ahead_ = Ahead::Wanted;
       ++stats_.failures;
       stats_.lastError = "a worker did not finish exporting its flows within 30 s";
       events_.append(now, "", kEventCheckpoint, "checkpoint abandoned: " + stats_.lastError);
     }
     return;
   }
+  if (ahead_ == Ahead::Wanted) {
+    if (!hooks.requestAhead || applied < published || published == 0) return;
+    ahead_ = Ahead::Exporting;
+    exporting_ = true;
+    exportStarted_ = now;
+    hooks.requestAhead(++exportN_);
+    return;
+  }
+  if (ahead_ != Ahead::None) return;  // shared: nothing replaces that set before the step
   const bool changed = published > checkpointedGeneration_;
   const bool placed = placedTotal_ != placedAtWrite_;
   const bool write = enabled() && !writer_.busy() &&
@@ -144,6 +163,18 @@ void AffinityKeeper::tick(Millis now, std::uint64_t unixMs, std::uint64_t publis
   exportGeneration_ = published;
   exportTables_ = tables();
   hooks.request(++exportN_);
+}
+
+void AffinityKeeper::startAhead() noexcept {
+  if (ahead_ == Ahead::None) ahead_ = Ahead::Wanted;
+}
+
+void AffinityKeeper::endAhead() noexcept {
+  if (ahead_ == Ahead::Exporting && exporting_) {
+    exporting_ = false;  // abandoned: its chunks are dropped by the next request
+    syncOnly_ = false;
+  }
+  ahead_ = Ahead::None;
 }
 
 void AffinityKeeper::finalCheckpoint(Millis now, std::uint64_t unixMs,

@@ -25,6 +25,17 @@
 // checkpoint on the current tables need nothing: the restarted daemon
 // publishes the same tables (tables.json) until its warm-up ends.
 //
+// Make-before-break (ControlPlane, control_plane_step.cpp). With peers, a
+// snapshot that moves table entries is built and held; startAhead() asks for
+// an export of every flow that is an exception against the snapshot the
+// workers use or against the held one (the hooks' requestAhead), as soon as
+// no other export is in flight and every worker runs the published
+// generation (so the union covers everything the peers held before: the
+// peers replace this instance's set with each export's). Its records go to
+// onExport like a sync export's (no checkpoint is written); aheadShared()
+// then says so, and no other export starts until endAhead() (the step was
+// published), which abandons one still in flight.
+//
 // Restore. At start the keeper reads both files; restored exceptions keep a
 // deadline (their state's idle timeout, less their idle time at the
 // checkpoint, less the downtime) and go into every snapshot's
@@ -59,6 +70,9 @@ struct ExceptionExportHooks {
   std::function<void(std::uint64_t n)> request;
   // Every worker's exceptions for request n once all finished; nullopt until.
   std::function<std::optional<std::vector<ExportedFlow>>(std::uint64_t n)> collect;
+  // Request n against the snapshot about to be published as well
+  // (make-before-break; spillway/dataplane.hpp). Unset: none is made.
+  std::function<void(std::uint64_t n)> requestAhead{};
 };
 
 struct CheckpointStats {
@@ -135,6 +149,11 @@ class AffinityKeeper {
   // An export asked of the workers and not yet collected.
   [[nodiscard]] bool exporting() const noexcept { return exporting_; }
 
+  // Make-before-break (see above).
+  void startAhead() noexcept;
+  [[nodiscard]] bool aheadShared() const noexcept { return ahead_ == Ahead::Shared; }
+  void endAhead() noexcept;
+
  private:
   struct Restored {
     std::uint64_t backendId = 0;
@@ -148,8 +167,11 @@ class AffinityKeeper {
   [[nodiscard]] Millis timeoutOf(FlowState s) const noexcept;
   [[nodiscard]] std::string path(const char* file) const;
 
+  enum class Ahead : std::uint8_t { None, Wanted, Exporting, Shared };
+
   Options options_;
   EventLog& events_;
+  Ahead ahead_ = Ahead::None;
   CheckpointStats stats_;
   std::unordered_map<std::uint64_t, Restored> restored_;  // by flow hash
   bool restoredChanged_ = false;

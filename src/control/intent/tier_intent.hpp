@@ -119,7 +119,9 @@ class TierIntent {
 
   std::map<Key, TierIntentEntry> entries_;
   std::uint64_t clock_ = 0;
-  std::uint64_t digest_ = 0;
+  // FNV-1a's basis: the digest of no entries, as tierIntentDigest() gives it
+  // (a peer compares the two; 0 here made every empty dump look corrupt).
+  std::uint64_t digest_ = 0xcbf29ce484222325ULL;
   std::uint64_t rejected_ = 0;
 };
 

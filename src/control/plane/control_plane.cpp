@@ -454,14 +454,7 @@ bool ControlPlane::tick(Millis now) {
   }
   tickPeers(now, statesChanged);
   samplePlacement(now);
-  if (dataplane_ != nullptr) {
-    keeper_.tick(
-        now, unixNow(), generation_, dataplane_->appliedGeneration(),
-        [&] { return publishedTables_; }, [&](std::uint32_t index) { return builder_.idAt(index); },
-        ExceptionExportHooks{
-            [&](std::uint64_t n) { dataplane_->requestExceptionExport(n); },
-            [&](std::uint64_t n) { return dataplane_->collectExceptionExport(n); }});
-  }
+  tickKeeper(now);
   if (keeper_.takeRestoredChanged()) {
     refreshExceptions();
     dirty_ = true;
@@ -477,7 +470,7 @@ bool ControlPlane::tick(Millis now) {
     if (applyLatencies_.size() > 64) applyLatencies_.erase(applyLatencies_.begin());
     pendingApply_.reset();
   }
-  return dirty_;
+  return stepDue(now);
 }
 
 void ControlPlane::recycleIndices() {
@@ -535,21 +528,44 @@ void ControlPlane::noteHolds(Millis now) {
 }
 
 std::unique_ptr<ForwardingSnapshot> ControlPlane::takeSnapshot(Millis now) {
-  auto s = builder_.build(generation_ + 1, now);
-  if (!s) {
-    events_.append(now, "", kEventConfig, "snapshot build failed: " + builder_.lastError());
+  std::unique_ptr<ForwardingSnapshot> s;
+  Millis decided = now;
+  std::optional<TablesState> builtWith;
+  if (heldStep_) {
+    // Built when tick() held it; changes made since wait for the next step.
+    s = std::move(heldStep_);
+    decided = stepBuiltAt_;
+    builtWith = std::move(heldTables_);
+    heldTables_.reset();
+    releaseHeldStep(now);
+  } else {
+    s = builder_.build(generation_ + 1, now);
+    if (!s) {
+      events_.append(now, "", kEventConfig, "snapshot build failed: " + builder_.lastError());
+      dirty_ = false;
+      return nullptr;
+    }
     dirty_ = false;
-    return nullptr;
+    // A step that moves entries (not the first tables) is one the peers hear
+    // of (the join gate); it was not held: no peer to send to, or no bound.
+    if (generation_ > 0 && peers_) {
+      bool moves = false;
+      for (const VipBuildReport& r : builder_.lastBuild()) moves = moves || r.changed > 0;
+      if (moves) {
+        ++stepStats_.unheld;
+        peers_->noteStep(now);
+      }
+    }
   }
   ++generation_;
   ++publishes_;
   // What a checkpoint writes with the exceptions judged against this
   // snapshot: the weights it was built with, not later ones.
-  TablesState tables = tablesState();
+  TablesState tables = builtWith ? std::move(*builtWith) : tablesState();
+  tables.generation = generation_;
   if (tables.weights != publishedTables_.weights) tablesChangedMs_ = now;
   publishedTables_ = std::move(tables);
-  dirty_ = false;
-  pendingApply_ = {generation_, now};
+  pendingApply_ = {generation_, decided};
   return s;
 }
 

@@ -70,12 +70,25 @@ class ControlPlane final : public ControlApi {
   // ages across restarts); default the system clock.
   ControlPlane(Config config, std::string configPath, SnapshotBuilder& builder,
                Dataplane* dataplane, Millis now, std::function<std::int64_t()> wallClockMs = {});
+  ~ControlPlane() override;
+  ControlPlane(const ControlPlane&) = delete;
+  ControlPlane& operator=(const ControlPlane&) = delete;
 
   // Advances checks, states and policy. True when a new snapshot should be
   // built and published (takeSnapshot()).
+  //
+  // Make-before-break (control_plane_step.cpp). With peers to send to and
+  // [tier] make_before_break > 0, a snapshot that moves Maglev entries is
+  // built here and held: the keeper has the workers export every flow that
+  // is an exception now or would be one under the held tables, the records
+  // go to the peers (written to every sending connection), and only then
+  // does tick() return true; past make_before_break it returns true anyway
+  // (counted). Changes made while a step is held wait for the next step (one
+  // for all of them). A snapshot that moves nothing is published at once.
   bool tick(Millis now);
-  // Builds the next snapshot; null (with the reason logged as an event) when
-  // the build failed, in which case the running one stays.
+  // The next snapshot: the held one, else a new build; null (with the reason
+  // logged as an event) when the build failed, in which case the running one
+  // stays.
   std::unique_ptr<ForwardingSnapshot> takeSnapshot(Millis now);
   [[nodiscard]] std::uint64_t generation() const noexcept { return generation_; }
   // Something outside the policy changed the snapshot's inputs (next hops).
@@ -185,6 +198,20 @@ class ControlPlane final : public ControlApi {
   void refreshExceptions();
   // The peer channel: poll, and rebuild the exceptions at most every 250 ms.
   void tickPeers(Millis now, bool statesChanged);
+  // Make-before-break and the join gate (control_plane_step.cpp).
+  void tickKeeper(Millis now);
+  // What tick() returns: whether a snapshot is due now.
+  bool stepDue(Millis now);
+  bool heldStepReady(Millis now);
+  [[nodiscard]] bool makeBeforeBreakApplies() const;
+  // The held step is handed over: counters, and the workers forget it.
+  void releaseHeldStep(Millis now);
+  // Joining: false while a peer reported a table step within kJoinQuiet
+  // (bounded by kJoinQuietLimit), with an event when held and when the
+  // bound lets this instance in.
+  bool joinQuiet(Millis now);
+  [[nodiscard]] Json stepJson() const;
+  void stepMetrics(MetricsWriter& m) const;
   // Load-aware placement (control_plane_placement.cpp): every [placement]
   // rate_interval and after every flow count, the backends' loads and each
   // placing VIP's total, written where the snapshots' VipPlacement reads.
@@ -350,6 +377,30 @@ class ControlPlane final : public ControlApi {
   bool warmup_ = false;
   Millis warmupStarted_ = 0;
   std::optional<Millis> warmupTook_;  // how long the last warm-up held the tables
+
+  // Make-before-break: the step built and held until its exceptions reached
+  // the peers, and what the steps cost.
+  struct StepStats {
+    std::uint64_t steps = 0;      // moving steps held for their export
+    std::uint64_t exports = 0;    // ... published once their records were written to the peers
+    std::uint64_t timeouts = 0;   // ... published at make_before_break without that
+    std::uint64_t coalesced = 0;  // held steps during which more changes came (one next step)
+    Millis lastDelayMs = 0;       // build to publish of the last held step
+    Millis maxDelayMs = 0;
+    std::uint64_t unheld = 0;  // moving steps published at once (no peer to send to)
+  };
+  std::unique_ptr<ForwardingSnapshot> heldStep_;
+  std::optional<TablesState> heldTables_;  // the weights it was built with
+  Millis stepBuiltAt_ = 0;
+  bool stepMoves_ = false;      // the held step moves table entries
+  bool stepReady_ = false;      // tick() said so: takeSnapshot() hands it over
+  bool stepTimedOut_ = false;   // ... at the bound
+  bool stepCoalesced_ = false;  // changes came while it was held
+  StepStats stepStats_;
+  // The join gate: since when a peer's step holds the sync; events written.
+  std::optional<Millis> quietWaitSince_;
+  bool quietOk_ = false;  // latched once the gate let this instance in
+  std::optional<Millis> quietWaitedMs_;
 
   AnnounceExchange* announce_ = nullptr;
   [[nodiscard]] Json announceJson() const;

@@ -68,6 +68,7 @@ std::string ControlPlane::metricsText() {
             static_cast<double>(c.restoredAlive));
   }
   if (peers_) peers_->metrics(m, now_);
+  stepMetrics(m);
   const BackendIndexStats ix = builder_.indexStats();
   m.gauge("spillway_backend_indices_max", "Backends that may be known at once.", {},
           ix.maxBackends);

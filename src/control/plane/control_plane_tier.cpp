@@ -23,7 +23,7 @@ bool ControlPlane::peersReady(Millis now) const {
   if (!peers_ || peersSynced_) return true;
   // The bound covers peers that say nothing; a known divergence of intent
   // holds the announcement for as long as it lasts.
-  return now >= started_ + kPeerSyncLimit && !peers_->intentAgreement().divergent;
+  return now >= started_ + kPeerSyncLimit && !peers_->intentAgreement().divergent && quietOk_;
 }
 
 bool ControlPlane::intentReady(Millis now) const {
@@ -262,8 +262,10 @@ void ControlPlane::tickPeers(Millis now, bool statesChanged) {
   // A backend that stops taking flows here takes the peers' records on it out.
   if (peers_->takeChanged() || statesChanged) peersPending_ = true;
   // Synced once the dumps of every live peer are in a snapshot the workers
-  // applied: from then on this instance can take any of their flows.
-  if (!peersSynced_ && peers_->synced() && intentOk) {
+  // applied: from then on this instance can take any of their flows. It
+  // joins only while the tier's tables are not stepping (joinQuiet, bounded).
+  const bool quiet = peersSynced_ || joinQuiet(now);
+  if (!peersSynced_ && peers_->synced() && intentOk && quiet) {
     if (peersSyncGeneration_ == 0) {
       // One rebuild after the last dump, then its snapshot applied.
       peersPending_ = true;
@@ -286,7 +288,8 @@ void ControlPlane::tickPeers(Millis now, bool statesChanged) {
   refreshExceptions();
   dirty_ = true;
   if (!peersSynced_ && peers_->synced() && intentOk && peersSyncGeneration_ == 0) {
-    peersSyncGeneration_ = generation_ + 1;  // takeSnapshot() publishes it next
+    // takeSnapshot() publishes it next (after a held step, if one is held).
+    peersSyncGeneration_ = generation_ + (heldStep_ ? 2 : 1);
   }
 }
 

@@ -56,7 +56,8 @@ ApiResult ControlPlane::status() {
                                           : Json(nullptr)},
               {"checkpoint", checkpointStatsJson(keeper_, now_)},
               {"announce", announceJson()},
-              {"tier", peers_ ? peers_->status(now_) : Json{{"enabled", false}}}};
+              {"tier", peers_ ? peers_->status(now_) : Json{{"enabled", false}}},
+              {"make_before_break", stepJson()}};
 }
 
 ApiResult ControlPlane::vipList() {

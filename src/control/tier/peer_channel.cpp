@@ -341,7 +341,10 @@ void PeerChannel::poll(Millis now) {
       pumpIntent(c);
       pump(c);
     }
-    if (now - c.lastSend >= timers_.heartbeat) send(c, PeerFrameType::Heartbeat, {});
+    if (now - c.lastSend >= timers_.heartbeat) {
+      send(c, PeerFrameType::Heartbeat, {});
+      if (c.outbound) sendStep(c);
+    }
     if (!flush(c)) {
       close(id, "write: " + errnoText(errno), now);
       continue;
@@ -571,6 +574,7 @@ void PeerChannel::up(std::uint64_t id, Conn& c, Millis now) {
     c.dumping = true;
     c.dumpOf = local_;
     c.cursor = 0;
+    sendStep(c);
     send(c, PeerFrameType::DumpBegin, {});
   } else {
     p.inConn = id;
@@ -633,6 +637,20 @@ bool PeerChannel::handleData(Conn& c, PeerFrameType type, std::string_view paylo
     case PeerFrameType::Intent:
       receiveIntent(p, payload);
       return true;
+    case PeerFrameType::Step: {
+      // Malformed: counted and ignored (the connection lives on).
+      const auto ago = decodePeerStep(payload);
+      if (!ago) {
+        ++p.stepFramesBad;
+        return true;
+      }
+      if (*ago) {
+        p.lastStepAt = now - static_cast<Millis>(std::min<std::uint64_t>(**ago, now));
+      } else {
+        p.lastStepAt.reset();
+      }
+      return true;
+    }
     case PeerFrameType::Removed: {
       const auto hashes = decodePeerRemoved(payload);
       if (!hashes) {
@@ -902,6 +920,55 @@ void PeerChannel::publishLocal(std::span<const FlowExceptionRecord> records) {
   local_ = std::move(next);
 }
 
+void PeerChannel::sendStep(Conn& c) {
+  send(c, PeerFrameType::Step,
+       encodePeerStep(lastStep_ ? std::optional<std::uint64_t>(
+                                      static_cast<std::uint64_t>(now_ - std::min(now_, *lastStep_)))
+                                : std::nullopt));
+}
+
+void PeerChannel::noteStep(Millis now) {
+  now_ = std::max(now_, now);
+  lastStep_ = now;
+  for (auto& [id, c] : conns_) {
+    if (c.outbound && c.phase == Phase::Up) sendStep(c);
+  }
+  pushLocal();
+}
+
+std::optional<PeerChannel::PeerStep> PeerChannel::lastPeerStep() const {
+  std::optional<PeerStep> last;
+  for (const Peer& p : peers_) {
+    if (p.retired || !p.inConn || !p.lastStepAt) continue;
+    if (!last || *p.lastStepAt > last->at) last = PeerStep{p.config.name, *p.lastStepAt};
+  }
+  return last;
+}
+
+void PeerChannel::pushLocal() {
+  std::vector<std::pair<std::uint64_t, std::string>> failed;
+  for (auto& [id, c] : conns_) {
+    if (!c.outbound || c.phase != Phase::Up) continue;
+    pump(c);
+    if (!flush(c)) failed.emplace_back(id, "write: " + errnoText(errno));
+  }
+  for (const auto& [id, why] : failed) close(id, why, now_);
+}
+
+bool PeerChannel::localDelivered() const {
+  for (const auto& [id, c] : conns_) {
+    if (!c.outbound || c.phase != Phase::Up) continue;
+    if (c.dumping || c.base != local_ || c.outSent != c.out.size()) return false;
+  }
+  return true;
+}
+
+std::size_t PeerChannel::sending() const {
+  std::size_t n = 0;
+  for (const auto& [id, c] : conns_) n += c.outbound && c.phase == Phase::Up;
+  return n;
+}
+
 bool PeerChannel::takeChanged() noexcept {
   return std::exchange(changed_, false);
 }
@@ -984,6 +1051,9 @@ Json PeerChannel::status(Millis now) const {
              {"held_exceptions", p.held.size()},
              {"down_for_ms", p.downSince && !p.inConn ? Json(now - *p.downSince) : Json(nullptr)},
              {"intent", intentJson(p)},
+             {"last_step_age_ms",
+              p.lastStepAt && p.inConn ? Json(now - std::min(now, *p.lastStepAt)) : Json(nullptr)},
+             {"step_frames_bad", p.stepFramesBad},
              {"last_error", p.lastError}});
   }
   char digest[24];

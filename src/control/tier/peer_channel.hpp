@@ -33,6 +33,13 @@
 // intentAgreement() says whether every reachable peer's last dump had this
 // instance's digest (a joining instance announces only then).
 //
+// Table steps (make-before-break and the join gate, control_plane_step.cpp):
+// noteStep() sends a Step frame (ms since this instance's last moving step)
+// on every sending connection, again when one comes up and with every
+// heartbeat; lastPeerStep() is the most recent step a connected peer
+// reported. pushLocal()/localDelivered() let a held step wait until this
+// instance's set has left the process for every connected peer.
+//
 // exceptions(): the peers' sets in the order their records were received,
 // for the snapshot's ExceptionTable (of two records of one flow the later
 // wins there: the most recently received).
@@ -124,6 +131,27 @@ class PeerChannel {
   // This instance's exceptions after an export: sent to every peer as the
   // difference from what it last got.
   void publishLocal(std::span<const FlowExceptionRecord> records);
+
+  // Make-before-break (ControlPlane, control_plane_step.cpp): pushes the
+  // local set's difference into every sending connection's socket now;
+  // localDelivered() is true when every connected sending direction has
+  // written all of this instance's current set to its socket (the kernel
+  // holds what is left; there is no acknowledgement). sending(): how many
+  // sending directions are connected.
+  void pushLocal();
+  [[nodiscard]] bool localDelivered() const;
+  [[nodiscard]] std::size_t sending() const;
+
+  // This instance published tables that moved Maglev entries at `now`: sent
+  // to every peer at once, and again with every heartbeat (Step frames).
+  void noteStep(Millis now);
+  // The most recent table step a connected peer reported (its name and the
+  // local time of the step); nullopt when none reported one.
+  struct PeerStep {
+    std::string peer;
+    Millis at = 0;
+  };
+  [[nodiscard]] std::optional<PeerStep> lastPeerStep() const;
 
   // This instance's tier intent, sent to every peer (a dump per change).
   void publishIntent(std::vector<TierIntentEntry> entries, std::uint64_t digest);
@@ -234,6 +262,9 @@ class PeerChannel {
     std::uint64_t intentFramesBad = 0;       // malformed Intent frames (counted, ignored)
     std::uint64_t intentRecordsUnknown = 0;  // records of a kind this version does not know
     std::uint64_t intentOtherVersion = 0;    // frames of another version, ignored
+    // Its last table step as it reported it (Step frames), in local time.
+    std::optional<Millis> lastStepAt;
+    std::uint64_t stepFramesBad = 0;  // malformed Step frames (counted, ignored)
   };
 
   void accept(Millis now);
@@ -246,6 +277,7 @@ class PeerChannel {
   void up(std::uint64_t id, Conn& c, Millis now);
   void pump(Conn& c);
   void pumpIntent(Conn& c);
+  void sendStep(Conn& c);
   void receiveIntent(Peer& p, std::string_view payload);
   [[nodiscard]] Json intentJson(const Peer& p) const;
   void send(Conn& c, PeerFrameType type, std::string_view payload);
@@ -293,6 +325,7 @@ class PeerChannel {
   std::uint64_t intentDigest_ = 0;
   std::uint64_t intentVersion_ = 0;
   std::vector<PeerIntentDump> intentIn_;
+  std::optional<Millis> lastStep_;  // this instance's last table step (noteStep)
 };
 
 }  // namespace spillway

@@ -9,6 +9,7 @@
 
 #include "control/intent/flow_checkpoint.hpp"
 #include "control/sys/durable_file.hpp"
+#include "control/sys/le_bytes.hpp"
 #include "spillway/errno_text.hpp"
 
 namespace spillway {
@@ -106,7 +107,7 @@ std::string_view nonceText(const PeerNonce& n) {
 }
 
 bool knownType(std::uint8_t t) {
-  return (t >= 1 && t <= 4) || (t >= 16 && t <= 21);
+  return (t >= 1 && t <= 4) || (t >= 16 && t <= 22);
 }
 
 }  // namespace
@@ -324,6 +325,18 @@ std::optional<std::vector<std::uint64_t>> decodePeerRemoved(std::string_view pay
   for (auto& h : out) h = r.get<std::uint64_t>();
   if (!r.ok()) return std::nullopt;
   return out;
+}
+
+std::string encodePeerStep(std::optional<std::uint64_t> msAgo) {
+  std::string out;
+  putLe(out, msAgo.value_or(kPeerNoStep), 8);
+  return out;
+}
+
+std::optional<std::optional<std::uint64_t>> decodePeerStep(std::string_view payload) {
+  if (payload.size() != 8) return std::nullopt;
+  const std::uint64_t v = getLe(payload, 0, 8);
+  return v == kPeerNoStep ? std::optional<std::uint64_t>{} : std::optional<std::uint64_t>{v};
 }
 
 }  // namespace spillway

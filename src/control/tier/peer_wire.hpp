@@ -32,6 +32,13 @@
 // them too) is refused with peerVersionMismatch's words, which name the side
 // to upgrade.
 //
+// Step frames (sent on the connection that carries the sender's exceptions,
+// when it comes up, with every heartbeat and at each table step) carry u64
+// milliseconds since the sender last published tables that moved Maglev
+// entries, or kPeerNoStep; a joining instance waits for a quiet tier
+// (ControlPlane::tickPeers). An older build drops a connection that sends
+// one (unknown frame type), as it does for Intent frames.
+//
 // Records frames carry the flow checkpoint's encoding
 // (encodeFlowCheckpoint: 16 bytes a record, backends by id, CRC, seed tag),
 // at most kPeerRecordsPerFrame records; Removed frames carry u32 count and
@@ -78,6 +85,7 @@ enum class PeerFrameType : std::uint8_t {
   Removed = 19,    // flow hashes no longer exceptions here
   DumpEnd = 20,
   Intent = 21,  // tier-wide operator intent (intent_wire.hpp)
+  Step = 22,    // u64 ms since the sender's last table step (kPeerNoStep: none)
 };
 
 struct PeerFrameHeader {
@@ -173,5 +181,11 @@ struct PeerAuth {
     std::string_view payload, std::uint64_t hashSeed);
 [[nodiscard]] std::string encodePeerRemoved(std::span<const std::uint64_t> hashes);
 [[nodiscard]] std::optional<std::vector<std::uint64_t>> decodePeerRemoved(std::string_view payload);
+
+// Step payloads: nullopt for a payload of the wrong size; a nullopt inside
+// for "no step since the sender started".
+inline constexpr std::uint64_t kPeerNoStep = ~std::uint64_t{0};
+[[nodiscard]] std::string encodePeerStep(std::optional<std::uint64_t> msAgo);
+[[nodiscard]] std::optional<std::optional<std::uint64_t>> decodePeerStep(std::string_view payload);
 
 }  // namespace spillway

@@ -20,6 +20,16 @@ bool isTableException(const ForwardingSnapshot& snapshot, std::uint64_t hash, st
   return !any;  // in no such table: nothing would place it there again
 }
 
+bool exportsFlow(const ForwardingSnapshot& current, const ForwardingSnapshot* next,
+                 std::uint64_t hash, std::uint32_t backend, std::uint8_t vipTag) noexcept {
+  const auto kept = [&](const ForwardingSnapshot& s) {
+    const SnapshotBackend* b = s.backend(backend);
+    return b != nullptr && keepsTrackedFlows(b->state) &&
+           isTableException(s, hash, backend, vipTag);
+  };
+  return kept(current) || (next != nullptr && kept(*next));
+}
+
 ExceptionTable::ExceptionTable(std::span<const ExceptionEntry> entries) {
   std::size_t wanted = 0;
   for (const ExceptionEntry& e : entries) {
