@@ -283,6 +283,8 @@ class Estate:
             opts += ["--delay-host", name]
         if self.tier:
             opts += ["--tier", str(self.tier)]
+        if self.second_chance():
+            opts.append("--second-chance")
         self.up = True
         self.run([TOPOLOGY, "up"] + opts, env=dict(os.environ, SW_DECAP=self.tools.decap))
         text = self.run([TOPOLOGY, "env"] + opts).stdout
@@ -334,6 +336,26 @@ class Estate:
             if proc.poll() is not None:
                 raise DrillError(f"spillway-delayline of {name} exited {proc.returncode}")
             self.lines[name] = sock
+
+    def second_chance(self):
+        """The scenario sets [dataplane] second_chance_hold_ms (0 too: an
+        "off" run on the same estate): the backends' spillway-decap know the
+        load balancers (--lb) and the LB hosts forward the packets they send
+        on (scripts/topology --second-chance)."""
+        return "second_chance_hold_ms" in self.sc.get("dataplane", {})
+
+    def decap_stats(self):
+        """Every backend's spillway-decap counters (`stats --json`), by
+        backend; a backend whose counters cannot be read is left out."""
+        out = {}
+        for name, b in self.backends.items():
+            r = self.run([self.tools.decap, "stats", "--dev", "eth0", "--json", "--pin-root",
+                          f"/sys/fs/bpf/{b['ns']}"], ns=b["ns"], check=False)
+            try:
+                out[name] = json.loads(r.stdout)
+            except ValueError:
+                pass
+        return out
 
     def wan_set(self, line=None, **settings):
         """Changes a delay line: the cloud WAN (line None), a region's or a
@@ -428,11 +450,12 @@ class Estate:
         # Closed flows leave the tables 2 s after their FIN (default 10), so a
         # drain completes soon after its last flow ends.
         dataplane["timeouts"] = {"closing": 2}
+        dataplane.update(sc.get("dataplane", {}))
         pools = []
         for pool, conf in sc["pools"].items():
             site = pool_site(pool)
             keys = {"name": pool, "site": site, "priority": conf.get("priority", 0),
-                    "encap": "ipip" if site == "onprem" else "gue"}
+                    "encap": conf.get("encap", "ipip" if site == "onprem" else "gue")}
             if conf.get("health"):
                 keys["health"] = dict(conf["health"])
             if conf.get("load"):

@@ -38,6 +38,7 @@ def build(d, measurements, verdicts):
         "placement": measurements.get("placement"),
         "byte_balance": measurements.get("byte_balance"),
         "syn_floods": measurements.get("syn_floods", []),
+        "second_chance": getattr(d, "second_chance", None),
         "new_flows": new_flow_shares(d),
         "invariants": verdicts,
         "passed": ok,
@@ -159,6 +160,17 @@ def summary(rep, out_dir):
             hops.setdefault(r["vip"], []).append(f"{r['t']} s {'+'.join(r['next_hops']) or '-'}")
         for vip, rows in hops.items():
             lines.append(f"  router next hops for {vip}: " + "; ".join(rows[-8:]))
+    sc2 = rep.get("second_chance")
+    if sc2:
+        tot = {k: sum(b[k] for b in sc2["backends"].values())
+               for k in ("sc_redirected", "sc_arrived", "sc_kept", "sc_unknown_lb")}
+        lines.append(f"  second chance (hold {sc2['hold_ms']} ms): instances sent / unsent "
+                     + ", ".join(f"{n} {c['second_chance_sent']} / {c['second_chance_unsent']}"
+                                 for n, c in sc2["instances"].items())
+                     + f"; backends {tot} ("
+                     + ", ".join(f"{n} {c['sc_redirected']} redirected, {c['sc_arrived']} arrived"
+                                 for n, c in sc2["backends"].items()
+                                 if c["sc_redirected"] or c["sc_arrived"]) + ")")
     for s in rep["shares"]:
         seen = (f"measured {s['measured']} ({s['probes']} flows), " if "probes" in s else "")
         lines.append(f"  share of new flows, VIP {s.get('vip', 'nccl')}, {s['from']:.1f}-"

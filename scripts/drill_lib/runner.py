@@ -150,6 +150,118 @@ class Drill:
         except (OSError, ValueError, KeyError, DrillError):
             return None
 
+    def last_step(self, inst, since):
+        """One status answer of `inst`: (the time.time() its last table step
+        was made at, at the latest, its tables_changed_ms, the answer's
+        round trip in s), or None when it does not answer. The step's time
+        is the moment the answer arrived less the step's age by the
+        instance's own clock (now_ms, the clock of the control loop's last
+        round: an upper bound on the step's time). Steps before `since`
+        (time.time()) are reported as None in the first field."""
+        t_ask = time.time()
+        try:
+            st = inst.ctl.call("status")
+            changed, now_ms = st["tables_changed_ms"], st["now_ms"]
+        except (OSError, ValueError, KeyError, TypeError, DrillError):
+            return None
+        t_got = time.time()
+        at = t_got - (now_ms - changed) / 1000.0
+        return (at if at >= since else None), changed, t_got - t_ask
+
+    def kill_after_own_step(self, name, a, rec):
+        """kill-instance with after_own_step_ms: SIGKILLs instance `name`
+        after_own_step_ms after a table step it makes once this action
+        begins. Its status (tables_changed_ms) shows the step, but an answer
+        arrives only after the control loop's round, which a step makes
+        long (the table build, the export): a step is often seen later than
+        the kill is due. Then the kill aims at its next step, which in a
+        tier falls on the wall clock's next multiple of churn_interval
+        (ControlPlane::tick) while the tables still move, and the survivors'
+        steps, on the same grid, confirm afterwards that it came. Records
+        the measured delay between that step and the kill; an error result
+        (and no kill) when the instance makes no step within step_within s,
+        or an error after the kill when no survivor stepped when predicted."""
+        inst = self.e.instances[name]
+        after = a["after_own_step_ms"] / 1000.0
+        within = a.get("step_within", scenario.STEP_WITHIN_DEFAULT_S)
+        interval = float(self.sc.get("policy", {}).get("churn_interval", 1.0))
+        t_begin = time.time()
+        seen = None      # [earliest bound on the step's time, its tables_changed_ms]
+        rtts = []
+        while seen is None:
+            got = self.last_step(inst, t_begin - 0.005)
+            if got is not None:
+                rtts.append(got[2])
+                if got[0] is not None:
+                    seen = [got[0], got[1]]
+                    break
+            if time.time() > t_begin + within:
+                return (f"error: {name} made no table step within {within} s "
+                        f"({len(rtts)} status answers); not killed")
+            time.sleep(0.005)
+        def refine():
+            got = self.last_step(inst, t_begin - 0.005)
+            if got is None:
+                return
+            rtts.append(got[2])
+            if got[0] is not None and got[1] == seen[1]:
+                seen[0] = min(seen[0], got[0])
+            elif got[0] is not None:
+                seen[:] = [got[0], got[1]]
+        while True:
+            now = time.time()
+            if now >= seen[0] + after - 0.001:
+                break
+            if now < seen[0] + after - 0.02:
+                refine()
+            else:
+                time.sleep(seen[0] + after - now - 0.001)
+        aim, how = seen[0], "seen"
+        if time.time() > seen[0] + after + 0.02:
+            # Seen too late for this step: aim at the next one on the grid
+            # (the refined bound's offset from its multiple is the round's
+            # own delay), refining the bound while there is time.
+            step_slot = round(seen[0] / interval)
+            while time.time() + 2 * max(rtts) < (step_slot + 1) * interval + after - 0.05:
+                refine()
+                time.sleep(0.01)
+            offset = max(0.0, seen[0] - step_slot * interval)
+            aim, how = (step_slot + 1) * interval + offset, "grid"
+            rec["grid_offset_ms"] = round(offset * 1000.0, 1)
+            while time.time() < aim + after - 0.001:
+                time.sleep(max(0.0, min(0.005, aim + after - time.time() - 0.001)))
+        # The kill's moment is the signal's: the process runs no more from
+        # then, though the kernel takes a while to tear it down (reaped_ms).
+        t_kill = rec["t"] = time.time()
+        rc = self.e.stop_lb("KILL", name=name)
+        rec["reaped_ms"] = round((time.time() - t_kill) * 1000.0, 1)
+        rec["at"] = round(t_kill - self.t0, 3)
+        rec["after_own_step_ms"] = a["after_own_step_ms"]
+        rec["own_step_to_kill_ms"] = round((t_kill - aim) * 1000.0, 1)
+        rec["own_step"] = how
+        rec["last_seen_own_step_to_kill_ms"] = round((t_kill - seen[0]) * 1000.0, 1)
+        rec["waited_for_step_s"] = round(seen[0] - t_begin, 3)
+        # How fast the instance answered: a step is seen one answer late.
+        rec["status_answers"] = len(rtts)
+        rec["status_ms_max"] = round(max(rtts) * 1000.0, 1) if rtts else None
+        rec["own_tables_quiet_s"] = round(t_kill - aim, 3)
+        rec["signal"], rec["exit"] = "KILL", rc
+        if how == "grid":
+            # The survivors step on the same grid: each one's last step,
+            # against the predicted one.
+            offsets = {}
+            for other in self.e.running():
+                got = self.last_step(other, t_begin)
+                if got is not None and got[0] is not None:
+                    offsets[other.name] = round((got[0] - aim) * 1000.0, 1)
+            rec["survivors_step_vs_predicted_ms"] = offsets
+            if not any(abs(v) <= 50 for v in offsets.values()):
+                return (f"error: {name} was killed {rec['own_step_to_kill_ms']} ms after the "
+                        f"step predicted for it on the churn grid, but no survivor stepped "
+                        f"then ({offsets or 'none answered'}): its last step was "
+                        f"{rec['last_seen_own_step_to_kill_ms']} ms before the kill")
+        return "ok"
+
     def act(self, a):
         e, do, target = self.e, a["do"], a.get("target")
         rec = {"at": round(time.time() - self.t0, 3), "t": time.time(), "do": do}
@@ -244,6 +356,8 @@ class Drill:
                                   "before": before})
             rec["signal"] = sig
             rec["outage_s"] = round(outage, 3)
+        elif do == "kill-instance" and "after_own_step_ms" in a:
+            result = self.kill_after_own_step(target, a, rec)
         elif do in ("kill-instance", "stop-instance"):
             rec["own_tables_quiet_s"] = self.own_tables_quiet(target)
             sig = "KILL" if do == "kill-instance" else "TERM"
@@ -324,7 +438,35 @@ class Drill:
         for f in self.floods:
             self.flood_reports.append(f.finish())
 
+    def second_chance_counters(self):
+        """With [dataplane] second_chance_hold_ms: each instance's
+        second_chance_sent / unsent (summed over its starts' stats files:
+        each start counts from zero) and each backend's spillway-decap
+        second-chance counters; None without."""
+        if not self.e.second_chance():
+            return None
+        out = {"hold_ms": self.sc["dataplane"]["second_chance_hold_ms"], "instances": {},
+               "backends": {}}
+        for name, inst in self.e.instances.items():
+            sums = {"second_chance_sent": 0, "second_chance_unsent": 0}
+            for tag in range(1, inst.starts + 1):
+                path = os.path.join(inst.run_dir, f"stats-{inst.files}{tag}.json")
+                try:
+                    with open(path) as f:
+                        st = json.load(f)
+                except (OSError, ValueError):
+                    continue
+                for k in sums:
+                    sums[k] += st.get(k, 0)
+            out["instances"][name] = sums
+        for name, st in self.e.decap_stats().items():
+            c = st.get("counters", {})
+            out["backends"][name] = {k: c.get(k, {}).get("packets", 0) for k in
+                                     ("sc_redirected", "sc_arrived", "sc_kept", "sc_unknown_lb")}
+        return out
+
     def finish(self):
+        self.second_chance = self.second_chance_counters()
         try:
             self.health_end = {h["backend"]: h for h in self.e.ctl.call("health")}
         except (OSError, ValueError, DrillError):

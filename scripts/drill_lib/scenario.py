@@ -39,7 +39,10 @@ ACTIONS = {
                                      # low (`target`, `targets` or `pool`), every period_ms
     "probe-rate": (False, False),
     # A tier estate's instances ([estate] instances = N; target lb1..lbN):
-    "kill-instance": (False, False),   # SIGKILL: a crash, the router must notice
+    "kill-instance": (False, False),   # SIGKILL: a crash, the router must notice; with
+                                       # after_own_step_ms, that many ms after a table step
+                                       # the instance itself makes once the action begins
+                                       # (waiting up to step_within s for it)
     "stop-instance": (False, False),   # SIGTERM: withdraw, then stop
     "lb-drain": (False, False),        # spillwayctl lb drain: withdraw, keep forwarding
     "lb-undrain": (False, False),
@@ -95,6 +98,19 @@ DEFAULT_CONNECT_SLOW_MS = 800
 # counts against new_flows_avoid, unless table_removal_max_s names a bound.
 DEFAULT_AVOID_GRACE_S = 0.5
 SIGNALS = ("TERM", "KILL")
+# Pools' encapsulation (spillwayd's [[pool]] encap): the drill's default is
+# IPIP on premises and GUE in the cloud; second chance needs GUE.
+ENCAPS = ("ipip", "gue")
+# The scenario's [dataplane] keys, passed to spillwayd's [dataplane]. With
+# second_chance_hold_ms (0 included, for an "off" run on the same estate)
+# the backends' spillway-decap take the load balancers' addresses with --lb
+# and the LB hosts forward what a backend sends on (scripts/topology
+# --second-chance).
+DATAPLANE_KEYS = {"second_chance_hold_ms": (0, 86400000)}
+# kill-instance after_own_step_ms: how long after the instance's own step,
+# and how long the action waits for that step.
+AFTER_STEP_MAX_MS = 5000
+STEP_WITHIN_DEFAULT_S = 10
 
 TIME_KEYS_ACTION = ("at", "for")
 
@@ -186,6 +202,19 @@ def validate(sc, path):
     for p in pools:
         if p not in pool_names:
             bad(f"pools.{p}: the estate has pools {', '.join(sorted(pool_names))} only")
+        if "encap" in pools[p] and pools[p]["encap"] not in ENCAPS:
+            bad(f"pools.{p}.encap = {pools[p]['encap']!r} is not one of "
+                f"{', '.join(repr(e) for e in ENCAPS)}")
+    dataplane = sc.get("dataplane", {})
+    if not isinstance(dataplane, dict):
+        bad("dataplane must be a table")
+    for k, v in dataplane.items():
+        if k not in DATAPLANE_KEYS:
+            bad(f"dataplane.{k} is not a key the drill passes on "
+                f"({', '.join(sorted(DATAPLANE_KEYS))})")
+        lo, hi = DATAPLANE_KEYS[k]
+        if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+            bad(f"dataplane.{k} = {v!r} must be an integer {lo}..{hi}")
     sc.setdefault("weights", {})
     sc.setdefault("traffic", {})
     if not isinstance(sc.get("duration", 30), (int, float)) or sc.get("duration", 30) <= 0:
@@ -220,6 +249,20 @@ def validate(sc, path):
         if a["do"] in INSTANCE_ACTIONS and a.get("target") not in instances:
             bad(f"{where}: target = {a.get('target')!r} is not an instance of the tier "
                 f"({', '.join(sorted(instances)) or 'estate.instances is 0'})")
+        if ("after_own_step_ms" in a or "step_within" in a) and a["do"] != "kill-instance":
+            bad(f"{where}: after_own_step_ms and step_within are for kill-instance only")
+        if "after_own_step_ms" in a:
+            ms = a["after_own_step_ms"]
+            if not isinstance(ms, (int, float)) or isinstance(ms, bool) or \
+                    not 0 <= ms <= AFTER_STEP_MAX_MS:
+                bad(f"{where}: after_own_step_ms = {ms!r} must be a number of milliseconds "
+                    f"0..{AFTER_STEP_MAX_MS}")
+        if "step_within" in a:
+            if "after_own_step_ms" not in a:
+                bad(f"{where}: step_within needs after_own_step_ms")
+            w = a["step_within"]
+            if not isinstance(w, (int, float)) or isinstance(w, bool) or not 0 < w <= 120:
+                bad(f"{where}: step_within = {w!r} must be 0..120 seconds")
         if a["do"] == "restart-lb" and tier:
             bad(f"{where}: restart-lb is for one gateway; a tier uses kill-instance, "
                 f"stop-instance and start-instance")
