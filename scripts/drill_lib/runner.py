@@ -12,6 +12,7 @@ import threading
 import time
 
 import attack
+import attribution
 import scenario
 from estate import (HEALTH_PORT, VIP_FLOWS, VIP_GRPC, DrillError, Estate, log, wait_until)
 from monitor import Monitor
@@ -325,6 +326,10 @@ class Drill:
             self.flood_reports.append(f.finish())
 
     def finish(self):
+        if attribution.wanted(self.sc):
+            # Before the traffic stops: the instances' adoptions and tracked
+            # exceptions, their tables, the backends' second chances.
+            self.attribution_evidence = attribution.collect(self, log=log)
         try:
             self.health_end = {h["backend"]: h for h in self.e.ctl.call("health")}
         except (OSError, ValueError, DrillError):
