@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "spillway/adopted_flows.hpp"
 #include "spillway/drop_reason.hpp"
 #include "spillway/flow_exceptions.hpp"
 #include "spillway/kernel_reassembly.hpp"
@@ -37,6 +38,14 @@ struct LcoreFlowCounts {
   std::vector<std::uint64_t> byBackend;
 };
 
+// A flow a worker adopted from an exception (adopted_flows.hpp), and how
+// long ago on that worker's clock.
+struct LcoreAdoptedFlow {
+  unsigned lcore = 0;
+  AdoptedFlow flow;
+  Millis ageMs = 0;
+};
+
 // The data path's counters, summed where the field says so.
 struct DataplaneCounters {
   std::uint64_t rxPackets = 0;  // received, steered or not
@@ -48,6 +57,8 @@ struct DataplaneCounters {
   std::uint64_t flowInsertFailed = 0;
   std::uint64_t icmpErrorsSteered = 0;
   std::uint64_t exceptionHits = 0;
+  // ... by the exception's origin (index: ExceptionOrigin)
+  std::array<std::uint64_t, kExceptionOriginCount> exceptionHitsByOrigin{};
   std::uint64_t placedOffTable = 0;  // new connections placed off their table entry (placement.hpp)
   std::uint64_t secondChanceSent = 0;    // mid-flow packets sent with a second-chance hop
   std::uint64_t secondChanceUnsent = 0;  // ... that needed one but went without (steering.hpp)
@@ -150,6 +161,11 @@ class Dataplane {
   // DataplaneCounters::placedOffTable alone: new flow exceptions the
   // checkpoint should take soon.
   [[nodiscard]] virtual std::uint64_t placedOffTable() const = 0;
+
+  // The flows each worker adopted from an exception, the last
+  // AdoptedFlowRing::kCapacity of each, oldest first per worker. Lock-free
+  // reads of the workers' rings; a data path without them has none.
+  [[nodiscard]] virtual std::vector<LcoreAdoptedFlow> adoptedFlows() const { return {}; }
 
   // Worker heartbeats: one round counter per worker, advanced once per poll
   // round (busy or idle). A counter that stops moving is a stalled or

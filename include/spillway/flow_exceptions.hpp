@@ -24,9 +24,14 @@
 // VIPs that share a tag (or an unknown tag) only make it conservative: it may
 // keep a few flows that did not need it, never drop one that did.
 //
+// Origin: every entry says where the control plane learnt it (restored from
+// this instance's checkpoint, received from a tier peer, rebuilt from the
+// backends' connection lists), so that a worker whose flow-table miss an
+// entry resolves can record which layer kept the flow (adopted_flows.hpp).
+//
 // ExceptionTable: open addressing over a power-of-two array at most half
 // full (on huge pages where offered), 16 bytes a slot (fingerprint, backend
-// index | state << 24); built once by the control thread, immutable
+// index | state << 24, origin); built once by the control thread, immutable
 // afterwards, shared by successive snapshots. A lookup is one or two cache
 // lines, no allocation, no write. Only a flow-table miss consults it.
 //
@@ -80,10 +85,34 @@ struct FlowExceptionRecord {
                                std::uint64_t hash, std::uint32_t backend,
                                std::uint8_t vipTag) noexcept;
 
+// Where an exception came from (the layer of flow affinity that kept it).
+enum class ExceptionOrigin : std::uint8_t {
+  Unknown = 0,
+  Checkpoint = 1,  // restored at start from this instance's flows.ckpt
+  Peer = 2,        // received from a tier peer (peer_channel.hpp)
+  Backend = 3,     // rebuilt at start from the backends' connection lists
+};
+inline constexpr std::size_t kExceptionOriginCount = 4;
+
+[[nodiscard]] constexpr const char* toString(ExceptionOrigin origin) noexcept {
+  switch (origin) {
+    case ExceptionOrigin::Checkpoint:
+      return "checkpoint";
+    case ExceptionOrigin::Peer:
+      return "peer";
+    case ExceptionOrigin::Backend:
+      return "backend";
+    case ExceptionOrigin::Unknown:
+      break;
+  }
+  return "unknown";
+}
+
 struct ExceptionEntry {
   std::uint64_t hash = 0;
   std::uint32_t backend = 0;  // index, 1 .. FlowTable::kMaxBackend
   FlowState state = FlowState::Established;
+  ExceptionOrigin origin = ExceptionOrigin::Unknown;
 };
 
 class ExceptionTable {
@@ -91,6 +120,7 @@ class ExceptionTable {
   struct Hit {
     std::uint32_t backend = 0;  // 0 = no exception for this flow
     FlowState state = FlowState::Established;
+    ExceptionOrigin origin = ExceptionOrigin::Unknown;
   };
 
   ExceptionTable() = default;
@@ -106,7 +136,8 @@ class ExceptionTable {
     while (slots_[i].fingerprint != 0) {
       if (slots_[i].fingerprint == fp) {
         return Hit{slots_[i].meta & FlowTable::kMaxBackend,
-                   static_cast<FlowState>(slots_[i].meta >> 24)};
+                   static_cast<FlowState>(slots_[i].meta >> 24),
+                   static_cast<ExceptionOrigin>(slots_[i].origin)};
       }
       i = (i + 1) & mask_;
     }
@@ -126,7 +157,7 @@ class ExceptionTable {
   struct Slot {
     std::uint64_t fingerprint = 0;  // 0 = empty
     std::uint32_t meta = 0;         // backend | state << 24
-    std::uint32_t unused = 0;
+    std::uint32_t origin = 0;       // ExceptionOrigin
   };
   static_assert(sizeof(Slot) == 16);
 

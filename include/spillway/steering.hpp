@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <span>
 
+#include "spillway/adopted_flows.hpp"
 #include "spillway/flow_key.hpp"
 #include "spillway/flow_table.hpp"
 #include "spillway/icmp_rate_limit.hpp"
@@ -82,7 +83,9 @@ struct SteeringCounters {
   Counter resteered;         // tracked flows moved off a failed or removed backend
   Counter flowInsertFailed;  // forwarded by the table, but not tracked
   Counter icmpErrorsSteered;
-  Counter exceptionHits;   // flows tracked anew on the backend a restored or peer exception named
+  Counter exceptionHits;  // flows tracked anew on the backend a restored or peer exception named
+  // ... by the exception's origin (ExceptionOrigin): which layer kept them
+  std::array<Counter, kExceptionOriginCount> exceptionHitsByOrigin{};
   Counter placedOffTable;  // new connections a placing VIP sent elsewhere than its table's entry
   // Mid-flow TCP packets placed by the table on a slot that changed within
   // the second-chance hold time: sent with the previous owner as a hop
@@ -111,6 +114,9 @@ class Steering {
   // The owner lcore starts flow count n (placement.hpp's epochs).
   void beginPlacementEpoch(std::uint64_t n) noexcept { ledger_.beginEpoch(n); }
   [[nodiscard]] const PlacementLedger& placementLedger() const noexcept { return ledger_; }
+  // The flows this lcore adopted from an exception (adopted_flows.hpp); any
+  // thread may read it.
+  [[nodiscard]] const AdoptedFlowRing& adoptedFlows() const noexcept { return adopted_; }
 
  private:
   // Per-frame state between the stages.
@@ -137,6 +143,7 @@ class Steering {
   Millis burstNow_ = 0;  // steerBurst()'s `now`, for the ICMP limiter
   PlacementLedger ledger_;
   SteeringCounters counters_;
+  AdoptedFlowRing adopted_;
   // The burst's working state lives here, not on the stack, so no burst pays
   // for value-initialising it; steerBurst() writes every element it reads.
   std::array<Pending, kMaxBurst> pending_;

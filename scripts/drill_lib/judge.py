@@ -23,9 +23,10 @@ restart's outage).
 """
 import math
 
+import attribution
 import intent as intent_mod
 import tier as tier_mod
-from estate import CLIENT, DATA_PORT, VIP_FLOWS
+from estate import CLIENT, DATA_PORT, SEED, VIP_FLOWS
 from estate_harness import maglev_model
 from scenario import DEFAULT_AVOID_GRACE_S, DEFAULT_CONNECT_SLOW_MS
 
@@ -742,8 +743,21 @@ def judge(d):
     for a in d.actions:
         if a["result"] != "ok":
             check(f"action[{a['do']} {a.get('target', '')}]", False, a["result"])
+    m["attribution"] = judge_attribution(d, check)
     judge_floor(d, flows, grpc, len(verdicts), check)
     return m, verdicts
+
+
+def judge_attribution(d, check):
+    """Which layer kept each surviving long-lived flow (attribution.py), for
+    the drills that kill, restart or withdraw a load balancer."""
+    model_hasher = maglev_model.ref.FlowHasher(maglev_model.parse_u64(SEED))
+    surviving = [f for f in d.flow_report["flows"] if not flow_broken(f, d.sc["stall_ms"])]
+    return attribution.judge(
+        d, surviving, check,
+        lambda src, sport, dst, dport: maglev_model.flow_hash(model_hasher, src, dst, sport,
+                                                              dport, 6),
+        maglev_model.slot_of, CLIENT, VIP_FLOWS, DATA_PORT)
 
 
 def judge_floor(d, flows, grpc, evaluated, check):

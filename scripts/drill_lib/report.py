@@ -6,6 +6,8 @@ pool, the drill's actions marked).
 import json
 import os
 
+import attribution
+
 SCHEMA = 1
 
 
@@ -39,6 +41,7 @@ def build(d, measurements, verdicts):
         "byte_balance": measurements.get("byte_balance"),
         "syn_floods": measurements.get("syn_floods", []),
         "second_chance": getattr(d, "second_chance", None),
+        "attribution": measurements.get("attribution"),
         "new_flows": new_flow_shares(d),
         "invariants": verdicts,
         "passed": ok,
@@ -189,6 +192,7 @@ def summary(rep, out_dir):
                      f"{e.get('started', 0)} s, {e.get('planned_s')} s): {e['mbps']} Mbit/s, "
                      f"longest silence {e['longest_silence_ms']} ms, "
                      f"{'BROKEN' if e['broken'] else 'unbroken'}")
+    lines += attribution.report_lines(rep.get("attribution"))
     for v in rep["invariants"]:
         lines.append(f"  {'ok  ' if v['ok'] else 'FAIL'} {v['name']}: {v['detail']}")
     lines.append(f"  report: {os.path.join(out_dir, 'report.json')}")

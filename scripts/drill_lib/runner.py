@@ -12,6 +12,7 @@ import threading
 import time
 
 import attack
+import attribution
 import scenario
 from estate import (HEALTH_PORT, VIP_FLOWS, VIP_GRPC, DrillError, Estate, log, wait_until)
 from monitor import Monitor
@@ -467,6 +468,10 @@ class Drill:
 
     def finish(self):
         self.second_chance = self.second_chance_counters()
+        if attribution.wanted(self.sc):
+            # Before the traffic stops: the instances' adoptions and tracked
+            # exceptions, their tables, the backends' second chances.
+            self.attribution_evidence = attribution.collect(self, log=log)
         try:
             self.health_end = {h["backend"]: h for h in self.e.ctl.call("health")}
         except (OSError, ValueError, DrillError):

@@ -87,7 +87,10 @@ INVARIANTS = {"others_broken_max", "victims_broken_min", "victims", "detection_m
               # the control samples, the measured share of one backend.
               "region", "region_switches_max", "latency_mark", "backend_share",
               # Placement by load: max/mean bytes per backend.
-              "bytes_balance_max"}
+              "bytes_balance_max",
+              # Which layer kept each surviving flow (attribution.py): at
+              # most this many kept by no layer the drill can see.
+              "layers_unknown_max"}
 
 # A new flow (probe or long-lived flow) whose connect + hello takes longer
 # than this is slow: a lost SYN costs TCP's 1 s initial retransmission

@@ -209,6 +209,20 @@ std::vector<std::uint64_t> DpdkDataplane::workerRounds() const {
   return out;
 }
 
+std::vector<LcoreAdoptedFlow> DpdkDataplane::adoptedFlows() const {
+  std::vector<LcoreAdoptedFlow> out;
+  std::vector<AdoptedFlow> flows;
+  for (const auto& w : workers_) {
+    flows.clear();
+    w->adoptedFlows().read(flows);
+    const std::uint64_t now = w->clockMs();
+    for (const AdoptedFlow& f : flows) {
+      out.push_back(LcoreAdoptedFlow{w->config().lcore, f, now > f.at ? now - f.at : 0});
+    }
+  }
+  return out;
+}
+
 std::uint64_t DpdkDataplane::rxTotal() const noexcept {
   std::uint64_t rx = 0;
   for (const auto& w : workers_) {
@@ -336,6 +350,9 @@ DataplaneCounters DpdkDataplane::counters() const {
     c.flowInsertFailed += s.flowInsertFailed.read();
     c.icmpErrorsSteered += s.icmpErrorsSteered.read();
     c.exceptionHits += s.exceptionHits.read();
+    for (std::size_t o = 0; o < kExceptionOriginCount; ++o) {
+      c.exceptionHitsByOrigin[o] += s.exceptionHitsByOrigin[o].read();
+    }
     c.placedOffTable += s.placedOffTable.read();
     c.secondChanceSent += s.secondChanceSent.read();
     c.secondChanceUnsent += s.secondChanceUnsent.read();

@@ -83,6 +83,7 @@ class DpdkDataplane final : public Dataplane {
   void backendBytes(std::span<std::uint64_t> out) const override;
   [[nodiscard]] std::uint64_t placedOffTable() const override;
   [[nodiscard]] std::vector<std::uint64_t> workerRounds() const override;
+  [[nodiscard]] std::vector<LcoreAdoptedFlow> adoptedFlows() const override;
 
  private:
   explicit DpdkDataplane(unsigned workers);

@@ -366,6 +366,7 @@ void Worker::run(const std::atomic<bool>& stop) noexcept {
     const ForwardingSnapshot* snapshot = publisher_.current();
     unsigned received = 0;
     lastNowMs_ = nowMs;
+    clockMs_.store(nowMs, std::memory_order_relaxed);
     if (snapshot != nullptr) [[likely]] {
       for (auto& io : ports_) received += pollPort(*io, *snapshot, nowMs);
       counters_.snapshotGeneration.set(snapshot->generation);

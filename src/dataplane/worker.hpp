@@ -191,6 +191,14 @@ class Worker {
   [[nodiscard]] std::uint64_t rounds() const noexcept {
     return rounds_.load(std::memory_order_relaxed);
   }
+  // The flows it adopted from exceptions, and its clock (ms, the `now` it
+  // steers with) at its last round: any thread.
+  [[nodiscard]] const AdoptedFlowRing& adoptedFlows() const noexcept {
+    return steering_.adoptedFlows();
+  }
+  [[nodiscard]] std::uint64_t clockMs() const noexcept {
+    return clockMs_.load(std::memory_order_relaxed);
+  }
 
  private:
   struct PortIo;
@@ -219,7 +227,8 @@ class Worker {
   std::atomic<std::uint64_t> flowCountRequest_{0};
   std::atomic<std::uint64_t> flowCountDone_{0};
   std::atomic<std::uint64_t> rounds_{0};
-  std::uint64_t countingFor_ = 0;  // request being counted; 0 = none
+  std::atomic<std::uint64_t> clockMs_{0};  // lastNowMs_, for other threads
+  std::uint64_t countingFor_ = 0;          // request being counted; 0 = none
   std::size_t countCursor_ = 0;
   std::vector<std::uint32_t> countScratch_;
   std::unique_ptr<Counter[]> liveFlows_;

@@ -646,6 +646,11 @@ std::map<std::string, CLI::App*, std::less<>> addTableCommands(
       const std::string group(row.name.substr(0, dot));
       word = std::string(row.name.substr(dot + 1));
       auto& g = groups[group];
+      // A command that is also a group ("flows", "flows.adopted"): its
+      // subcommands hang under it, and it runs alone when none is given.
+      if (g == nullptr) {
+        if (auto leaf = byName.find(group); leaf != byName.end()) g = leaf->second;
+      }
       if (g == nullptr) {
         std::string help;
         for (const CommandGroup& cg : commandGroups()) {
@@ -656,7 +661,9 @@ std::map<std::string, CLI::App*, std::less<>> addTableCommands(
       parent = g;
     }
     CLI::App* sub = parent->add_subcommand(word, std::string(row.help));
-    sub->callback([&selected, name = std::string(row.name)] { selected = name; });
+    sub->callback([&selected, sub, name = std::string(row.name)] {
+      if (sub->get_subcommands().empty()) selected = name;
+    });
     byName[std::string(row.name)] = sub;
     for (const ArgSpec& arg : row.args) {
       auto slot = std::make_unique<ArgSlot>();

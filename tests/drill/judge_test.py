@@ -12,10 +12,13 @@ import tempfile
 import types
 import unittest
 
+import attribution
 import intent  # scripts/drill_lib and scripts/ on PYTHONPATH (tests/drill/meson.build)
 import judge
 import report
 import scenario
+from estate import CLIENT, DATA_PORT, SEED, VIP_FLOWS
+from estate_harness import maglev_model
 from estate_harness.estate_toml import estate_toml
 from monitor import Monitor
 
@@ -574,6 +577,166 @@ class LatencyJudgeTest(unittest.TestCase):
             with self.assertRaises(scenario.ScenarioError) as e:
                 scenario.validate(sc, "x")
             self.assertIn(msg, str(e.exception))
+
+
+class AttributionTest(unittest.TestCase):
+    """Which layer kept each surviving flow (attribution.py), from synthetic
+    evidence: each layer from its own evidence, their order, and what does
+    not count (an adoption onto another backend, a table only some
+    instances agree with)."""
+    HASHER = maglev_model.ref.FlowHasher(maglev_model.parse_u64(SEED))
+    SIZE = 7  # a tiny table: slot_of(h, 7)
+
+    def hash_of(self, port):
+        return maglev_model.flow_hash(self.HASHER, CLIENT, VIP_FLOWS, port, DATA_PORT, 6)
+
+    def table(self, gives):
+        """A table of SIZE slots, each `onprem3` except the slots of the
+        flows in `gives` (port -> backend)."""
+        t = ["onprem3"] * self.SIZE
+        for port, backend in gives.items():
+            t[maglev_model.slot_of(self.hash_of(port), self.SIZE)] = backend
+        return t
+
+    def flows(self, ports_backends):
+        return [{"id": i, "backend": b, "local_port": p}
+                for i, (p, b) in enumerate(ports_backends)]
+
+    def attribute(self, flows, ev):
+        return attribution.attribute(
+            flows, ev, lambda f: (CLIENT, f["local_port"], VIP_FLOWS, DATA_PORT),
+            lambda f: self.hash_of(f["local_port"]), maglev_model.slot_of)
+
+    def evidence(self, tables, adopted=(), tracked=(), redirected=()):
+        inst = {}
+        for name, t in tables.items():
+            inst[name] = {"table": t, "adopted": {
+                "adopted": [dict(a, hash=self.hash_of(a["port"])) for a in adopted
+                            if a["instance"] == name],
+                "flow_table": {"total": 0, "flows": [
+                    {"hash": self.hash_of(x["port"]), "backend": x["backend"]}
+                    for x in tracked if x["instance"] == name]}}}
+        return {"instances": inst, "errors": [], "backends": {
+            "onprem1": {"flows": len(redirected), "redirected": [
+                {"src": CLIENT, "sport": p, "dst": VIP_FLOWS, "dport": DATA_PORT, "packets": 4,
+                 "hop": "10.0.0.2"} for p in redirected]}}}
+
+    def find_ports(self, n):
+        """n client ports whose flows fall in n different slots of the tiny
+        table (so one flow's table entry does not decide another's)."""
+        out, slots = [], set()
+        port = 40000
+        while len(out) < n:
+            s = maglev_model.slot_of(self.hash_of(port), self.SIZE)
+            if s not in slots:
+                slots.add(s)
+                out.append(port)
+            port += 1
+        return out
+
+    def test_each_layer_from_its_own_evidence_first_one_wins(self):
+        p = self.find_ports(7)
+        flows = self.flows([(p[0], "onprem2"), (p[1], "onprem1"), (p[2], "onprem1"),
+                            (p[3], "cloud1"), (p[4], "onprem2"), (p[5], "onprem1"),
+                            (p[6], "onprem2")])
+        # The table gives p[5] its backend; every other flow's entry moved.
+        t = self.table({p[5]: "onprem1"})
+        ev = self.evidence(
+            {"lb1": t, "lb2": t},
+            adopted=[{"instance": "lb1", "port": p[1], "backend": "onprem1", "origin": "peer"},
+                     {"instance": "lb2", "port": p[2], "backend": "onprem1",
+                      "origin": "checkpoint"},
+                     {"instance": "lb2", "port": p[3], "backend": "cloud1", "origin": "backend"},
+                     # Adopted onto another backend than the flow's: no evidence.
+                     {"instance": "lb1", "port": p[6], "backend": "onprem1", "origin": "peer"}],
+            tracked=[{"instance": "lb2", "port": p[4], "backend": "onprem2"},
+                     {"instance": "lb1", "port": p[1], "backend": "onprem1"},
+                     {"instance": "lb1", "port": p[0], "backend": "onprem2"}],
+            redirected=[p[0]])
+        att = self.attribute(flows, ev)
+        self.assertEqual(att["by_layer"], {"second_chance": 1, "backend": 1, "peer": 1,
+                                           "checkpoint": 1, "flow_table": 1, "table": 1,
+                                           "unknown": 1})
+        self.assertEqual(att["flows"], 7)
+        self.assertEqual(att["moved"], 6)
+        first = {layer: [r["id"] for r in rows] for layer, rows in att["listed"].items()}
+        self.assertEqual(first, {"second_chance": [0], "peer": [1], "checkpoint": [2],
+                                 "backend": [3], "flow_table": [4], "table": [5],
+                                 "unknown": [6]})
+        # Every layer that shows a flow is listed with it, the first decides.
+        self.assertEqual(att["listed"]["second_chance"][0]["layers"],
+                         ["second_chance", "flow_table"])
+        self.assertEqual(att["listed"]["peer"][0]["layers"], ["peer", "flow_table"])
+        self.assertIn("lb1 adopted it", att["listed"]["peer"][0]["why"])
+        self.assertIn("onprem1 sent 4 packets to 10.0.0.2",
+                      att["listed"]["second_chance"][0]["why"])
+        self.assertEqual(att["sources"]["instances"]["lb1"]["adopted"], 2)
+
+    def test_table_layer_needs_every_running_instances_table(self):
+        (port,) = self.find_ports(1)
+        flows = self.flows([(port, "onprem1")])
+        agree = self.table({port: "onprem1"})
+        other = self.table({port: "onprem2"})
+        self.assertEqual(self.attribute(flows, self.evidence({"lb1": agree, "lb2": agree}))
+                         ["by_layer"]["table"], 1)
+        att = self.attribute(flows, self.evidence({"lb1": agree, "lb2": other}))
+        self.assertEqual(att["by_layer"]["unknown"], 1)
+        self.assertEqual(att["moved"], 1)
+        # No table read at all: nothing can say the flow did not move.
+        self.assertEqual(self.attribute(flows, {"instances": {}, "backends": {}, "errors": []})
+                         ["by_layer"]["unknown"], 1)
+
+    def test_lists_are_bounded_and_counts_are_not(self):
+        ports = list(range(41000, 41000 + attribution.LISTED + 5))
+        flows = self.flows([(p, "onprem1") for p in ports])
+        att = self.attribute(flows, self.evidence({"lb1": ["cloud1"] * self.SIZE}))
+        self.assertEqual(att["by_layer"]["unknown"], len(ports))
+        self.assertEqual(len(att["listed"]["unknown"]), attribution.LISTED)
+        lines = attribution.report_lines(att)
+        self.assertIn(f"unknown {len(ports)}", lines[0])
+        self.assertIn("and 5 more", lines[1])
+
+    def test_drill_reports_layers_and_judges_unknown_only_when_asked(self):
+        p = self.find_ports(2)
+        with tempfile.TemporaryDirectory() as tmp:
+            for limit, ok in ((None, None), (0, False), (1, True)):
+                inv = {} if limit is None else {"layers_unknown_max": limit}
+                d = Drill(tmp, [{"at": 5, "do": "restart-lb", "signal": "KILL"}], inv)
+                d.flow_report["flows"] = [
+                    {"id": 0, "backend": "onprem1", "local_port": p[0], "state": "open_at_end",
+                     "max_stall_ms": 10, "opened": T0 + 1, "ended": None},
+                    {"id": 1, "backend": "onprem2", "local_port": p[1], "state": "open_at_end",
+                     "max_stall_ms": 10, "opened": T0 + 1, "ended": None},
+                    # Broken: not attributed.
+                    {"id": 2, "backend": "onprem2", "local_port": 40999, "state": "reset",
+                     "max_stall_ms": 10, "opened": T0 + 1, "ended": T0 + 6}]
+                d.attribution_evidence = self.evidence(
+                    {"lb": self.table({})},
+                    adopted=[{"instance": "lb", "port": p[0], "backend": "onprem1",
+                              "origin": "checkpoint"}])
+                m, verdicts = judge.judge(d)
+                att = m["attribution"]
+                self.assertEqual(att["flows"], 2)
+                self.assertEqual(att["by_layer"]["checkpoint"], 1)
+                self.assertEqual(att["by_layer"]["unknown"], 1)
+                names = {v["name"]: v for v in verdicts}
+                if ok is None:
+                    self.assertNotIn("layers_known", names)
+                else:
+                    self.assertEqual(names["layers_known"]["ok"], ok, names["layers_known"])
+                d.wan_counters = None
+                rep = report.build(d, m, verdicts)
+                self.assertEqual(rep["attribution"]["by_layer"]["checkpoint"], 1)
+                text = report.summary(rep, tmp)
+                self.assertIn("which layer kept the 2 surviving flows: checkpoint 1, unknown 1",
+                              text)
+                self.assertIn("checkpoint: flow 0 on onprem1 (lb adopted it)", text)
+        # A drill that kills or restarts no load balancer attributes nothing.
+        with tempfile.TemporaryDirectory() as tmp:
+            d = Drill(tmp, [{"at": 5, "do": "drain", "target": "onprem1"}])
+            d.attribution_evidence = self.evidence({"lb": self.table({})})
+            m, _ = judge.judge(d)
+            self.assertIsNone(m["attribution"])
 
 
 class IntentTest(unittest.TestCase):

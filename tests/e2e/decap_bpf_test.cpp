@@ -29,6 +29,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -58,6 +59,7 @@ struct Program {
   bpf_object* object = nullptr;
   int prog = -1;
   int counters = -1;
+  int scFlows = -1;
   std::string error;
 
   bool load() {
@@ -72,6 +74,11 @@ struct Program {
     }
     prog = bpf_program__fd(bpf_object__find_program_by_name(object, SPILLWAY_DECAP_PROG_NAME));
     counters = bpf_object__find_map_fd_by_name(object, SPILLWAY_DECAP_MAP_COUNTERS);
+    scFlows = bpf_object__find_map_fd_by_name(object, SPILLWAY_DECAP_MAP_SC_FLOWS);
+    if (scFlows < 0) {
+      error = "no " SPILLWAY_DECAP_MAP_SC_FLOWS " map in the object";
+      return false;
+    }
     const int addrs = bpf_object__find_map_fd_by_name(object, SPILLWAY_DECAP_MAP_ADDRS);
     const int lbs = bpf_object__find_map_fd_by_name(object, SPILLWAY_DECAP_MAP_LBS);
     const int config = bpf_object__find_map_fd_by_name(object, SPILLWAY_DECAP_MAP_CONFIG);
@@ -115,6 +122,33 @@ struct Program {
     if (bpf_map_lookup_elem(counters, &index, values.data()) != 0) return ~0ULL;
     std::uint64_t n = 0;
     for (const auto& v : values) n += v.packets;
+    return n;
+  }
+
+  // decap_sc_flows' record of a redirected flow (inner tuple), if any.
+  std::optional<DecapFlowValue> redirected(const char* src, std::uint16_t sport, const char* dst,
+                                           std::uint16_t dport) const {
+    DecapFlowKey key{};
+    const DecapAddressKey s = keyOf(src);
+    const DecapAddressKey d = keyOf(dst);
+    key.family = s.family;
+    std::memcpy(key.saddr, s.addr, 16);
+    std::memcpy(key.daddr, d.addr, 16);
+    key.sport = htons(sport);
+    key.dport = htons(dport);
+    DecapFlowValue v{};
+    if (bpf_map_lookup_elem(scFlows, &key, &v) != 0) return std::nullopt;
+    return v;
+  }
+  std::size_t redirectedFlows() const {
+    DecapFlowKey key{}, next{};
+    const void* previous = nullptr;
+    std::size_t n = 0;
+    while (bpf_map_get_next_key(scFlows, previous, &next) == 0) {
+      key = next;
+      previous = &key;
+      ++n;
+    }
     return n;
   }
 
@@ -312,6 +346,14 @@ TEST_F(DecapSecondChance, NoSocketOrOnlyAListenerSendsItOnToTheHop) {
     ASSERT_EQ(r.retval, XDP_TX);
     checkRedirected4(in, r.out);
     EXPECT_EQ(p.counter(kDecapScRedirected), before + 1);
+    // Recorded by its inner tuple, with the hop it went to.
+    const auto rec = p.redirected("127.0.0.1", 40100, "127.0.0.1", dport);
+    ASSERT_TRUE(rec.has_value()) << "the redirected flow is in " SPILLWAY_DECAP_MAP_SC_FLOWS;
+    EXPECT_EQ(rec->packets, 1u);
+    EXPECT_EQ(rec->hopFamily, kDecapFamilyIpv4);
+    EXPECT_EQ(std::memcmp(rec->hop, Program::keyOf(kHop4).addr, 16), 0);
+    EXPECT_NE(rec->firstNs, 0u);
+    EXPECT_EQ(rec->firstNs, rec->lastNs);
     // Where it arrives (as the hop would see it, its own address aside) it
     // is marked: it stays there whatever that host has.
     EXPECT_EQ(r.out[14 + 20 + 8 + 4 + 2], std::byte{kSecondChanceRedirected});
@@ -319,6 +361,37 @@ TEST_F(DecapSecondChance, NoSocketOrOnlyAListenerSendsItOnToTheHop) {
   // FIN and RST of a connection the host does not have go on too.
   const auto rst = encapsulated(tcp4(40101, 9, kTcpRst), EncapKind::Gue4, kHop4);
   EXPECT_EQ(p.run(rst).retval, XDP_TX);
+  // The same flow again: one record, its count and last time move.
+  const auto again = encapsulated(tcp4(40100, 9, kTcpAck), EncapKind::Gue4, kHop4);
+  ASSERT_EQ(p.run(again).retval, XDP_TX);
+  const auto rec = p.redirected("127.0.0.1", 40100, "127.0.0.1", 9);
+  ASSERT_TRUE(rec.has_value());
+  EXPECT_EQ(rec->packets, 2u);
+  EXPECT_GE(rec->lastNs, rec->firstNs);
+}
+
+TEST_F(DecapSecondChance, OnlyRedirectedFlowsAreRecorded) {
+  const std::size_t before = p.redirectedFlows();
+  // Kept by its socket, a SYN, from an unknown LB, without a hop: none is
+  // recorded.
+  ASSERT_EQ(
+      p.run(encapsulated(tcp4(s.clientPort4, s.port4, kTcpAck), EncapKind::Gue4, kHop4)).retval,
+      XDP_PASS);
+  ASSERT_EQ(p.run(encapsulated(tcp4(40300, 9, kTcpSyn), EncapKind::Gue4, kHop4)).retval, XDP_PASS);
+  ASSERT_EQ(
+      p.run(encapsulated(tcp4(40301, 9, kTcpAck), EncapKind::Gue4, kHop4, "10.1.0.77")).retval,
+      XDP_PASS);
+  ASSERT_EQ(p.run(encapsulated(tcp4(40302, 9, kTcpAck), EncapKind::Gue4, nullptr)).retval,
+            XDP_PASS);
+  EXPECT_EQ(p.redirectedFlows(), before);
+  EXPECT_FALSE(p.redirected("127.0.0.1", 40300, "127.0.0.1", 9).has_value());
+  // An IPv6 flow sent on is recorded with its IPv6 tuple and hop.
+  ASSERT_EQ(p.run(encapsulated(tcp6(40303, 9, kTcpAck), EncapKind::Gue6, kHop6)).retval, XDP_TX);
+  const auto rec = p.redirected("::1", 40303, "::1", 9);
+  ASSERT_TRUE(rec.has_value());
+  EXPECT_EQ(rec->hopFamily, kDecapFamilyIpv6);
+  EXPECT_EQ(std::memcmp(rec->hop, Program::keyOf(kHop6).addr, 16), 0);
+  EXPECT_EQ(p.redirectedFlows(), before + 1);
 }
 
 TEST_F(DecapSecondChance, Ipv6OuterIsRewrittenWithItsChecksum) {

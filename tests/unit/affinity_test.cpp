@@ -211,10 +211,62 @@ TEST_F(AffinityRestart, SecondProcessStartsWithTheFirstOnesTablesAndExceptions) 
   const std::uint32_t b2InB = builderB.indexOf(backendIdFromName("b2"));
   std::size_t found = 0;
   for (std::uint64_t h = 1; h < 100000; ++h) {
-    found += restarted->exceptions->find(h * 7919).backend == b2InB;
+    const ExceptionTable::Hit hit = restarted->exceptions->find(h * 7919);
+    if (hit.backend != b2InB) continue;
+    ++found;
+    // Restored: a worker that adopts it records the checkpoint as its keeper.
+    EXPECT_EQ(hit.origin, ExceptionOrigin::Checkpoint);
   }
   EXPECT_EQ(found, 2u);
   EXPECT_EQ(b.affinity().stats().restoredAtStart, 2u);
+}
+
+// `flows adopted` (ControlApi::flowsAdopted): what the workers adopted, named
+// (VIP, backend, origin, when), the counts per origin, and the last export's
+// tracked flows (the flow table's own exceptions), backends by name.
+TEST_F(AffinityRestart, FlowsAdoptedNamesEachAdoptionAndTheFlowTablesOwn) {
+  SnapshotBuilder builder;
+  ASSERT_FALSE(builder.setConfig(config()));
+  ControlPlane a(config(), "test.toml", builder, &dp_, 0);
+  auto s = first(a);
+  ASSERT_NE(s, nullptr);
+  const std::uint32_t b2 = builder.indexOf(backendIdFromName("b2"));
+  const std::uint32_t b3 = builder.indexOf(backendIdFromName("b3"));
+  dp_.adopted = {
+      LcoreAdoptedFlow{3, AdoptedFlow{0x77, b2, ExceptionOrigin::Peer, s->vips[0].tag, 5'000}, 250},
+      LcoreAdoptedFlow{4, AdoptedFlow{0x78, b3, ExceptionOrigin::Checkpoint, s->vips[0].tag, 9},
+                       1'000}};
+  dp_.stats.exceptionHitsByOrigin = {0, 2, 5, 0};
+  dp_.exportFlows = {{0x99, b3, FlowState::Established, 0}};
+  for (Millis t = 0; t < 400 && a.affinity().stats().checkpoints == 0; t += 10) run(a, t);
+  ASSERT_EQ(a.affinity().stats().checkpoints, 1u) << a.affinity().stats().lastError;
+
+  const auto r = a.flowsAdopted();
+  ASSERT_TRUE(std::holds_alternative<Json>(r)) << std::get<ApiError>(r).message;
+  const Json& j = std::get<Json>(r);
+  ASSERT_EQ(j.at("adopted").size(), 2u);
+  const Json& p = j.at("adopted")[0];
+  EXPECT_EQ(p.at("hash"), 0x77u);
+  EXPECT_EQ(p.at("vip"), s->vips[0].name);
+  EXPECT_EQ(p.at("backend"), "b2");
+  EXPECT_EQ(p.at("origin"), "peer");
+  EXPECT_EQ(p.at("lcore"), 3u);
+  EXPECT_EQ(p.at("age_ms"), 250u);
+  EXPECT_GT(p.at("at_unix_ms").get<std::uint64_t>(), 1'600'000'000'000ULL);
+  EXPECT_EQ(j.at("adopted")[1].at("origin"), "checkpoint");
+  EXPECT_EQ(j.at("adopted")[1].at("backend"), "b3");
+  EXPECT_EQ(j.at("adopted_by_origin"),
+            (Json{{"unknown", 0}, {"checkpoint", 2}, {"peer", 5}, {"backend", 0}}));
+  EXPECT_EQ(j.at("flow_table").at("total"), 1u);
+  EXPECT_EQ(j.at("flow_table").at("flows"),
+            (Json::array({Json{{"hash", 0x99}, {"backend", "b3"}}})));
+  EXPECT_FALSE(j.at("flow_table").at("export_age_ms").is_null());
+
+  // The same counts in stats and the metrics.
+  const Json stats = std::get<Json>(a.stats());
+  EXPECT_EQ(stats.at("exception_hits_by_origin").at("peer"), 5u);
+  EXPECT_NE(a.metricsText().find("spillway_exception_hits_total{origin=\"checkpoint\"} 2"),
+            std::string::npos);
 }
 
 TEST_F(AffinityRestart, RestoredFlowsLeaveWhenTrackedAgainOrExpired) {

@@ -128,6 +128,13 @@ class FakeControlApi : public ControlApi {
                   Json{{"backends", Json::array({Json{{"backend", "gpu-a1"}, {"flows", 12}}})},
                        {"lcores", Json::array({Json{{"lcore", 1}, {"flows", 12}}})}});
   }
+  ApiResult flowsAdopted() override {
+    return answer(
+        "flowsAdopted", "flowsAdopted()",
+        Json{{"adopted",
+              Json::array({Json{
+                  {"hash", 42}, {"vip", "nccl"}, {"backend", "gpu-a1"}, {"origin", "peer"}}})}});
+  }
   ApiResult stats() override {
     return answer(
         "stats", "stats()",

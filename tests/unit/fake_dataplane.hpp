@@ -77,6 +77,7 @@ class FakeDataplane final : public Dataplane {
     }
   }
   [[nodiscard]] std::vector<std::uint64_t> workerRounds() const override { return rounds; }
+  [[nodiscard]] std::vector<LcoreAdoptedFlow> adoptedFlows() const override { return adopted; }
 
   // As new (a restarted process's data path).
   void reset() {
@@ -103,6 +104,7 @@ class FakeDataplane final : public Dataplane {
     vipSyncs.clear();
     stats = DataplaneCounters{};
     rounds.clear();
+    adopted.clear();
   }
 
   // What the test sets and reads.
@@ -131,6 +133,7 @@ class FakeDataplane final : public Dataplane {
   std::vector<std::vector<VipKey>> vipSyncs;
   DataplaneCounters stats;
   std::vector<std::uint64_t> rounds;
+  std::vector<LcoreAdoptedFlow> adopted;
 };
 
 }  // namespace spillway::test

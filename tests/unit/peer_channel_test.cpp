@@ -691,6 +691,8 @@ TEST_F(TierControl, PeerExceptionReachesThePublishedExceptionTableAndLocalOnesRe
            b.held("lb-a") == 1;
   }));
   EXPECT_EQ(dp_.latest->exceptions->find(flow).backend, builder.indexOf(b2));
+  // A worker that adopts it records the peer as the layer that kept it.
+  EXPECT_EQ(dp_.latest->exceptions->find(flow).origin, ExceptionOrigin::Peer);
   EXPECT_EQ(dp_.latest->exceptions->find(stray).backend, 0u);
   EXPECT_EQ(byHash(b.exceptions()),
             (std::map<std::uint64_t, std::uint64_t>{{0x4242, backendIdFromName("b3")}}));

@@ -73,6 +73,7 @@ TEST(Protocol, EveryCommandReachesItsCall) {
       {R"({"v":1,"cmd":"table.digest"})", "tableDigest()"},
       {R"({"v":1,"cmd":"table.digest","args":{"vip":"nccl","chunk":3}})", "tableDigest(nccl,3)"},
       {R"({"v":1,"cmd":"flows"})", "flows()"},
+      {R"({"v":1,"cmd":"flows.adopted"})", "flowsAdopted()"},
       {R"({"v":1,"cmd":"stats"})", "stats()"},
       {R"({"v":1,"cmd":"health"})", "health()"},
       {R"({"v":1,"cmd":"events"})", "events(0,100)"},
@@ -115,6 +116,7 @@ TEST(Protocol, EveryCommandReachesItsCall) {
 TEST(Protocol, CommandListIsTheReference) {
   std::vector<std::string> names;
   for (const CommandSpec& spec : commandTable()) names.emplace_back(spec.name);
+  // clang-format off
   EXPECT_EQ(names, (std::vector<std::string>{"status",
                                              "vip.list",
                                              "vip.show",
@@ -131,6 +133,7 @@ TEST(Protocol, CommandListIsTheReference) {
                                              "table.show",
                                              "table.digest",
                                              "flows",
+                                             "flows.adopted",
                                              "stats",
                                              "health",
                                              "events",
@@ -142,6 +145,7 @@ TEST(Protocol, CommandListIsTheReference) {
                                              "lb.undrain",
                                              "lb.status",
                                              "discovery"}));
+  // clang-format on
   EXPECT_EQ(findCommand("lb.drain")->access, Access::Write);
   EXPECT_EQ(findCommand("lb.status")->access, Access::Read);
   EXPECT_EQ(findCommand("backend.drain")->access, Access::Write);

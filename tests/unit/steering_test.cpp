@@ -8,6 +8,7 @@
 #include <map>
 #include <optional>
 #include <random>
+#include <thread>
 
 #include "packet_builder.hpp"
 #include "steering_frame.hpp"
@@ -547,6 +548,63 @@ TEST_F(SteeringExceptionTest, UntrackedMidFlowPacketGoesWhereTheExceptionSays) {
   expectAllCounted();
 }
 
+TEST_F(SteeringExceptionTest, AdoptionRecordsTheExceptionsOrigin) {
+  const auto [peerHash, peerBackend] = flowAndOtherBackend(41020);
+  const auto [ckptHash, ckptBackend] = flowAndOtherBackend(41021);
+  const auto [rebuiltHash, rebuiltBackend] = flowAndOtherBackend(41022);
+  setExceptions({{peerHash, peerBackend, FlowState::Established, ExceptionOrigin::Peer},
+                 {ckptHash, ckptBackend, FlowState::Established, ExceptionOrigin::Checkpoint},
+                 {rebuiltHash, rebuiltBackend, FlowState::Established, ExceptionOrigin::Backend}});
+  Frame a(syn(41020, kTcpAck));
+  ASSERT_EQ(steer(a).backend, peerBackend);
+  now_ += 7;
+  Frame b(syn(41021, kTcpAck));
+  ASSERT_EQ(steer(b).backend, ckptBackend);
+  now_ += 7;
+  Frame c(syn(41022, kTcpAck));
+  ASSERT_EQ(steer(c).backend, rebuiltBackend);
+  // A flow the table places, and a second packet of an adopted flow (a
+  // flow-table hit now): neither is an adoption.
+  Frame d(syn(42500, kTcpAck));
+  ASSERT_EQ(steer(d).verdict, Verdict::Forward);
+  Frame e(syn(41020, kTcpAck));
+  ASSERT_EQ(steer(e).backend, peerBackend);
+
+  std::vector<AdoptedFlow> got;
+  steering_.adoptedFlows().read(got);
+  const std::uint8_t tag = snapshot_->vips[0].tag;
+  const Millis t = now_ - 14;
+  EXPECT_EQ(got, (std::vector<AdoptedFlow>{
+                     {peerHash, peerBackend, ExceptionOrigin::Peer, tag, t},
+                     {ckptHash, ckptBackend, ExceptionOrigin::Checkpoint, tag, t + 7},
+                     {rebuiltHash, rebuiltBackend, ExceptionOrigin::Backend, tag, t + 14}}));
+  EXPECT_EQ(steering_.adoptedFlows().recorded(), 3u);
+  const auto& byOrigin = steering_.counters().exceptionHitsByOrigin;
+  EXPECT_EQ(byOrigin[static_cast<std::size_t>(ExceptionOrigin::Peer)].read(), 1u);
+  EXPECT_EQ(byOrigin[static_cast<std::size_t>(ExceptionOrigin::Checkpoint)].read(), 1u);
+  EXPECT_EQ(byOrigin[static_cast<std::size_t>(ExceptionOrigin::Backend)].read(), 1u);
+  EXPECT_EQ(byOrigin[static_cast<std::size_t>(ExceptionOrigin::Unknown)].read(), 0u);
+  EXPECT_EQ(steering_.counters().exceptionHits.read(), 3u);
+  expectAllCounted();
+}
+
+TEST_F(SteeringExceptionTest, AnExceptionToAFailedBackendIsNoAdoption) {
+  const auto [hash, other] = flowAndOtherBackend(41023);
+  std::vector<BackendState> states(4, BackendState::Active);
+  states[other - 1] = BackendState::Failed;
+  publish(std::vector<std::uint32_t>(4, 100), states);
+  setExceptions({{hash, other, FlowState::Established, ExceptionOrigin::Peer}});
+  Frame f(syn(41023, kTcpAck));
+  ASSERT_EQ(steer(f).verdict, Verdict::Forward);
+  std::vector<AdoptedFlow> got;
+  steering_.adoptedFlows().read(got);
+  EXPECT_TRUE(got.empty());
+  EXPECT_EQ(steering_.counters()
+                .exceptionHitsByOrigin[static_cast<std::size_t>(ExceptionOrigin::Peer)]
+                .read(),
+            0u);
+}
+
 TEST_F(SteeringExceptionTest, ExceptionFlowIsTrackedWithItsRecordedStateNotAsEmbryonic) {
   const auto [hash, other] = flowAndOtherBackend(41010);
   setExceptions({{hash, other, FlowState::Established}});
@@ -810,6 +868,16 @@ TEST(ExceptionTable, FindsWhatItHoldsAndNothingElse) {
   }
   EXPECT_EQ(t.find(12345).backend, 0u);
   EXPECT_EQ(ExceptionTable().find(0).backend, 0u);
+  // Every hit says where the entry came from; the default is unknown.
+  EXPECT_EQ(t.find(entries[5].hash).origin, ExceptionOrigin::Unknown);
+  const ExceptionTable tagged(
+      std::vector<ExceptionEntry>{{11, 2, FlowState::Established, ExceptionOrigin::Peer},
+                                  {12, 3, FlowState::Udp, ExceptionOrigin::Checkpoint},
+                                  {13, 4, FlowState::Established, ExceptionOrigin::Backend}});
+  EXPECT_EQ(tagged.find(11).origin, ExceptionOrigin::Peer);
+  EXPECT_EQ(tagged.find(12).origin, ExceptionOrigin::Checkpoint);
+  EXPECT_EQ(tagged.find(13).origin, ExceptionOrigin::Backend);
+  EXPECT_EQ(tagged.find(13).backend, 4u);
   // Hash 0 is stored as 1, as in the flow table.
   const ExceptionTable zero(std::vector<ExceptionEntry>{{0, 4, FlowState::Established}});
   EXPECT_EQ(zero.find(0).backend, 4u);
@@ -903,6 +971,90 @@ TEST(VipTag, StableKeyFunctionInRange) {
     EXPECT_LE(t, FlowTable::kMaxVipTag);
   }
   EXPECT_EQ(vipTagOf(a), vipTagOf(VipKey{test::ipBytes("192.0.2.10"), IpVersion::V4, 6, 0}));
+}
+
+// --- Adopted flows (adopted_flows.hpp) --------------------------------------
+
+AdoptedFlow adoption(std::uint64_t n) {
+  return AdoptedFlow{n * 0x9e3779b97f4a7c15ULL, static_cast<std::uint32_t>(n % 1000 + 1),
+                     static_cast<ExceptionOrigin>(n % kExceptionOriginCount),
+                     static_cast<std::uint8_t>(n % 31 + 1), n * 3};
+}
+
+TEST(AdoptedFlowRing, KeepsTheLastCapacityRecordsOldestFirst) {
+  AdoptedFlowRing ring;
+  std::vector<AdoptedFlow> got;
+  ring.read(got);
+  EXPECT_TRUE(got.empty());
+  for (std::uint64_t n = 0; n < 10; ++n) ring.record(adoption(n));
+  ring.read(got);
+  ASSERT_EQ(got.size(), 10u);
+  for (std::uint64_t n = 0; n < 10; ++n) EXPECT_EQ(got[n], adoption(n));
+  // Past its capacity it wraps: the oldest go, the order stays.
+  const std::uint64_t total = AdoptedFlowRing::kCapacity * 2 + 37;
+  for (std::uint64_t n = 10; n < total; ++n) ring.record(adoption(n));
+  EXPECT_EQ(ring.recorded(), total);
+  got.clear();
+  got.push_back(adoption(999'999));  // read() appends
+  ring.read(got);
+  ASSERT_EQ(got.size(), AdoptedFlowRing::kCapacity + 1);
+  EXPECT_EQ(got[0], adoption(999'999));
+  for (std::size_t i = 1; i < got.size(); ++i) {
+    EXPECT_EQ(got[i], adoption(total - AdoptedFlowRing::kCapacity + i - 1)) << i;
+  }
+}
+
+// A reader beside the writer (the control thread beside the lcore) sees only
+// whole records, in order, never one half overwritten. No timing: the writer
+// waits for a read to finish after every kBatch records (a handshake, not a
+// clock), so a read overlaps at most two batches of writes and must keep
+// the rest of a full ring; whatever the interleaving, every record read must
+// be one that was written.
+TEST(AdoptedFlowRing, AReaderBesideTheWriterSeesOnlyWholeRecords) {
+  AdoptedFlowRing ring;
+  constexpr std::uint64_t kWrites = 50'000;
+  constexpr std::uint64_t kBatch = 128;
+  std::atomic<std::uint64_t> readsDone{0};
+  std::atomic<bool> readerGone{false};
+  std::thread writer([&] {
+    for (std::uint64_t n = 0; n < kWrites; ++n) {
+      ring.record(adoption(n));
+      if ((n + 1) % kBatch != 0 || n + 1 == kWrites) continue;
+      const std::uint64_t k = readsDone.load(std::memory_order_acquire);
+      while (readsDone.load(std::memory_order_acquire) == k && !readerGone.load()) {
+        std::this_thread::yield();
+      }
+    }
+  });
+  std::uint64_t reads = 0;
+  std::uint64_t seen = 0;
+  std::vector<AdoptedFlow> got;
+  bool ok = true;
+  while (ok && ring.recorded() < kWrites) {
+    got.clear();
+    const std::uint64_t before = ring.recorded();
+    ring.read(got);
+    ++reads;
+    readsDone.store(reads, std::memory_order_release);
+    ok = got.size() <= AdoptedFlowRing::kCapacity &&
+         got.size() + 2 * kBatch + 1 >= std::min<std::uint64_t>(before, AdoptedFlowRing::kCapacity);
+    EXPECT_TRUE(ok) << got.size() << " records of " << before << " at read " << reads;
+    for (std::size_t i = 0; ok && i < got.size(); ++i) {
+      const std::uint64_t n = got[i].at / 3;
+      ok = got[i] == adoption(n) && (i == 0 || n == got[i - 1].at / 3 + 1);
+      EXPECT_TRUE(ok) << "a torn or misplaced record at read " << reads;
+    }
+    seen += got.size();
+  }
+  readerGone.store(true);
+  writer.join();
+  EXPECT_GT(seen, 0u);
+  got.clear();
+  ring.read(got);
+  ASSERT_EQ(got.size(), AdoptedFlowRing::kCapacity);
+  EXPECT_EQ(got.back(), adoption(kWrites - 1));
+  std::printf("%llu reads beside the writer, %llu records checked\n",
+              static_cast<unsigned long long>(reads), static_cast<unsigned long long>(seen));
 }
 
 }  // namespace

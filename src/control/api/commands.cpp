@@ -138,6 +138,13 @@ constexpr CommandSpec kCommands[] = {
      "tracked flows per backend and per lcore",
      {},
      [](ControlApi& api, Args, Peer) { return api.flows(); }},
+    {"flows.adopted",
+     Access::Read,
+     "",
+     "flows adopted from exceptions (checkpoint, peer, backend) and the flow table's own "
+     "exceptions: which layer kept each flow",
+     {},
+     [](ControlApi& api, Args, Peer) { return api.flowsAdopted(); }},
     {"stats",
      Access::Read,
      "",
@@ -201,9 +208,13 @@ constexpr CommandSpec kCommands[] = {
 };
 
 constexpr CommandGroup kGroups[] = {
-    {"vip", "virtual IPs"},      {"pool", "backend pools"},
-    {"backend", "backends"},     {"table", "Maglev tables"},
-    {"config", "configuration"}, {"lb", "this instance's BGP announcement of its VIPs"},
+    {"vip", "virtual IPs"},
+    {"pool", "backend pools"},
+    {"backend", "backends"},
+    {"table", "Maglev tables"},
+    {"config", "configuration"},
+    {"lb", "this instance's BGP announcement of its VIPs"},
+    {"flows", "tracked flows (also a command: per backend and per lcore)"},
 };
 
 constexpr auto kReplace = Json::error_handler_t::replace;

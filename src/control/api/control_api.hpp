@@ -84,6 +84,14 @@ class ControlApi {
   }
   // Live tracked flows per backend and per lcore.
   virtual ApiResult flows() = 0;
+  // The flows the workers adopted from exceptions (adopted_flows.hpp): per
+  // flow its hash, VIP, backend, the exception's origin (checkpoint, peer,
+  // backend) and when; the counts per origin; and the flows the last export
+  // found tracked on a backend their table no longer gives (the flow
+  // table's own). What the drills attribute surviving flows with.
+  virtual ApiResult flowsAdopted() {
+    return ApiError{"unsupported", "flows.adopted is not served here"};
+  }
   // The data path's counters (packets, drops by reason, per lcore).
   virtual ApiResult stats() = 0;
   // Health per backend: state, consecutive results, last error, RTT.

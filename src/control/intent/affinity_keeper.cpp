@@ -90,7 +90,8 @@ void AffinityKeeper::restoredEntries(const std::function<std::uint32_t(std::uint
   out.reserve(out.size() + restored_.size());
   for (const auto& [hash, r] : restored_) {
     const std::uint32_t index = indexOf(r.backendId);
-    if (index != 0) out.push_back(ExceptionEntry{hash, index, r.state});
+    if (index != 0)
+      out.push_back(ExceptionEntry{hash, index, r.state, ExceptionOrigin::Checkpoint});
   }
 }
 
@@ -191,7 +192,8 @@ void AffinityKeeper::finalCheckpoint(Millis now, std::uint64_t unixMs,
 void AffinityKeeper::complete(Millis now, std::uint64_t unixMs,
                               const std::vector<ExportedFlow>& flows, TablesState tables,
                               const std::function<std::uint64_t(std::uint32_t)>& idOf) {
-  std::vector<FlowExceptionRecord> records;
+  std::vector<FlowExceptionRecord>& records = records_;
+  records.clear();
   records.reserve(flows.size() + restored_.size());
   // Tracked flows, with how long their entries live on without a packet.
   std::unordered_map<std::uint64_t, Millis> tracked;
@@ -204,6 +206,8 @@ void AffinityKeeper::complete(Millis now, std::uint64_t unixMs,
     if (!tracked.emplace(f.hash, left).second) continue;  // on two lcores: keep the first
     records.push_back(FlowExceptionRecord{f.hash, id, f.state, f.idleMs});
   }
+  trackedCount_ = records.size();
+  lastExportAt_ = now;
   const std::size_t before = restored_.size();
   for (auto it = restored_.begin(); it != restored_.end();) {
     // A restored flow leaves once a worker tracks it for at least as long as

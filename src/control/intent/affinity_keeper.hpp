@@ -146,6 +146,14 @@ class AffinityKeeper {
   void notePlacedOffTable(std::uint64_t total) noexcept { placedTotal_ = total; }
 
   [[nodiscard]] const CheckpointStats& stats() const noexcept { return stats_; }
+  // The last completed export's tracked flows: exceptions a worker's flow
+  // table holds (on a backend their table no longer gives), by hash and
+  // backend id; and when it completed (steady ms). Kept until the next export
+  // (its records are built in the same vector).
+  [[nodiscard]] std::span<const FlowExceptionRecord> lastTracked() const noexcept {
+    return {records_.data(), trackedCount_};
+  }
+  [[nodiscard]] std::optional<Millis> lastExportAt() const noexcept { return lastExportAt_; }
   // An export asked of the workers and not yet collected.
   [[nodiscard]] bool exporting() const noexcept { return exporting_; }
 
@@ -174,6 +182,11 @@ class AffinityKeeper {
   Ahead ahead_ = Ahead::None;
   CheckpointStats stats_;
   std::unordered_map<std::uint64_t, Restored> restored_;  // by flow hash
+  // The last export's records: the tracked flows first (trackedCount_), then
+  // the restored ones.
+  std::vector<FlowExceptionRecord> records_;
+  std::size_t trackedCount_ = 0;
+  std::optional<Millis> lastExportAt_;
   bool restoredChanged_ = false;
   bool dirReady_ = false;
 

@@ -149,6 +149,7 @@ class ControlPlane final : public ControlApi {
   ApiResult tableShow(const std::string& vip) override;
   ApiResult tableDigest(const std::string& vip, std::optional<std::uint32_t> chunk) override;
   ApiResult flows() override;
+  ApiResult flowsAdopted() override;
   ApiResult stats() override;
   ApiResult health() override;
   ApiResult events(std::uint64_t after, std::uint32_t limit) override;

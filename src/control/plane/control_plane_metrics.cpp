@@ -239,6 +239,14 @@ std::string ControlPlane::metricsText() {
     m.counter("spillway_placed_off_table_total",
               "New connections a placing VIP sent elsewhere than its table's entry (by bytes).", {},
               num("placed_off_table"));
+    if (s.contains("exception_hits_by_origin")) {
+      for (const auto& [origin, n] : s["exception_hits_by_origin"].items()) {
+        m.counter("spillway_exception_hits_total",
+                  "Flows a worker adopted from a flow exception (its flow table had none), by "
+                  "the exception's origin: checkpoint, peer, backend.",
+                  {{"origin", origin}}, n.get<double>());
+      }
+    }
     if (s.contains("drops")) {
       for (const auto& [reason, n] : s["drops"].items()) {
         m.counter("spillway_drops_total", "Frames dropped, by reason.", {{"reason", reason}},

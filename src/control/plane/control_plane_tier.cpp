@@ -305,7 +305,7 @@ void ControlPlane::refreshExceptions() {
         ++ignored;
         continue;
       }
-      entries.push_back(ExceptionEntry{e.hash, index, e.state});
+      entries.push_back(ExceptionEntry{e.hash, index, e.state, ExceptionOrigin::Peer});
     }
     peers_->noteUse(entries.size(), ignored);
   }

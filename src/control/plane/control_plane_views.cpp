@@ -326,6 +326,63 @@ ApiResult ControlPlane::flows() {
   return Json{{"backends", perBackend}};
 }
 
+ApiResult ControlPlane::flowsAdopted() {
+  if (dataplane_ == nullptr) return ApiError{"unavailable", "no data path attached"};
+  std::map<std::uint32_t, const BackendConfig*> byIndex;
+  std::map<std::uint64_t, const BackendConfig*> byId;
+  for (const BackendConfig& b : config_.backends) {
+    byIndex[builder_.indexOf(b.id)] = &b;
+    byId[b.id] = &b;
+  }
+  // A VIP is named by its tag (the ring's record); two VIPs that share a tag
+  // are both named.
+  std::map<std::uint8_t, std::string> vipsOfTag;
+  for (const VipConfig& v : config_.vips) {
+    const std::uint8_t tag = vipTagOf(
+        VipKey{v.address.bytes, v.address.version, static_cast<std::uint8_t>(v.protocol), v.port});
+    std::string& names = vipsOfTag[tag];
+    names += (names.empty() ? "" : ",") + v.name;
+  }
+  const std::uint64_t unixMs = unixNow();
+  Json adopted = Json::array();
+  for (const LcoreAdoptedFlow& a : dataplane_->adoptedFlows()) {
+    const auto b = byIndex.find(a.flow.backend);
+    const auto v = vipsOfTag.find(a.flow.vipTag);
+    adopted.push_back({{"hash", a.flow.hash},
+                       {"vip", v != vipsOfTag.end() ? Json(v->second) : Json(nullptr)},
+                       {"backend", b != byIndex.end() ? Json(b->second->name) : Json(nullptr)},
+                       {"backend_index", a.flow.backend},
+                       {"origin", toString(a.flow.origin)},
+                       {"lcore", a.lcore},
+                       {"age_ms", a.ageMs},
+                       {"at_unix_ms", unixMs > a.ageMs ? unixMs - a.ageMs : 0}});
+  }
+  const DataplaneCounters c = dataplane_->counters();
+  Json byOrigin = Json::object();
+  for (std::size_t o = 0; o < kExceptionOriginCount; ++o) {
+    byOrigin[toString(static_cast<ExceptionOrigin>(o))] = c.exceptionHitsByOrigin[o];
+  }
+  // The flow table's own: tracked flows whose table moved, as of the last
+  // export (capped: the reply must stay under the protocol's limit).
+  constexpr std::size_t kMaxListed = 20'000;
+  const std::span<const FlowExceptionRecord> tracked = keeper_.lastTracked();
+  Json kept = Json::array();
+  for (std::size_t i = 0; i < tracked.size() && i < kMaxListed; ++i) {
+    const auto b = byId.find(tracked[i].backendId);
+    kept.push_back({{"hash", tracked[i].hash},
+                    {"backend", b != byId.end() ? Json(b->second->name) : Json(nullptr)}});
+  }
+  const std::optional<Millis> exportAt = keeper_.lastExportAt();
+  return Json{{"adopted", std::move(adopted)},
+              {"adopted_by_origin", std::move(byOrigin)},
+              {"ring_capacity_per_lcore", AdoptedFlowRing::kCapacity},
+              {"flow_table",
+               {{"export_age_ms", exportAt ? Json(now_ - *exportAt) : Json(nullptr)},
+                {"total", tracked.size()},
+                {"truncated", tracked.size() > kMaxListed},
+                {"flows", std::move(kept)}}}};
+}
+
 ApiResult ControlPlane::stats() {
   if (dataplane_ == nullptr) return ApiError{"unavailable", "no data path attached"};
   return statsDocument(dataplane_->counters(), config_, builder_, generation_);

@@ -2,6 +2,18 @@
 
 namespace spillway {
 
+namespace {
+
+Json exceptionHitsByOrigin(const DataplaneCounters& c) {
+  Json out = Json::object();
+  for (std::size_t o = 0; o < kExceptionOriginCount; ++o) {
+    out[toString(static_cast<ExceptionOrigin>(o))] = c.exceptionHitsByOrigin[o];
+  }
+  return out;
+}
+
+}  // namespace
+
 Json statsDocument(const DataplaneCounters& c, const Config& config, const SnapshotBuilder& builder,
                    std::uint64_t generation) {
   Json drops = Json::object();
@@ -62,6 +74,7 @@ Json statsDocument(const DataplaneCounters& c, const Config& config, const Snaps
            {"flow_insert_failed", c.flowInsertFailed},
            {"icmp_errors_steered", c.icmpErrorsSteered},
            {"exception_hits", c.exceptionHits},
+           {"exception_hits_by_origin", exceptionHitsByOrigin(c)},
            {"placed_off_table", c.placedOffTable},
            {"second_chance_sent", c.secondChanceSent},
            {"second_chance_unsent", c.secondChanceUnsent},

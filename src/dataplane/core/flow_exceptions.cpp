@@ -50,6 +50,7 @@ ExceptionTable::ExceptionTable(std::span<const ExceptionEntry> entries) {
     size_ += slots_[i].fingerprint == 0;
     slots_[i].fingerprint = fp;
     slots_[i].meta = e.backend | (static_cast<std::uint32_t>(e.state) << 24);
+    slots_[i].origin = static_cast<std::uint32_t>(e.origin);
     const std::uint64_t mixed = filterMix(fp);
     filter_[(mixed >> 12) & filterMask_] |= filterBits(mixed);
   }

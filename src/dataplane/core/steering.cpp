@@ -194,6 +194,7 @@ void Steering::finishVipFrame(const FrameRef& frame, Pending& p, SteerResult& r,
     return;
   }
   bool byException = false;
+  ExceptionOrigin origin = ExceptionOrigin::Unknown;
   FlowState state = firstState(p.view);
   if (snapshot.exceptions != nullptr) {
     // Not tracked here, but placed before these tables (a restored checkpoint,
@@ -209,6 +210,7 @@ void Steering::finishVipFrame(const FrameRef& frame, Pending& p, SteerResult& r,
       if (b != nullptr && keepsTrackedFlows(b->state) && !newConnection) {
         backend = hit.backend;
         byException = true;
+        origin = hit.origin;
         // A flow the checkpoint knew as established (or UDP, other) is
         // tracked as such again, not as a new embryonic entry: a sparse flow
         // (keepalives minutes apart) must not time out after 5 s.
@@ -271,7 +273,12 @@ void Steering::finishVipFrame(const FrameRef& frame, Pending& p, SteerResult& r,
     counters_.newFlows.add();
     // (packets of one flow in one burst all miss the batched lookup: count
     // the flow once, when its entry is made)
-    if (byException) counters_.exceptionHits.add();
+    if (byException) {
+      counters_.exceptionHits.add();
+      counters_.exceptionHitsByOrigin[static_cast<std::size_t>(origin) % kExceptionOriginCount]
+          .add();
+      adopted_.record(AdoptedFlow{p.hash, backend, origin, vip.tag, now});
+    }
     r.newFlow = true;
   } else if (ins == InsertResult::Full || ins == InsertResult::FullEmbryonic) {
     counters_.flowInsertFailed.add();

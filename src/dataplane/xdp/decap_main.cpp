@@ -7,6 +7,7 @@
 //                         [--bpf-object PATH] [--pin-root DIR] [--force]
 //   spillway-decap detach --dev IF [--pin-root DIR] [--force]
 //   spillway-decap stats  --dev IF [--json] [--pin-root DIR]
+//   spillway-decap second-chance --dev IF [--json] [--pin-root DIR]
 //   spillway-decap agent  --vip A [--vip B ...] [--listen ADDR:PORT]
 //                         [--token-file F] [--list-cap N]   (conn_agent.hpp)
 //
@@ -17,7 +18,10 @@
 // mode; a foreign XDP program is replaced only with --force. The program and
 // its maps are also pinned under /sys/fs/bpf/spillway-decap/<IF>/ (bpffs is
 // mounted there when it is not) for bpftool and monitoring.
-// stats and detach find the program attached to the device through netlink
+// second-chance lists the flows this backend sent on to another on a
+// second chance (decap_sc_flows: inner tuple, packets, first and last time,
+// the hop), for the drills' attribution of surviving flows.
+// stats, second-chance and detach find the program attached to the device through netlink
 // and its maps by id, so they work even where the pins are not visible (for
 // example under `ip netns exec`, which remounts /sys).
 //
@@ -34,6 +38,7 @@
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -176,6 +181,10 @@ std::unique_ptr<CLI::App> makeParser(Options& options) {
   CLI::App* stats = app->add_subcommand("stats", "the program's counters");
   common(stats);
   stats->add_flag("--json", options.json, "one JSON object");
+  CLI::App* secondChance = app->add_subcommand(
+      "second-chance", "the flows sent on to their previous backend (second chance)");
+  common(secondChance);
+  secondChance->add_flag("--json", options.json, "one JSON object");
   CLI::App* agent = app->add_subcommand(
       "agent", "serve this host's TCP connections per VIP (for spillwayd's drains)");
   agent->add_option("--vip", options.agent.vips, "a VIP address; repeat for more")->required();
@@ -584,6 +593,86 @@ int stats(const Options& options) {
   return 0;
 }
 
+std::string formatBytes(DecapU8 family, const DecapU8* bytes) {
+  DecapAddressKey key{};
+  key.family = family;
+  std::memcpy(key.addr, bytes, sizeof(key.addr));
+  return formatAddress(key);
+}
+
+// The map of redirected flows: the attached program's, else the pin's.
+UniqueFd openScFlows(const Options& options) {
+  const XdpAttachment now = queryDevice(options.device);
+  for (const XdpProgram& program : now.programs) {
+    if (program.mode == XdpMode::Offload || !isOurs(program)) continue;
+    UniqueFd fd = openProgramMap(program, SPILLWAY_DECAP_MAP_SC_FLOWS);
+    if (!fd.valid()) {
+      throw std::runtime_error("the program attached to " + options.device +
+                               " has no " SPILLWAY_DECAP_MAP_SC_FLOWS
+                               " map (attached by an older build: attach it again)");
+    }
+    return fd;
+  }
+  const fs::path pinned = fs::path(pinDirectory(options)) / SPILLWAY_DECAP_MAP_SC_FLOWS;
+  UniqueFd fd(bpf_obj_get(pinned.c_str()));
+  if (!fd.valid()) {
+    throw std::runtime_error("spillway-decap is not attached to " + options.device +
+                             " and nothing is pinned at " + pinned.string());
+  }
+  return fd;
+}
+
+int secondChanceFlows(const Options& options) {
+  requireRoot();
+  const UniqueFd map = openScFlows(options);
+  timespec mono{};
+  clock_gettime(CLOCK_MONOTONIC, &mono);
+  const std::uint64_t nowNs =
+      static_cast<std::uint64_t>(mono.tv_sec) * 1'000'000'000ULL + mono.tv_nsec;
+  const auto msAgo = [nowNs](std::uint64_t ns) {
+    return nowNs > ns ? (nowNs - ns) / 1'000'000 : 0;
+  };
+  nlohmann::ordered_json flows = nlohmann::ordered_json::array();
+  DecapFlowKey key{};
+  DecapFlowKey next{};
+  const void* previous = nullptr;
+  std::uint64_t packets = 0;
+  while (bpf_map_get_next_key(map.get(), previous, &next) == 0) {
+    key = next;
+    previous = &key;
+    DecapFlowValue value{};
+    if (bpf_map_lookup_elem(map.get(), &key, &value) != 0) continue;  // evicted meanwhile
+    packets += value.packets;
+    flows.push_back({{"src", formatBytes(key.family, key.saddr)},
+                     {"sport", ntohs(key.sport)},
+                     {"dst", formatBytes(key.family, key.daddr)},
+                     {"dport", ntohs(key.dport)},
+                     {"packets", value.packets},
+                     {"hop", formatBytes(value.hopFamily, value.hop)},
+                     {"first_ms_ago", msAgo(value.firstNs)},
+                     {"last_ms_ago", msAgo(value.lastNs)}});
+  }
+  if (options.json) {
+    const nlohmann::ordered_json out = {{"device", options.device},
+                                        {"capacity", SPILLWAY_DECAP_MAX_SC_FLOWS},
+                                        {"flows", flows.size()},
+                                        {"packets", packets},
+                                        {"redirected", flows}};
+    std::cout << out.dump() << '\n';
+    return 0;
+  }
+  std::cout << "spillway-decap on " << options.device << ": " << flows.size()
+            << " flows sent on (second chance), " << packets << " packets\n";
+  for (const auto& f : flows) {
+    std::cout << "  " << f["src"].get<std::string>() << ':' << f["sport"].get<int>() << " -> "
+              << f["dst"].get<std::string>() << ':' << f["dport"].get<int>() << "  to "
+              << f["hop"].get<std::string>() << ", " << f["packets"].get<std::uint64_t>()
+              << " packets, first " << f["first_ms_ago"].get<std::uint64_t>() << " ms ago, last "
+              << f["last_ms_ago"].get<std::uint64_t>() << " ms ago\n";
+  }
+  return 0;
+}
+
 }  // namespace
 }  // namespace spillway
 
@@ -603,6 +692,7 @@ int main(int argc, char** argv) {
     libbpf_set_print(printLibbpf);
     if (options.command == "attach") return attach(options);
     if (options.command == "detach") return detach(options);
+    if (options.command == "second-chance") return secondChanceFlows(options);
     return stats(options);
   } catch (const CLI::CallForHelp& help) {
     return parser->exit(help);

@@ -45,8 +45,14 @@
  * headers cannot be rewritten (kDecapError, cannot happen after a successful
  * adjust, but the verifier wants the branch).
  *
+ * A redirected flow is recorded in decap_sc_flows (its inner tuple, packets,
+ * first and last time, the hop): what `spillway-decap second-chance` lists
+ * and the drills attribute surviving flows with.
+ *
  * Thread contract: runs on every RX CPU at once; reads decap_addrs and
- * decap_config, writes only this CPU's slot of decap_counters.
+ * decap_config, writes only this CPU's slot of decap_counters, and on the
+ * redirect path decap_sc_flows (an LRU hash; its packet count is added
+ * atomically, the rest written by whichever CPU redirects last).
  */
 /* The kernel's types first, then libbpf's helpers, which use them. */
 /* clang-format off */
@@ -100,6 +106,13 @@ struct {
   __type(key, struct DecapAddressKey);
   __type(value, __u8);
 } decap_lbs SEC(".maps");
+
+struct {
+  __uint(type, BPF_MAP_TYPE_LRU_HASH);
+  __uint(max_entries, SPILLWAY_DECAP_MAX_SC_FLOWS);
+  __type(key, struct DecapFlowKey);
+  __type(value, struct DecapFlowValue);
+} decap_sc_flows SEC(".maps");
 
 struct {
   __uint(type, BPF_MAP_TYPE_ARRAY);
@@ -265,12 +278,12 @@ static __always_inline __u16 checksumFold(__u64 sum) {
  * local socket that is not a listener), kDecapCounterCount when no socket of
  * this host wants it. */
 static __always_inline __u32 innerWantsHere(struct xdp_md* ctx, void* data, void* dataEnd,
-                                            const struct Tunnel* tunnel) {
-  struct bpf_sock_tuple tuple;
+                                            const struct Tunnel* tunnel,
+                                            struct bpf_sock_tuple* tuple) {
   __u32 tupleSize;
   struct tcphdr* tcp;
   __u32 syn;
-  __builtin_memset(&tuple, 0, sizeof(tuple));
+  __builtin_memset(tuple, 0, sizeof(*tuple));
   if (tunnel->innerEtherType == kEtherTypeIpv4) {
     struct iphdr* in = data + tunnel->innerOffset;
     if ((void*)(in + 1) > dataEnd) return kDecapScKept;
@@ -280,29 +293,29 @@ static __always_inline __u32 innerWantsHere(struct xdp_md* ctx, void* data, void
     if (ihl < sizeof(*in)) return kDecapScKept;
     tcp = (void*)in + ihl;
     if ((void*)(tcp + 1) > dataEnd) return kDecapScKept;
-    tuple.ipv4.saddr = in->saddr;
-    tuple.ipv4.daddr = in->daddr;
-    tuple.ipv4.sport = tcp->source;
-    tuple.ipv4.dport = tcp->dest;
+    tuple->ipv4.saddr = in->saddr;
+    tuple->ipv4.daddr = in->daddr;
+    tuple->ipv4.sport = tcp->source;
+    tuple->ipv4.dport = tcp->dest;
     syn = tcp->syn;
     asm volatile("" : "+r"(syn)); /* read here, where the bounds are known */
-    tupleSize = sizeof(tuple.ipv4);
+    tupleSize = sizeof(tuple->ipv4);
   } else {
     struct ipv6hdr* in6 = data + tunnel->innerOffset;
     if ((void*)(in6 + 1) > dataEnd) return kDecapScKept;
     if (in6->nexthdr != kIpProtoTcp) return kDecapScKept; /* extension headers: stays */
     tcp = (void*)(in6 + 1);
     if ((void*)(tcp + 1) > dataEnd) return kDecapScKept;
-    __builtin_memcpy(tuple.ipv6.saddr, &in6->saddr, 16);
-    __builtin_memcpy(tuple.ipv6.daddr, &in6->daddr, 16);
-    tuple.ipv6.sport = tcp->source;
-    tuple.ipv6.dport = tcp->dest;
+    __builtin_memcpy(tuple->ipv6.saddr, &in6->saddr, 16);
+    __builtin_memcpy(tuple->ipv6.daddr, &in6->daddr, 16);
+    tuple->ipv6.sport = tcp->source;
+    tuple->ipv6.dport = tcp->dest;
     syn = tcp->syn;
     asm volatile("" : "+r"(syn)); /* read here, where the bounds are known */
-    tupleSize = sizeof(tuple.ipv6);
+    tupleSize = sizeof(tuple->ipv6);
   }
   if (syn) return kDecapScKept; /* a new connection is the table's backend's */
-  struct bpf_sock* sk = bpf_skc_lookup_tcp(ctx, &tuple, tupleSize, BPF_F_CURRENT_NETNS, 0);
+  struct bpf_sock* sk = bpf_skc_lookup_tcp(ctx, tuple, tupleSize, BPF_F_CURRENT_NETNS, 0);
   if (sk) {
     __u32 state = sk->state;
     bpf_sk_release(sk);
@@ -315,6 +328,46 @@ static __always_inline __u32 innerWantsHere(struct xdp_md* ctx, void* data, void
   return kDecapCounterCount;
 }
 
+/* A redirected flow in decap_sc_flows: one lookup, and an update for its
+ * first packet (the redirect path only). */
+static __always_inline void recordRedirect(const struct Tunnel* tunnel,
+                                           const struct bpf_sock_tuple* tuple, __u8 hopFamily,
+                                           const void* hop, __u32 hopLen) {
+  struct DecapFlowKey key;
+  __builtin_memset(&key, 0, sizeof(key));
+  if (tunnel->innerEtherType == kEtherTypeIpv4) {
+    key.family = kDecapFamilyIpv4;
+    __builtin_memcpy(key.saddr, &tuple->ipv4.saddr, 4);
+    __builtin_memcpy(key.daddr, &tuple->ipv4.daddr, 4);
+    key.sport = tuple->ipv4.sport;
+    key.dport = tuple->ipv4.dport;
+  } else {
+    key.family = kDecapFamilyIpv6;
+    __builtin_memcpy(key.saddr, tuple->ipv6.saddr, 16);
+    __builtin_memcpy(key.daddr, tuple->ipv6.daddr, 16);
+    key.sport = tuple->ipv6.sport;
+    key.dport = tuple->ipv6.dport;
+  }
+  __u64 now = bpf_ktime_get_ns();
+  struct DecapFlowValue* seen = bpf_map_lookup_elem(&decap_sc_flows, &key);
+  if (seen) {
+    __sync_fetch_and_add(&seen->packets, 1);
+    seen->lastNs = now;
+    return;
+  }
+  struct DecapFlowValue fresh;
+  __builtin_memset(&fresh, 0, sizeof(fresh));
+  fresh.packets = 1;
+  fresh.firstNs = now;
+  fresh.lastNs = now;
+  fresh.hopFamily = hopFamily;
+  if (hopLen == 4)
+    __builtin_memcpy(fresh.hop, hop, 4);
+  else
+    __builtin_memcpy(fresh.hop, hop, 16);
+  bpf_map_update_elem(&decap_sc_flows, &key, &fresh, BPF_NOEXIST);
+}
+
 /* Outer IPv4: decides, and rewrites for the hop when the packet moves on. */
 static __always_inline __u32 secondChanceV4(struct xdp_md* ctx, void* data, void* dataEnd,
                                             __u32 l3Offset, const struct Tunnel* tunnel) {
@@ -324,7 +377,8 @@ static __always_inline __u32 secondChanceV4(struct xdp_md* ctx, void* data, void
   if ((void*)((__u8*)sc + SPILLWAY_SC_BYTES_V4) > dataEnd) return kDecapScKept;
   if (sc->flags & SPILLWAY_SC_REDIRECTED) return kDecapScArrived;
   if (!inAddressMap(&decap_lbs, kDecapFamilyIpv4, &ip->saddr, 4)) return kDecapScUnknownLb;
-  __u32 wants = innerWantsHere(ctx, data, dataEnd, tunnel);
+  struct bpf_sock_tuple tuple;
+  __u32 wants = innerWantsHere(ctx, data, dataEnd, tunnel, &tuple);
   if (wants != kDecapCounterCount) return wants;
   if (ip->ttl <= 1 || ip->ihl != 5) return kDecapScKept;
   struct udphdr* udp = data + tunnel->udpOffset;
@@ -355,6 +409,7 @@ static __always_inline __u32 secondChanceV4(struct xdp_md* ctx, void* data, void
     __u16 check = checksumFold((__u32)delta);
     udp->check = check == 0 ? 0xffff : check;
   }
+  recordRedirect(tunnel, &tuple, kDecapFamilyIpv4, &after[1], 4);
   return kDecapScRedirected;
 }
 
@@ -367,7 +422,8 @@ static __always_inline __u32 secondChanceV6(struct xdp_md* ctx, void* data, void
   if ((void*)((__u8*)sc + SPILLWAY_SC_BYTES_V6) > dataEnd) return kDecapScKept;
   if (sc->flags & SPILLWAY_SC_REDIRECTED) return kDecapScArrived;
   if (!inAddressMap(&decap_lbs, kDecapFamilyIpv6, &ip6->saddr, 16)) return kDecapScUnknownLb;
-  __u32 wants = innerWantsHere(ctx, data, dataEnd, tunnel);
+  struct bpf_sock_tuple tuple;
+  __u32 wants = innerWantsHere(ctx, data, dataEnd, tunnel, &tuple);
   if (wants != kDecapCounterCount) return wants;
   if (ip6->hop_limit <= 1) return kDecapScKept;
   struct udphdr* udp = data + tunnel->udpOffset;
@@ -392,6 +448,7 @@ static __always_inline __u32 secondChanceV6(struct xdp_md* ctx, void* data, void
     __u16 check = checksumFold((__u32)delta);
     udp->check = check == 0 ? 0xffff : check;
   }
+  recordRedirect(tunnel, &tuple, kDecapFamilyIpv6, &after[4], 16);
   return kDecapScRedirected;
 }
 

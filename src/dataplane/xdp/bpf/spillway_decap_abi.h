@@ -17,6 +17,13 @@
  *                   of the load balancers (attach --lb). Only a second-chance
  *                   packet whose outer source is one of them is ever sent on
  *                   (no open relay). Written by the loader.
+ *  - decap_sc_flows LRU hash, DecapFlowKey -> DecapFlowValue: the flows this
+ *                   backend sent on to another on a second chance (inner
+ *                   tuple; packets, first and last time, the hop), for the
+ *                   drills' attribution and `spillway-decap second-chance`.
+ *                   Written on the redirect path only (one lookup, one
+ *                   update for a flow's first packet); the least recently
+ *                   redirected flow goes when it is full.
  *
  * Second chance (ARCHITECTURE.md "Second chance"): GUE private data of
  * SPILLWAY_SC_BYTES_V4 / _V6 bytes (Hlen 2 / 5): DecapSecondChance, then the
@@ -45,8 +52,10 @@ typedef __u64 DecapU64;
 #define SPILLWAY_DECAP_MAP_CONFIG "decap_config"
 #define SPILLWAY_DECAP_MAP_COUNTERS "decap_counters"
 #define SPILLWAY_DECAP_MAP_LBS "decap_lbs"
+#define SPILLWAY_DECAP_MAP_SC_FLOWS "decap_sc_flows"
 #define SPILLWAY_DECAP_MAX_ADDRS 256
 #define SPILLWAY_DECAP_MAX_LBS 256
+#define SPILLWAY_DECAP_MAX_SC_FLOWS 16384
 
 #define SPILLWAY_SC_TYPE 0x5c
 #define SPILLWAY_SC_VERSION 1
@@ -71,6 +80,27 @@ struct DecapAddressKey {
   DecapU8 family; /* DecapFamily */
   DecapU8 pad[3];
   DecapU8 addr[16];
+};
+
+/* A redirected flow: the inner packet's tuple as the client sent it (IPv4
+ * addresses fill the first 4 bytes; ports in network byte order). */
+struct DecapFlowKey {
+  DecapU8 family; /* DecapFamily of the inner packet */
+  DecapU8 pad[3];
+  DecapU8 saddr[16];
+  DecapU8 daddr[16];
+  DecapU16 sport;
+  DecapU16 dport;
+};
+
+struct DecapFlowValue {
+  DecapU64 packets; /* sent on */
+  DecapU64 firstNs; /* bpf_ktime_get_ns (CLOCK_MONOTONIC) of the first */
+  DecapU64 lastNs;  /* ... and of the last */
+  DecapU8 hopFamily; /* DecapFamily of the outer header */
+  DecapU8 pad[3];
+  DecapU8 hop[16]; /* the backend it was sent to */
+  DecapU32 reserved;
 };
 
 struct DecapConfig {
@@ -123,11 +153,15 @@ static_assert(sizeof(DecapAddressKey) == 20);
 static_assert(sizeof(DecapConfig) == 8);
 static_assert(sizeof(DecapCounterValue) == 16);
 static_assert(sizeof(DecapSecondChance) == 4);
+static_assert(sizeof(DecapFlowKey) == 40);
+static_assert(sizeof(DecapFlowValue) == 48);
 #else
 _Static_assert(sizeof(struct DecapAddressKey) == 20, "DecapAddressKey layout");
 _Static_assert(sizeof(struct DecapConfig) == 8, "DecapConfig layout");
 _Static_assert(sizeof(struct DecapCounterValue) == 16, "DecapCounterValue layout");
 _Static_assert(sizeof(struct DecapSecondChance) == 4, "DecapSecondChance layout");
+_Static_assert(sizeof(struct DecapFlowKey) == 40, "DecapFlowKey layout");
+_Static_assert(sizeof(struct DecapFlowValue) == 48, "DecapFlowValue layout");
 #endif
 
 #endif /* SPILLWAY_DECAP_ABI_H */
