@@ -312,6 +312,11 @@ class Drill:
             e.start_lb(name)
         for name in names:
             e.wait_ready(name=name)
+        # Back once the router's ECMP group has every instance again.
+        want = sorted(e.instances[n].address for n in names)
+        wait_until("the router's ECMP routes over " + ", ".join(names),
+                   lambda: all(self.tier_monitor.routes(v) == want
+                               for v in (VIP_FLOWS, VIP_GRPC)), 40)
         rec["outage_s"] = round(time.time() - t_stop, 3)
         layers = {}
         for name in names:
