@@ -403,9 +403,14 @@ class Estate:
                  "--gpus", "4", "--control-file", ctl], ns=ns, log_name=f"exporter-{name}.log"))
         agent = self.sc["pools"][b["pool"]].get("connections") is not None
         if agent:
+            # `list = true`: the agent lists its connections to the pool's
+            # token (the instances rebuild their exceptions from it at start).
+            token = (["--token-file", self.agent_token()]
+                     if self.sc["pools"][b["pool"]]["connections"].get("list") else [])
             servers.append(self.spawn(
                 [self.tools.decap, "agent", "--listen", f"0.0.0.0:{AGENT_PORT}",
-                 "--vip", VIP_FLOWS, "--vip", VIP_GRPC], ns=ns, log_name=f"agent-{name}.log"))
+                 "--vip", VIP_FLOWS, "--vip", VIP_GRPC] + token, ns=ns,
+                log_name=f"agent-{name}.log"))
         b["servers"] = servers
         ports = [DATA_PORT, HEALTH_PORT, GRPC_PORT] + list(self.iperf_ports) + \
             ([AGENT_PORT] if agent else [])
@@ -465,7 +470,10 @@ class Estate:
                                        if k not in ("gpu", "queue")})
             if conf.get("connections") is not None:
                 keys["connections"] = dict({"enabled": True, "port": AGENT_PORT},
-                                           **conf["connections"])
+                                           **{k: v for k, v in conf["connections"].items()
+                                              if k != "list"})
+                if conf["connections"].get("list"):
+                    keys["connections"]["token_file"] = self.agent_token()
             pools.append(keys)
         # [estate] nccl_placement = "bytes": the flows' VIP places new
         # connections by bytes (spillway/placement.hpp); [placement] tunes it.
@@ -516,6 +524,18 @@ class Estate:
     @property
     def lb_starts(self):
         return self.instances[self.primary].starts
+
+    def agent_token(self):
+        """The connection agents' bearer token (one per estate), in a file
+        only its owner reads (spillwayd and the agent both require that)."""
+        path = os.path.join(self.work, "agent.token")
+        if not os.path.exists(path):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(os.urandom(24).hex() + "\n")
+            if self.run_as:
+                os.chown(path, self.run_as[0], self.run_as[1])
+        return path
 
     def start_lb(self, name=None):
         inst = self.instances[name or self.primary]

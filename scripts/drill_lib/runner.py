@@ -371,6 +371,8 @@ class Drill:
             e.start_lb(target)
             e.wait_ready(name=target)
             rec["ready_s"] = round(time.time() - rec["t"], 3)
+        elif do == "crash-tier":
+            self.crash_tier(a, rec)
         elif do in ("freeze-instance", "thaw-instance"):
             if do == "freeze-instance":
                 rec["own_tables_quiet_s"] = self.own_tables_quiet(target)
@@ -396,6 +398,56 @@ class Drill:
         log(f"   t={rec['at']:6.2f}s {do} {target or rec.get('pool', '')} {detail} "
             f"{'' if result == 'ok' else result}")
         self.actions.append(rec)
+
+    def crash_tier(self, a, rec):
+        """Every running instance SIGKILLed at once (their memory lost with
+        `wipe_state`: the journal, tier intent, checkpoint and tables go),
+        started again, each ready; then what each instance rebuilt, restored
+        and received from peers, as its status says."""
+        e = self.e
+        names = [i.name for i in e.running()]
+        rec["targets"] = names
+        for name in names:
+            inst = e.instances[name]
+            if inst.proc is not None and inst.proc.poll() is None:
+                inst.proc.kill()
+        for name in names:
+            e.instances[name].proc.wait(10)
+        if a.get("wipe_state"):
+            for name in names:
+                shutil.rmtree(e.instances[name].state, ignore_errors=True)
+            rec["wiped"] = True
+        if a.get("pool"):
+            for n, b in e.backends.items():
+                if b["pool"] == a["pool"]:
+                    e.write_exporter(n, a.get("gpu", 10), a.get("queue", 0))
+            rec["pool"], rec["gpu"] = a["pool"], a.get("gpu", 10)
+        t_stop = time.time()
+        for name in names:
+            e.start_lb(name)
+        for name in names:
+            e.wait_ready(name=name)
+        # Back once the router's ECMP group has every instance again.
+        want = sorted(e.instances[n].address for n in names)
+        wait_until("the router's ECMP routes over " + ", ".join(names),
+                   lambda: all(self.tier_monitor.routes(v) == want
+                               for v in (VIP_FLOWS, VIP_GRPC)), 40)
+        rec["outage_s"] = round(time.time() - t_stop, 3)
+        layers = {}
+        for name in names:
+            try:
+                st = e.instances[name].ctl.call("status")
+            except (OSError, ValueError, DrillError):
+                continue
+            rb, cp, tier = st.get("rebuild", {}), st.get("checkpoint", {}), st.get("tier", {})
+            layers[name] = {"rebuilt_flows": rb.get("flows"),
+                            "rebuilt_in_table": rb.get("in_table"),
+                            "rebuild_backends_failed": rb.get("failed"),
+                            "restored_from_checkpoint": cp.get("restored_at_start"),
+                            "peer_exceptions_in_table": tier.get("peer_exceptions_in_table"),
+                            "peer_exceptions_held": sum(p.get("held_exceptions", 0)
+                                                        for p in tier.get("peers", []))}
+        rec["layers"] = layers
 
     def checkpoint_probe(self):
         """The daemon's own word on its flow-exception checkpoint: `status`'s

@@ -51,6 +51,9 @@ ACTIONS = {
     "freeze-instance": (False, False),  # SIGSTOP: the process stops running, its host and
                                         # FRR go on (the freeze guard must withdraw it)
     "thaw-instance": (False, False),    # SIGCONT
+    "crash-tier": (False, False),  # SIGKILL every instance at once; `wipe_state`: delete their
+                                   # state directories; `pool` + `gpu`: that load meanwhile;
+                                   # then start them all again and wait until each is ready
     # Attacks (attack.py), from the client's namespace through the gateway:
     "syn-flood": (False, False),   # spillway-synflood for `for` s at `rate` (0: full speed)
                                    # to the flows' VIP, `port` (default the flows' 9000)

@@ -195,8 +195,8 @@ inline std::string httpUntilClose(const std::string& body) {
 class LoopbackHttpServer {
  public:
   explicit LoopbackHttpServer(std::string response = httpOk("hello"),
-                              const char* address = "127.0.0.1")
-      : listenFd_(makeListener(address)),
+                              const char* address = "127.0.0.1", std::uint16_t port = 0)
+      : listenFd_(makeListener(address, port)),
         port_(boundPort(listenFd_)),
         response_(std::move(response)) {
     if (pipe2(stopPipe_, O_CLOEXEC) != 0) throw std::runtime_error("pipe2");

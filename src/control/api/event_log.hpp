@@ -41,6 +41,8 @@ inline constexpr const char* kEventScrape = "scrape";          // a load value o
 inline constexpr const char* kEventDiscovery = "discovery";  // a source's answer refused or applied
 inline constexpr const char* kEventIntent =
     "intent";  // operator intent journaled, replayed or dropped
+inline constexpr const char* kEventRebuild =
+    "rebuild";  // flow exceptions rebuilt from the backends' connections at start
 
 struct Event {
   std::uint64_t seq = 0;  // from 1, +1 per event

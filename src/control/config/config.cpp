@@ -1431,6 +1431,53 @@ void Loader::loadConnSource(Section& pool, PoolConfig& p) {
     s.fail("stale_after", "must be longer than interval (" + secondsText(c.interval) +
                               " s), or every report would expire before the next scrape");
   }
+  if (auto v = s.string("token_file")) {
+    std::string why;
+    if (v->empty() || v->front() != '/') {
+      s.fail("token_file", "must be an absolute path");
+    } else if (auto token = readPeerSecret(*v, why)) {
+      while (!token->empty() && (token->back() == ' ' || token->back() == '\t')) token->pop_back();
+      const bool printable = std::all_of(token->begin(), token->end(), [](char ch) {
+        const auto u = static_cast<unsigned char>(ch);
+        return u > 0x20 && u < 0x7f;
+      });
+      if (!printable) {
+        s.fail("token_file", *v +
+                                 " holds a blank, control or non-ASCII byte; the agent's token "
+                                 "travels in an HTTP header (make one: head -c 32 /dev/urandom | "
+                                 "base64 > " +
+                                 *v + ")");
+      } else if (token->size() < kPeerMinSecretBytes) {
+        s.fail("token_file", *v + " holds fewer than " + std::to_string(kPeerMinSecretBytes) +
+                                 " bytes besides trailing blanks");
+      } else {
+        c.tokenFile = *v;
+        c.token = std::move(*token);
+        c.rebuild = true;
+      }
+    } else {
+      for (std::size_t at = why.find("secret file"); at != std::string::npos;
+           at = why.find("secret file", at)) {
+        why.replace(at, 6, "token");
+      }
+      s.fail("token_file", why);
+    }
+  }
+  if (auto v = s.string("list_path")) {
+    if (!isUrlPath(*v)) {
+      s.fail("list_path", "must start with '/' and hold no spaces or control characters");
+    } else {
+      c.listPath = *v;
+    }
+  }
+  if (auto v = s.boolean("rebuild")) {
+    if (*v && c.tokenFile.empty() && t->get("token_file") == nullptr) {
+      s.fail("rebuild", "needs token_file: the agent lists connections only to its token");
+    } else {
+      c.rebuild = *v && !c.tokenFile.empty();
+    }
+  }
+  (void)s.secondsInto("rebuild_timeout", 1, kConnRebuildLimit, c.rebuildTimeout);
   s.finish();
 }
 

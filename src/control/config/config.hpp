@@ -186,7 +186,18 @@ struct ConnSourceConfig {
   Millis timeout = 500;
   Millis staleAfter = 3000;  // an older report is no report (the own count decides)
   Millis grace = 2000;       // zeros held this long outvote this instance's own count
+  // Start-up rebuild of flow exceptions from the agents' connection lists
+  // (control/health/conn_rebuild.hpp): with a token, every start asks each
+  // backend of the pool for GET list_path with `Authorization: Bearer TOKEN`.
+  std::string tokenFile;  // "" = no list, no rebuild
+  std::string token;      // the file's contents (never dumped)
+  std::string listPath = "/connections";
+  bool rebuild = false;          // true by default once token_file is set
+  Millis rebuildTimeout = 2000;  // one backend's answer, at most kConnRebuildLimit
 };
+// The whole start-up rebuild ends by then, answered or not: the bound on how
+// long unanswering backends delay the announcement.
+inline constexpr Millis kConnRebuildLimit = 10'000;
 // Backends that a source publishes for a pool ([[pool]] discovery = {...};
 // control/discovery/): today a Prometheus file_sd JSON file watched with
 // inotify. A backend absent from the source for `hold` drains like a

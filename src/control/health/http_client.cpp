@@ -73,7 +73,7 @@ SocketAddress::SocketAddress(const IpAddress& address, std::uint16_t port) noexc
 }
 
 std::string buildHttpGet(const IpAddress& address, std::uint16_t port, std::string_view path,
-                         std::string_view accept) {
+                         std::string_view accept, std::string_view bearer) {
   std::string host = formatIpAddress(address);
   if (address.version == IpVersion::V6) host = "[" + host + "]";
   std::string r;
@@ -97,6 +97,14 @@ std::string buildHttpGet(const IpAddress& address, std::uint16_t port, std::stri
   r += std::to_string(port);
   r += "\r\nUser-Agent: spillway\r\nAccept: ";
   r += accept;
+  const bool headerSafe = std::all_of(bearer.begin(), bearer.end(), [](char c) {
+    const auto u = static_cast<unsigned char>(c);
+    return u > 0x20 && u < 0x7f;
+  });
+  if (!bearer.empty() && headerSafe) {
+    r += "\r\nAuthorization: Bearer ";
+    r += bearer;
+  }
   r += "\r\nConnection: close\r\n\r\n";
   return r;
 }
@@ -146,7 +154,8 @@ void HttpExchange::reset(const HttpRequest& request) noexcept {
     status_ = 0;
     body_.clear();
     if (request_.mode != HttpExchangeMode::ConnectOnly) {
-      out_ = buildHttpGet(request_.address, request_.port, request_.path, request_.accept);
+      out_ = buildHttpGet(request_.address, request_.port, request_.path, request_.accept,
+                          request_.bearer);
     }
   } catch (...) {
     fail("out of memory");

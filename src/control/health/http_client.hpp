@@ -54,13 +54,17 @@ struct HttpRequest {
   std::string path = "/";  // see buildHttpGet()
   std::string accept = "*/*";
   std::size_t maxResponseBytes = 1 << 20;  // headers + body, as received
+  // Sent as `Authorization: Bearer ...` when not empty; visible ASCII only
+  // (the configuration checks it), anything else is not sent.
+  std::string bearer;
 };
 
 // "GET /path HTTP/1.1\r\nHost: 10.0.0.1:9400\r\n...Connection: close\r\n\r\n";
 // an IPv6 host is bracketed; a path gets a leading '/' if it lacks one, and
 // its blanks, control and non-ASCII bytes are percent-encoded.
 [[nodiscard]] std::string buildHttpGet(const IpAddress& address, std::uint16_t port,
-                                       std::string_view path, std::string_view accept);
+                                       std::string_view path, std::string_view accept,
+                                       std::string_view bearer = {});
 
 // The status code of "HTTP/1.x NNN [reason]" (100..599), or -1 when malformed.
 [[nodiscard]] int parseHttpStatusLine(std::string_view line) noexcept;

@@ -1,6 +1,7 @@
 #include "control/intent/affinity_keeper.hpp"
 
 #include "control/sys/durable_file.hpp"
+#include "spillway/snapshot.hpp"
 
 namespace spillway {
 namespace {
@@ -93,6 +94,50 @@ void AffinityKeeper::restoredEntries(const std::function<std::uint32_t(std::uint
     if (index != 0)
       out.push_back(ExceptionEntry{hash, index, r.state, ExceptionOrigin::Checkpoint});
   }
+}
+
+void AffinityKeeper::addRebuilt(std::span<const RebuiltFlow> flows, Millis now) {
+  const Millis deadline = now + options_.timeouts.established;
+  rebuilt_.reserve(rebuilt_.size() + flows.size());
+  for (const RebuiltFlow& f : flows) {
+    rebuilt_[f.hash] = Rebuilt{f.backendId, f.vipTag, deadline};
+    const auto r = restored_.find(f.hash);
+    if (r != restored_.end() && r->second.backendId != f.backendId) {
+      restored_.erase(r);
+      ++stats_.rebuiltOverrode;
+      restoredChanged_ = true;
+    }
+  }
+  stats_.rebuiltAtStart += flows.size();
+  stats_.rebuiltAlive = rebuilt_.size();
+  stats_.restoredAlive = restored_.size();
+}
+
+void AffinityKeeper::rebuiltEntries(Millis now, const ForwardingSnapshot& snapshot,
+                                    const ExceptionTable* base,
+                                    const std::function<std::uint32_t(std::uint64_t id)>& indexOf,
+                                    const std::function<bool(std::uint64_t id)>& keeps,
+                                    std::vector<ExceptionEntry>& out) {
+  std::size_t added = 0;
+  for (auto it = rebuilt_.begin(); it != rebuilt_.end();) {
+    const Rebuilt& r = it->second;
+    if (r.deadline <= now) {
+      it = rebuilt_.erase(it);
+      continue;
+    }
+    const std::uint32_t index = indexOf(r.backendId);
+    if (index != 0 && keeps(r.backendId)) {
+      const std::uint32_t other = base != nullptr ? base->find(it->first).backend : 0;
+      if ((other != 0 && other != index) ||
+          isTableException(snapshot, it->first, index, r.vipTag)) {
+        out.push_back(ExceptionEntry{it->first, index, FlowState::Established, ExceptionOrigin::Backend});
+        ++added;
+      }
+    }
+    ++it;
+  }
+  stats_.rebuiltAlive = rebuilt_.size();
+  stats_.rebuiltInTable = added;
 }
 
 bool AffinityKeeper::takeRestoredChanged() noexcept {
@@ -226,6 +271,18 @@ void AffinityKeeper::complete(Millis now, std::uint64_t unixMs,
     ++it;
   }
   if (restored_.size() != before) restoredChanged_ = true;
+  // A rebuilt flow that a worker tracks as an exception for at least as
+  // long is kept by the export from now on.
+  for (auto it = rebuilt_.begin(); it != rebuilt_.end();) {
+    auto t = tracked.find(it->first);
+    if (it->second.deadline <= now ||
+        (t != tracked.end() && now + t->second >= it->second.deadline)) {
+      it = rebuilt_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  stats_.rebuiltAlive = rebuilt_.size();
   stats_.restoredAlive = restored_.size();
   if (options_.onExport) options_.onExport(records);
   if (std::exchange(syncOnly_, false)) return;

@@ -43,6 +43,20 @@
 // flow seen again in a worker's export is tracked there and leaves the
 // restored set; the rest leave at their deadline.
 //
+// Rebuilt from the backends (conn_rebuild.hpp, ControlPlane's start-up
+// rebuild): flows a backend's agent says it holds, kept with a deadline of
+// the established idle timeout from the rebuild (their idle time is
+// unknown). Unlike restored and peer exceptions, which name the backend a
+// table once gave, a rebuilt flow goes into a snapshot's exception table
+// only where that snapshot's own tables would send it elsewhere
+// (isTableException) or where a checkpoint or peer exception names another
+// backend: the backend holding the connection wins over every other layer
+// but the worker's flow table (it is the truth for that flow). The test runs
+// against each snapshot as it is built (rebuiltEntries), so a table step
+// after the rebuild moves no untracked flow. They are neither checkpointed
+// nor sent to peers: every start rebuilds, on every instance. They leave at
+// their deadline or once a worker tracks the flow as an exception for longer.
+//
 // Thread contract: control thread only. Time is injected (`now`, steady ms;
 // `unixMs` for what is written to disk).
 #pragma once
@@ -58,6 +72,7 @@
 #include <vector>
 
 #include "control/api/event_log.hpp"
+#include "control/health/conn_rebuild.hpp"
 #include "control/intent/flow_checkpoint.hpp"
 #include "control/sys/durable_writer.hpp"
 #include "spillway/flow_exceptions.hpp"
@@ -86,7 +101,11 @@ struct CheckpointStats {
   Millis lastWriteMs = 0;     // encoding and writing alone
   std::string lastError;
   std::size_t restoredAtStart = 0;
-  std::size_t restoredAlive = 0;  // restored, neither expired nor tracked again
+  std::size_t restoredAlive = 0;    // restored, neither expired nor tracked again
+  std::size_t rebuiltAtStart = 0;   // flows the backends listed (addRebuilt)
+  std::size_t rebuiltAlive = 0;     // rebuilt, neither expired nor tracked as exceptions
+  std::size_t rebuiltInTable = 0;   // in the last snapshot's exception table
+  std::size_t rebuiltOverrode = 0;  // restored records a backend contradicted (dropped)
 };
 
 class AffinityKeeper {
@@ -128,6 +147,21 @@ class AffinityKeeper {
                        std::vector<ExceptionEntry>& out) const;
   // True once after the restored set changed (so the caller republishes).
   bool takeRestoredChanged() noexcept;
+
+  // The start-up rebuild's flows (see the design note): kept until now +
+  // the established timeout; a restored record of the same flow on another
+  // backend is dropped.
+  void addRebuilt(std::span<const RebuiltFlow> flows, Millis now);
+  [[nodiscard]] bool hasRebuilt() const noexcept { return !rebuilt_.empty(); }
+  // Appends to `out` the rebuilt flows that `snapshot` needs as exceptions:
+  // on a backend `indexOf` knows (0: skipped) and `keeps` accepts, where the
+  // snapshot's tables would place the flow elsewhere or `base` (the
+  // checkpoint's and peers' exceptions) names another backend. Drops the
+  // expired ones first.
+  void rebuiltEntries(Millis now, const ForwardingSnapshot& snapshot, const ExceptionTable* base,
+                      const std::function<std::uint32_t(std::uint64_t id)>& indexOf,
+                      const std::function<bool(std::uint64_t id)>& keeps,
+                      std::vector<ExceptionEntry>& out);
 
   // Control loop: starts and completes checkpoints. `published`: the newest
   // snapshot generation; `applied`: the oldest any worker uses; `tables`:
@@ -187,6 +221,12 @@ class AffinityKeeper {
   std::vector<FlowExceptionRecord> records_;
   std::size_t trackedCount_ = 0;
   std::optional<Millis> lastExportAt_;
+  struct Rebuilt {
+    std::uint64_t backendId = 0;
+    std::uint8_t vipTag = 0;
+    Millis deadline = 0;
+  };
+  std::unordered_map<std::uint64_t, Rebuilt> rebuilt_;  // by flow hash
   bool restoredChanged_ = false;
   bool dirReady_ = false;
 

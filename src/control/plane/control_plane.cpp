@@ -78,6 +78,7 @@ ControlPlane::ControlPlane(Config config, std::string configPath, SnapshotBuilde
   restoreAffinity(now);
   lastChurn_ = now;
   startPeers();
+  startRebuild(now);
 }
 
 std::uint64_t ControlPlane::unixNow() const {
@@ -166,7 +167,8 @@ bool ControlPlane::warmupComplete() const {
 }
 
 bool ControlPlane::announceReady(Millis now) const {
-  return !warmup_ && (warmupComplete() || now >= started_ + kWarmupLimit) && peersReady(now);
+  return !warmup_ && (warmupComplete() || now >= started_ + kWarmupLimit) && peersReady(now) &&
+         rebuildReady();
 }
 
 TablesState ControlPlane::tablesState() const {
@@ -242,6 +244,7 @@ std::vector<int> ControlPlane::pollFds() const {
   if (health_.pollFd() >= 0) fds.push_back(health_.pollFd());
   if (scraper_.pollFd() >= 0) fds.push_back(scraper_.pollFd());
   if (connScraper_.pollFd() >= 0) fds.push_back(connScraper_.pollFd());
+  if (rebuild_ && rebuild_->pollFd() >= 0) fds.push_back(rebuild_->pollFd());
   return fds;
 }
 
@@ -453,6 +456,7 @@ bool ControlPlane::tick(Millis now) {
     }
   }
   tickPeers(now, statesChanged);
+  tickRebuild(now);
   samplePlacement(now);
   tickKeeper(now);
   if (keeper_.takeRestoredChanged()) {
@@ -559,6 +563,7 @@ std::unique_ptr<ForwardingSnapshot> ControlPlane::takeSnapshot(Millis now) {
   }
   ++generation_;
   ++publishes_;
+  if (keeper_.hasRebuilt()) mergeRebuilt(*s, now);
   // What a checkpoint writes with the exceptions judged against this
   // snapshot: the weights it was built with, not later ones.
   TablesState tables = builtWith ? std::move(*builtWith) : tablesState();

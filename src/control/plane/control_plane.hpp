@@ -37,6 +37,7 @@
 #include "control/config/config.hpp"
 #include "control/discovery/file_source.hpp"
 #include "control/discovery/membership.hpp"
+#include "control/health/conn_rebuild.hpp"
 #include "control/health/conn_scraper.hpp"
 #include "control/health/health.hpp"
 #include "control/health/scraper.hpp"
@@ -131,6 +132,11 @@ class ControlPlane final : public ControlApi {
   // With peers: every live peer's exceptions are in a snapshot the workers
   // applied (or kPeerSyncLimit passed since the start). Without: true.
   [[nodiscard]] bool peersReady(Millis now) const;
+  // Without a start-up rebuild from the backends: true. With one: once it
+  // ended (answered, failed or kConnRebuildLimit) and its exceptions are in
+  // a snapshot the workers applied (control_plane_rebuild.cpp).
+  [[nodiscard]] bool rebuildReady() const;
+  [[nodiscard]] const ConnRebuild* rebuild() const noexcept { return rebuild_.get(); }
 
   // ControlApi.
   ApiResult status() override;
@@ -197,6 +203,16 @@ class ControlPlane final : public ControlApi {
   [[nodiscard]] std::optional<ApiError> reloadRefusesTierOrAnnounce(const Config& next) const;
   void applyTierAndAnnounce(const Config& before, Json& changes);
   void refreshExceptions();
+  // The start-up rebuild from the backends' agents (control_plane_rebuild.cpp):
+  // started by the constructor for every backend of a pool with
+  // [pool.connections] token_file, polled each tick until it ends, then
+  // handed to the keeper. mergeRebuilt() gives a snapshot just built the
+  // rebuilt flows its own tables need, over the checkpoint's and peers'.
+  void startRebuild(Millis now);
+  void tickRebuild(Millis now);
+  void mergeRebuilt(ForwardingSnapshot& snapshot, Millis now);
+  Json rebuildJson() const;
+  void rebuildMetrics(MetricsWriter& m) const;
   // The peer channel: poll, and rebuild the exceptions at most every 250 ms.
   void tickPeers(Millis now, bool statesChanged);
   // Make-before-break and the join gate (control_plane_step.cpp).
@@ -402,6 +418,14 @@ class ControlPlane final : public ControlApi {
   std::optional<Millis> quietWaitSince_;
   bool quietOk_ = false;  // latched once the gate let this instance in
   std::optional<Millis> quietWaitedMs_;
+  // Start-up rebuild from the backends: null when no pool asks for it.
+  std::unique_ptr<ConnRebuild> rebuild_;
+  std::uint64_t rebuildGeneration_ = 0;  // the first snapshot carrying its flows
+  bool rebuildHanded_ = false;           // its flows are with the keeper
+  // The checkpoint's and peers' exceptions (refreshExceptions), kept while
+  // rebuilt flows live so each snapshot can merge them (mergeRebuilt).
+  std::vector<ExceptionEntry> baseExceptions_;
+  std::shared_ptr<const ExceptionTable> baseTable_;
 
   AnnounceExchange* announce_ = nullptr;
   [[nodiscard]] Json announceJson() const;

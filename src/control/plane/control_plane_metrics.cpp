@@ -67,6 +67,7 @@ std::string ControlPlane::metricsText() {
     m.gauge("spillway_restored_exceptions", "Restored flow exceptions still alive.", {},
             static_cast<double>(c.restoredAlive));
   }
+  rebuildMetrics(m);
   if (peers_) peers_->metrics(m, now_);
   stepMetrics(m);
   const BackendIndexStats ix = builder_.indexStats();

@@ -310,8 +310,16 @@ void ControlPlane::refreshExceptions() {
     peers_->noteUse(entries.size(), ignored);
   }
   keeper_.restoredEntries(indexOf, entries);
-  builder_.setExceptions(entries.empty() ? nullptr
-                                         : std::make_shared<const ExceptionTable>(entries));
+  std::shared_ptr<const ExceptionTable> table =
+      entries.empty() ? nullptr : std::make_shared<const ExceptionTable>(entries);
+  builder_.setExceptions(table);
+  if (keeper_.hasRebuilt()) {
+    baseExceptions_ = std::move(entries);
+    baseTable_ = std::move(table);
+  } else {
+    baseExceptions_.clear();
+    baseTable_.reset();
+  }
 }
 
 }  // namespace spillway

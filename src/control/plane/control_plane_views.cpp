@@ -55,6 +55,7 @@ ApiResult ControlPlane::status() {
                             : warmupTook_ ? Json(*warmupTook_)
                                           : Json(nullptr)},
               {"checkpoint", checkpointStatsJson(keeper_, now_)},
+              {"rebuild", rebuildJson()},
               {"announce", announceJson()},
               {"tier", peers_ ? peers_->status(now_) : Json{{"enabled", false}}},
               {"make_before_break", stepJson()}};
