@@ -6,6 +6,8 @@
 // rebuild ends within its bounds; a snapshot gets a rebuilt flow only where
 // its own table sends the flow elsewhere or another layer names another
 // backend; the announcement waits for it.
+#include "control/health/conn_rebuild.hpp"
+
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <sys/stat.h>
@@ -17,7 +19,6 @@
 
 #include "control/backends/snapshot_builder.hpp"
 #include "control/config/config.hpp"
-#include "control/health/conn_rebuild.hpp"
 #include "control/intent/affinity_keeper.hpp"
 #include "control/intent/flow_checkpoint.hpp"
 #include "control/plane/control_plane.hpp"
@@ -33,7 +34,9 @@ namespace {
 constexpr std::uint64_t kSeed = 0x0123456789abcdefULL;
 constexpr const char* kToken = "s3cret-token-0123456789";
 
-IpAddress ip(const char* text) { return *parseIpAddress(text); }
+IpAddress ip(const char* text) {
+  return *parseIpAddress(text);
+}
 
 RebuildTarget target(std::uint64_t id, const char* address, std::uint16_t port) {
   RebuildTarget t;
@@ -77,11 +80,10 @@ std::uint64_t packetHash(const char* client, std::uint16_t clientPort, const cha
 
 TEST(ConnList, TheHashIsTheDataPathsHashOfTheClientsPacket) {
   const FlowHasher hasher(kSeed);
-  const auto parsed =
-      parseConnList(listBody(entry("198.51.100.7", 40001, 80) + "," +
-                                 entry("198.51.100.8", 40002, 80, "FIN_WAIT1"),
-                             entry("2001:db8:5::7", 50000, 443)),
-                    target(3, "10.0.1.3", 9411), hasher);
+  const auto parsed = parseConnList(listBody(entry("198.51.100.7", 40001, 80) + "," +
+                                                 entry("198.51.100.8", 40002, 80, "FIN_WAIT1"),
+                                             entry("2001:db8:5::7", 50000, 443)),
+                                    target(3, "10.0.1.3", 9411), hasher);
   ASSERT_TRUE(std::holds_alternative<ConnListAnswer>(parsed)) << std::get<std::string>(parsed);
   const auto& a = std::get<ConnListAnswer>(parsed);
   ASSERT_EQ(a.flows.size(), 3u);
@@ -103,8 +105,9 @@ TEST(ConnList, TheHashIsTheDataPathsHashOfTheClientsPacket) {
 TEST(ConnList, MalformedAnswersAreRefusedWholeAndBadEntriesCounted) {
   const FlowHasher hasher(kSeed);
   const RebuildTarget t = target(1, "10.0.1.1", 9411);
-  for (const char* bad : {"", "not json", "[]", "{}", R"({"vips":[]})", R"({"vips":{"192.0.2.1":3}})",
-                          R"({"vips":{},"truncated":"yes"})", "{\"vips\":{\"192.0.2.1\":[{"}) {
+  for (const char* bad :
+       {"", "not json", "[]", "{}", R"({"vips":[]})", R"({"vips":{"192.0.2.1":3}})",
+        R"({"vips":{},"truncated":"yes"})", "{\"vips\":{\"192.0.2.1\":[{"}) {
     EXPECT_TRUE(std::holds_alternative<std::string>(parseConnList(bad, t, hasher))) << bad;
   }
   // Entries that name no client, a port out of range, another family, a
@@ -168,8 +171,8 @@ TEST(ConnRebuildInjected, ConflictsCapsAndStatusesAreCounted) {
 }
 
 TEST(ConnRebuildServers, AsksWithTheTokenAndBoundsEveryBadBackend) {
-  test::LoopbackHttpServer good(test::httpOk(listBody(entry("198.51.100.1", 2000, 80)), "application/json"),
-                                "127.0.0.1");
+  test::LoopbackHttpServer good(
+      test::httpOk(listBody(entry("198.51.100.1", 2000, 80)), "application/json"), "127.0.0.1");
   test::LoopbackHttpServer refusing(test::httpStatus(401, "Unauthorized"), "127.0.0.1");
   test::LoopbackHttpServer silent(test::httpOk("x"), "127.0.0.1");
   silent.setSilent(true);
@@ -177,11 +180,10 @@ TEST(ConnRebuildServers, AsksWithTheTokenAndBoundsEveryBadBackend) {
   test::LoopbackHttpServer huge(
       test::httpOk(std::string(kRebuildMaxBytes + 1024, ' '), "application/json"), "127.0.0.1");
   const std::uint16_t closed = test::refusingPort();
-  std::vector<RebuildTarget> targets = {target(1, "127.0.0.1", good.port()),
-                                        target(2, "127.0.0.1", refusing.port()),
-                                        target(3, "127.0.0.1", silent.port()),
-                                        target(4, "127.0.0.1", huge.port()),
-                                        target(5, "127.0.0.1", closed)};
+  std::vector<RebuildTarget> targets = {
+      target(1, "127.0.0.1", good.port()), target(2, "127.0.0.1", refusing.port()),
+      target(3, "127.0.0.1", silent.port()), target(4, "127.0.0.1", huge.port()),
+      target(5, "127.0.0.1", closed)};
   targets[0].path = "/connections";
   ConnRebuild r(std::move(targets), kSeed, 1000);
   test::PollDriver<ConnRebuild> driver(r);
@@ -304,8 +306,8 @@ TEST_F(PlaneRebuild, FlowsOffTheirTableEntryBecomeExceptionsBeforeTheAnnouncemen
   for (int port = 30000; port < 30040; ++port) {
     if (!entries.empty()) entries += ",";
     entries += entry("198.51.100.5", port, 443);
-    const std::uint64_t h = packetHash("198.51.100.5", static_cast<std::uint16_t>(port),
-                                       "192.0.2.1", 443, false);
+    const std::uint64_t h =
+        packetHash("198.51.100.5", static_cast<std::uint16_t>(port), "192.0.2.1", 443, false);
     (table->vips[0].table.lookup(h) == b1Index ? onB1 : elsewhere).push_back(h);
   }
   ASSERT_FALSE(onB1.empty());
@@ -318,7 +320,8 @@ TEST_F(PlaneRebuild, FlowsOffTheirTableEntryBecomeExceptionsBeforeTheAnnouncemen
   dp_.publish(c.takeSnapshot(0));
   EXPECT_FALSE(c.announceReady(0));
   EXPECT_FALSE(c.rebuildReady());
-  ASSERT_TRUE(runUntil(c, [&] { return c.rebuildReady(); }, 5000));
+  ASSERT_TRUE(runUntil(
+      c, [&] { return c.rebuildReady(); }, 5000));
   // b3's timeout (0.3 s) bounds it.
   EXPECT_LE(now_, 400);
   EXPECT_TRUE(c.announceReady(now_));
@@ -340,8 +343,7 @@ TEST_F(PlaneRebuild, FlowsOffTheirTableEntryBecomeExceptionsBeforeTheAnnouncemen
   EXPECT_EQ(r["answered"], 1);
   EXPECT_EQ(r["failed"], 2);
   EXPECT_NE(r["backends"][1]["error"].get<std::string>().find("401"), std::string::npos);
-  EXPECT_NE(r["backends"][2]["error"].get<std::string>().find("within 300 ms"),
-            std::string::npos);
+  EXPECT_NE(r["backends"][2]["error"].get<std::string>().find("within 300 ms"), std::string::npos);
   bool summary = false;
   for (const Event& e : c.events().since(0, 1000).events) {
     summary |= e.kind == kEventRebuild && e.cause.find("rebuilt 40 flows from 1 of 3") == 0;
@@ -353,7 +355,8 @@ TEST_F(PlaneRebuild, FlowsOffTheirTableEntryBecomeExceptionsBeforeTheAnnouncemen
 
   // b1 drains: its table entries go, so every flow it holds is an exception.
   ASSERT_TRUE(std::holds_alternative<Json>(c.backendDrain("b1")));
-  ASSERT_TRUE(runUntil(c, [&] { return dp_.latest != s; }, now_ + 1000));
+  ASSERT_TRUE(runUntil(
+      c, [&] { return dp_.latest != s; }, now_ + 1000));
   s = dp_.latest;
   ASSERT_NE(s->exceptions, nullptr);
   for (std::uint64_t h : onB1) EXPECT_EQ(s->exceptions->find(h).backend, b1Now);

@@ -283,8 +283,8 @@ void ConnRebuild::poll(Millis now) noexcept {
       recordFailure(i, now,
                     requests_[i]->running
                         ? "no answer within the rebuild's limit"
-                        : "not asked: the rebuild's limit (" +
-                              std::to_string(kConnRebuildLimit) + " ms) passed first");
+                        : "not asked: the rebuild's limit (" + std::to_string(kConnRebuildLimit) +
+                              " ms) passed first");
     }
   }
   checkDone(now);

@@ -130,7 +130,8 @@ void AffinityKeeper::rebuiltEntries(Millis now, const ForwardingSnapshot& snapsh
       const std::uint32_t other = base != nullptr ? base->find(it->first).backend : 0;
       if ((other != 0 && other != index) ||
           isTableException(snapshot, it->first, index, r.vipTag)) {
-        out.push_back(ExceptionEntry{it->first, index, FlowState::Established, ExceptionOrigin::Backend});
+        out.push_back(
+            ExceptionEntry{it->first, index, FlowState::Established, ExceptionOrigin::Backend});
         ++added;
       }
     }

@@ -89,16 +89,15 @@ void ControlPlane::tickRebuild(Millis now) {
     failures += " and " + std::to_string(named - kRebuildErrorsNamed) + " more";
   }
   const Millis took = rebuild_->startedAt() ? now - *rebuild_->startedAt() : 0;
-  events_.append(now, "", kEventRebuild,
-                 "rebuilt " + std::to_string(t.flows) + " flows from " +
-                     std::to_string(t.answered) + " of " +
-                     std::to_string(rebuild_->backends().size()) + " backend(s) in " +
-                     std::to_string(took) + " ms (" + std::to_string(t.truncated) +
-                     " list(s) truncated, " + std::to_string(t.conflicts) + " conflict(s), " +
-                     std::to_string(t.invalid) + " entr(ies) refused, " +
-                     std::to_string(t.overCap) + " over the cap, " +
-                     std::to_string(keeper_.stats().rebuiltOverrode) +
-                     " checkpoint record(s) overridden)" + failures);
+  events_.append(
+      now, "", kEventRebuild,
+      "rebuilt " + std::to_string(t.flows) + " flows from " + std::to_string(t.answered) + " of " +
+          std::to_string(rebuild_->backends().size()) + " backend(s) in " + std::to_string(took) +
+          " ms (" + std::to_string(t.truncated) + " list(s) truncated, " +
+          std::to_string(t.conflicts) + " conflict(s), " + std::to_string(t.invalid) +
+          " entr(ies) refused, " + std::to_string(t.overCap) + " over the cap, " +
+          std::to_string(keeper_.stats().rebuiltOverrode) + " checkpoint record(s) overridden)" +
+          failures);
   // The base (checkpoint and peers) is kept from now on for the merges.
   refreshExceptions();
   dirty_ = true;
@@ -170,8 +169,7 @@ void ControlPlane::rebuildMetrics(MetricsWriter& m) const {
   for (const RebuildBackendStatus& s : rebuild_->backends()) {
     m.gauge("spillway_rebuild_backend_failed",
             "1 when the backend's agent gave no usable connection list at start.",
-            {{"backend", s.name}},
-            s.outcome == RebuildBackendStatus::Outcome::Failed ? 1.0 : 0.0);
+            {{"backend", s.name}}, s.outcome == RebuildBackendStatus::Outcome::Failed ? 1.0 : 0.0);
     if (s.outcome == RebuildBackendStatus::Outcome::Answered) {
       m.gauge("spillway_rebuild_backend_refused_entries",
               "Entries of the backend's list that were refused (malformed or not a VIP of it).",
