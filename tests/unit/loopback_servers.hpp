@@ -92,6 +92,22 @@ inline sockaddr_in loopbackAddress(std::uint16_t port, const char* address = "12
   return sin;
 }
 
+// A loopback TCP port free a moment ago (bound, read back, closed), and
+// "127.0.0.1:PORT" for a configuration that names it.
+inline std::uint16_t freePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sin = loopbackAddress(0);
+  (void)bind(fd, reinterpret_cast<sockaddr*>(&sin), sizeof sin);
+  socklen_t len = sizeof sin;
+  (void)getsockname(fd, reinterpret_cast<sockaddr*>(&sin), &len);
+  ::close(fd);
+  return ntohs(sin.sin_port);
+}
+
+inline std::string at(std::uint16_t port) {
+  return "127.0.0.1:" + std::to_string(port);
+}
+
 inline std::uint16_t boundPort(int fd) {
   sockaddr_in sin{};
   socklen_t len = sizeof sin;

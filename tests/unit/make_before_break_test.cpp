@@ -34,6 +34,7 @@
 #include "control/tier/peer_wire.hpp"
 #include "estate_fixture.hpp"
 #include "fake_dataplane.hpp"
+#include "loopback_servers.hpp"
 #include "spillway/flow_exceptions.hpp"
 
 namespace spillway {
@@ -43,21 +44,8 @@ constexpr std::uint64_t kSeed = 0x0123456789abcdefULL;
 const std::string kSecret = "0123456789abcdef-the-tier-secret";
 constexpr std::int64_t kWallStart = 1'700'000'000'000;
 
-std::uint16_t freePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in sin{};
-  sin.sin_family = AF_INET;
-  sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  (void)bind(fd, reinterpret_cast<sockaddr*>(&sin), sizeof sin);
-  socklen_t len = sizeof sin;
-  (void)getsockname(fd, reinterpret_cast<sockaddr*>(&sin), &len);
-  ::close(fd);
-  return ntohs(sin.sin_port);
-}
-
-std::string at(std::uint16_t port) {
-  return "127.0.0.1:" + std::to_string(port);
-}
+using test::at;
+using test::freePort;
 
 // Polls until `done` or a wall-clock deadline (the deadline only stops a
 // test that would otherwise hang; no assertion is about wall time).

@@ -30,6 +30,7 @@
 #include "control/plane/control_plane.hpp"
 #include "estate_fixture.hpp"
 #include "fake_dataplane.hpp"
+#include "loopback_servers.hpp"
 
 namespace spillway {
 namespace {
@@ -38,21 +39,8 @@ constexpr std::uint64_t kSeed = 0x0123456789abcdefULL;
 const std::string kSecret = "0123456789abcdef-the-tier-secret";
 
 // A port nothing listens on now (bound and released).
-std::uint16_t freePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in sin{};
-  sin.sin_family = AF_INET;
-  sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  (void)bind(fd, reinterpret_cast<sockaddr*>(&sin), sizeof sin);
-  socklen_t len = sizeof sin;
-  (void)getsockname(fd, reinterpret_cast<sockaddr*>(&sin), &len);
-  ::close(fd);
-  return ntohs(sin.sin_port);
-}
-
-std::string at(std::uint16_t port) {
-  return "127.0.0.1:" + std::to_string(port);
-}
+using test::at;
+using test::freePort;
 
 TierConfig tier(const std::string& node, std::uint16_t listen, std::vector<TierPeerConfig> peers,
                 const std::string& secret = kSecret) {
