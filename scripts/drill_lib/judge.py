@@ -51,6 +51,12 @@ LEAVE = {"kill", "link-down", "drain", "remove", "disable"}
 RETURNS = {"kill": {"start-servers"}, "link-down": {"link-up"},
            "drain": {"undrain", "enable", "add"}, "remove": {"add", "undrain", "enable"},
            "disable": {"enable", "undrain"}, "reload-remove": {"add"}}
+# The operator's leaves that live only in the tier's memory (journals,
+# checkpoints, peers): a crash-tier that deletes every instance's state
+# directory makes the tier forget them, so their window ends there; the
+# scenario gives them again and judges them anew (lb-state-loss). A kill or
+# a link down is the estate's own state and outlives the wipe.
+FORGOTTEN_BY_WIPE = {"drain", "remove", "disable"}
 
 
 def flood_seen(drops):
@@ -304,6 +310,8 @@ def judge(d):
         back = RETURNS[leave]
         return min([b["t"] for b in d.actions if b["t"] > after and (
             (b.get("target") == target and b["do"] in back) or
+            (leave in FORGOTTEN_BY_WIPE and b["do"] == "crash-tier" and
+             (b.get("wiped") or b.get("wipe_state"))) or
             (leave == "reload-remove" and b["do"] == "reload" and target in b.get("add", [])))] +
             [t_end])
 

@@ -213,6 +213,46 @@ class JudgeTest(unittest.TestCase):
                 p["backend"] = "onprem2"
         self.assertTrue(d.verdicts()["new_flows_avoid[onprem2]"]["ok"])
 
+    def test_a_wiped_tier_forgets_a_drain_until_it_is_given_again(self):
+        # crash-tier with wipe_state deletes every journal: the first drain's
+        # window ends there, the drain given again opens a window of its own.
+        # A crash that keeps the state ends nothing.
+        acts = [{"at": 5, "do": "drain", "target": "onprem2"},
+                {"at": 10, "do": "crash-tier", "wipe_state": True},
+                {"at": 12, "do": "drain", "target": "onprem2"}]
+        inv = {"new_flows_avoid": True, "table_removal_max_s": 1.0}
+
+        def avoid(d):  # one verdict per drain, under the same name
+            return [v for v in judge.judge(d)[1] if v["name"] == "new_flows_avoid[onprem2]"]
+
+        def drained(t):
+            return sample(t, states={"onprem2": "draining"},
+                          entries={"onprem1": 150, "onprem3": 150})
+        d = self.drill(acts, inv)
+        d.set_samples(drained, lo=5.5, hi=10)
+        d.set_samples(drained, lo=12.5)
+        for p in d.flow_report["probes"]:
+            rel = p["t"] - T0
+            if p["backend"] == "onprem2" and (5 <= rel < 10 or rel >= 12):
+                p["backend"] = "onprem1"
+        # Between the wipe and the drain given again, onprem2 is active.
+        self.assertEqual([v["ok"] for v in avoid(d)], [True, True])
+        late = [p for p in d.flow_report["probes"] if T0 + 14 <= p["t"] < T0 + 14.2]
+        late[0]["backend"] = "onprem2"
+        bad = [v for v in avoid(d) if not v["ok"]]
+        self.assertEqual(len(bad), 1)
+        self.assertIn("drain at 12 s", bad[0]["detail"])
+        late[0]["backend"] = "onprem1"
+        # Without the wipe the first window runs on through the crash.
+        acts[1] = {"at": 10, "do": "crash-tier"}
+        d = self.drill(acts, inv)
+        d.set_samples(drained, lo=5.5)
+        d.flow_report["probes"] = [p for p in d.flow_report["probes"]
+                                   if p["backend"] != "onprem2" or T0 + 10 <= p["t"] < T0 + 12]
+        bad = [v for v in avoid(d) if not v["ok"]]
+        self.assertEqual(len(bad), 1)
+        self.assertIn("drain at 5 s", bad[0]["detail"])
+
     def test_failures_before_removal_of_a_killed_backend_are_excused(self):
         acts = [{"at": 5, "do": "kill", "target": "onprem2"}]
         d = self.drill(acts, {"new_flows_avoid": True, "table_removal_max_s": 1.0})
