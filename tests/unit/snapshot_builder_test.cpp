@@ -655,7 +655,8 @@ TEST(SnapshotBuilder, PerVipWeightsAndPredictedMoves) {
 // Second chance (issue #24): each slot whose owner changed names its owner
 // before the change, stamped with the build's `now`, until the hold time
 // (here 5 s) has passed; unchanged slots keep their history until then; a
-// slot that changes again names its latest previous owner.
+// slot that changes back names the owner it leaves (one that moves on to a
+// third owner within the hold: SecondChanceKeepsTheOlderOwnerThroughAnotherMove).
 TEST(SnapshotBuilder, SecondChanceHistoryOfChangedSlotsUntilTheHoldEnds) {
   Config c = estate();
   c.dataplane.secondChanceHoldMs = 5'000;
@@ -718,16 +719,62 @@ TEST(SnapshotBuilder, SecondChanceHistoryOfChangedSlotsUntilTheHoldEnds) {
   EXPECT_FALSE(b.secondChanceHoldEnds().has_value());
 }
 
+// A slot that moves A -> B -> C within the hold names A, not B: a flow on
+// its second chance there (no instance tracks it) is on A, and B held the
+// slot only briefly (a churn budget's intermediate table, the next load
+// swing). The hold runs from the last move. Once A's hold has ended, the
+// next move names B.
+TEST(SnapshotBuilder, SecondChanceKeepsTheOlderOwnerThroughAnotherMove) {
+  Config c = estate();
+  c.dataplane.secondChanceHoldMs = 5'000;
+  for (const Millis third : {Millis{2'000}, Millis{7'000}}) {
+    SCOPED_TRACE("third build at " + std::to_string(third));
+    SnapshotBuilder b = builderFor(c);
+    auto s1 = b.build(1, 0);
+    ASSERT_TRUE(b.setState(id("a1"), BackendState::Disabled));
+    auto s2 = b.build(2, 1'000);
+    ASSERT_TRUE(b.setState(id("a2"), BackendState::Disabled));
+    auto s3 = b.build(3, third);
+    ASSERT_TRUE(s1 && s2 && s3);
+    ASSERT_NE(s3->vips[0].previousOwner, nullptr);
+    const auto t1 = s1->vips[0].table.entries();
+    const auto t2 = s2->vips[0].table.entries();
+    const auto t3 = s3->vips[0].table.entries();
+    const auto& prev = *s3->vips[0].previousOwner;
+    std::uint32_t twice = 0;
+    for (std::size_t slot = 0; slot < t3.size(); ++slot) {
+      const bool moved1 = t1[slot] != t2[slot];
+      const bool moved2 = t2[slot] != t3[slot];
+      if (moved1 && moved2 && t3[slot] != t1[slot]) {
+        ++twice;
+        ASSERT_EQ(prev[slot], third < 6'000 ? t1[slot] : t2[slot]) << "slot " << slot;
+      } else if (moved1 && moved2) {
+        ASSERT_EQ(prev[slot], t2[slot]) << "back to its first owner: names the one it leaves";
+      } else if (moved2) {
+        ASSERT_EQ(prev[slot], t2[slot]) << "slot " << slot;
+      } else if (moved1) {
+        ASSERT_EQ(prev[slot], third < 6'000 ? t1[slot] : 0u) << "slot " << slot;
+      } else {
+        ASSERT_EQ(prev[slot], 0u) << "slot " << slot;
+      }
+    }
+    EXPECT_GT(twice, 0u) << "a1's slots that a2 took moved again";
+    // The slots that moved only at 1'000 end first (at 6'000, if not
+    // already forgotten).
+    EXPECT_EQ(b.secondChanceHoldEnds(), std::optional<Millis>(third < 6'000 ? 6'000 : third + 5'000));
+  }
+}
+
 TEST(SnapshotBuilder, SecondChanceHoldOfDifferentAgesAndOff) {
   Config c = estate();
   c.dataplane.secondChanceHoldMs = 5'000;
   SnapshotBuilder b = builderFor(c);
-  ASSERT_TRUE(b.build(1, 0));
+  auto s0 = b.build(1, 0);
   ASSERT_TRUE(b.setState(id("c1"), BackendState::Disabled));
   auto s1 = b.build(2, 1'000);
   ASSERT_TRUE(b.setState(id("a1"), BackendState::Disabled));
   auto s2 = b.build(3, 3'000);
-  ASSERT_TRUE(s1 && s2);
+  ASSERT_TRUE(s0 && s1 && s2);
   const std::uint32_t c1 = b.indexOf(id("c1"));
   const std::uint32_t a1 = b.indexOf(id("a1"));
   auto count = [](const ForwardingSnapshot& s, std::uint32_t owner) {
@@ -741,19 +788,26 @@ TEST(SnapshotBuilder, SecondChanceHoldOfDifferentAgesAndOff) {
   EXPECT_EQ(b.secondChanceHoldEnds(), std::optional<Millis>(6'000));
   auto s3 = b.build(4, 6'000);  // c1's changes are 5 s old, a1's 3 s
   ASSERT_TRUE(s3);
-  EXPECT_EQ(count(*s3, c1), 0u);
   EXPECT_GT(count(*s3, a1), 0u);
-  // Exactly the slots that changed at 3'000 keep their previous owner.
+  // Exactly the slots that changed at 3'000 keep their previous owner: the
+  // owner before the change, or for a slot that c1 lost at 1'000 and that
+  // moved on at 3'000, c1 (SecondChanceKeepsTheOlderOwnerThroughAnotherMove);
+  // the slots that changed only at 1'000 forget theirs.
+  const auto t0 = s0->vips[0].table.entries();
   const auto t1 = s1->vips[0].table.entries();
   const auto t2 = s2->vips[0].table.entries();
+  std::uint32_t c1Kept = 0;
   for (std::size_t slot = 0; slot < t2.size(); ++slot) {
     const std::uint32_t kept = (*s3->vips[0].previousOwner)[slot];
     if (t1[slot] != t2[slot]) {
-      ASSERT_EQ(kept, t1[slot]) << "slot " << slot;
+      const bool twice = t0[slot] != t1[slot] && t0[slot] != t2[slot];
+      ASSERT_EQ(kept, twice ? t0[slot] : t1[slot]) << "slot " << slot;
+      c1Kept += twice && t0[slot] == c1;
     } else {
       ASSERT_EQ(kept, 0u) << "slot " << slot;
     }
   }
+  EXPECT_EQ(count(*s3, c1), c1Kept) << "c1 only where its slot moved again at 3'000";
   EXPECT_EQ(b.secondChanceHoldEnds(), std::optional<Millis>(8'000));
 
   // second_chance_hold_ms = 0: no history at all.

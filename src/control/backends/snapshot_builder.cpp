@@ -469,7 +469,18 @@ void SnapshotBuilder::noteChanges(PreviousVip& history, const MaglevTable* befor
                    : std::make_shared<std::vector<std::uint32_t>>(old.size(), 0);
       history.changedAt.resize(old.size(), 0);
     }
-    (*owners)[slot] = old[slot];
+    // A slot that moves again within the hold keeps its older previous
+    // owner: a flow on its second chance there (no instance tracks it) is
+    // still on that owner, and the churn budget's intermediate tables (or
+    // the next load swing) move slots through owners that hold them only
+    // briefly; the flows begun on an intermediate owner were tracked by
+    // instances that export them. Back to the older owner, the slot names
+    // the one it leaves.
+    const std::uint32_t older = (*owners)[slot];
+    const auto age = static_cast<std::uint32_t>(static_cast<std::uint32_t>(now) -
+                                                history.changedAt[slot]);
+    const bool keepOlder = older != 0 && older != fresh[slot] && age < hold;
+    if (!keepOlder) (*owners)[slot] = old[slot];
     history.changedAt[slot] = static_cast<std::uint32_t>(now);
   }
   const bool changed = owners != nullptr;
