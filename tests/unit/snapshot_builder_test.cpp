@@ -761,7 +761,8 @@ TEST(SnapshotBuilder, SecondChanceKeepsTheOlderOwnerThroughAnotherMove) {
     EXPECT_GT(twice, 0u) << "a1's slots that a2 took moved again";
     // The slots that moved only at 1'000 end first (at 6'000, if not
     // already forgotten).
-    EXPECT_EQ(b.secondChanceHoldEnds(), std::optional<Millis>(third < 6'000 ? 6'000 : third + 5'000));
+    EXPECT_EQ(b.secondChanceHoldEnds(),
+              std::optional<Millis>(third < 6'000 ? 6'000 : third + 5'000));
   }
 }
 

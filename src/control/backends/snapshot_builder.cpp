@@ -477,8 +477,8 @@ void SnapshotBuilder::noteChanges(PreviousVip& history, const MaglevTable* befor
     // instances that export them. Back to the older owner, the slot names
     // the one it leaves.
     const std::uint32_t older = (*owners)[slot];
-    const auto age = static_cast<std::uint32_t>(static_cast<std::uint32_t>(now) -
-                                                history.changedAt[slot]);
+    const auto age =
+        static_cast<std::uint32_t>(static_cast<std::uint32_t>(now) - history.changedAt[slot]);
     const bool keepOlder = older != 0 && older != fresh[slot] && age < hold;
     if (!keepOlder) (*owners)[slot] = old[slot];
     history.changedAt[slot] = static_cast<std::uint32_t>(now);
