@@ -719,11 +719,11 @@ TEST(SnapshotBuilder, SecondChanceHistoryOfChangedSlotsUntilTheHoldEnds) {
   EXPECT_FALSE(b.secondChanceHoldEnds().has_value());
 }
 
-// A slot that moves A -> B -> C within the hold names A, not B: a flow on
-// its second chance there (no instance tracks it) is on A, and B held the
-// slot only briefly (a churn budget's intermediate table, the next load
-// swing). The hold runs from the last move. Once A's hold has ended, the
-// next move names B.
+// A slot that moves A -> B -> C within the hold names A, not B: a
+// long-lived flow on its second chance there (no instance tracks it) began
+// on A; B held the slot for a while only (a churn budget's intermediate
+// table, one load swing). The hold runs from the last move. Once A's hold
+// has ended, the next move names B.
 TEST(SnapshotBuilder, SecondChanceKeepsTheOlderOwnerThroughAnotherMove) {
   Config c = estate();
   c.dataplane.secondChanceHoldMs = 5'000;
@@ -764,6 +764,40 @@ TEST(SnapshotBuilder, SecondChanceKeepsTheOlderOwnerThroughAnotherMove) {
     EXPECT_EQ(b.secondChanceHoldEnds(),
               std::optional<Millis>(third < 6'000 ? 6'000 : third + 5'000));
   }
+}
+
+// A -> B -> A -> D within the hold names A: the slot's owner before the run
+// of moves, which is also the owner it leaves (not B, the owner it named
+// while back on A).
+TEST(SnapshotBuilder, SecondChanceNamesTheOwnerBeforeTheRunOfMoves) {
+  Config c = estate();
+  c.dataplane.secondChanceHoldMs = 5'000;
+  SnapshotBuilder b = builderFor(c);
+  auto s1 = b.build(1, 0);
+  ASSERT_TRUE(b.setState(id("a1"), BackendState::Disabled));
+  auto s2 = b.build(2, 1'000);
+  ASSERT_TRUE(b.setState(id("a1"), BackendState::Active));
+  auto s3 = b.build(3, 2'000);
+  ASSERT_TRUE(b.setState(id("a1"), BackendState::Disabled));
+  ASSERT_TRUE(b.setState(id("a2"), BackendState::Disabled));
+  auto s4 = b.build(4, 3'000);
+  ASSERT_TRUE(s1 && s2 && s3 && s4);
+  const std::uint32_t a1 = b.indexOf(id("a1"));
+  const auto t1 = s1->vips[0].table.entries();
+  const auto t2 = s2->vips[0].table.entries();
+  const auto t3 = s3->vips[0].table.entries();
+  const auto t4 = s4->vips[0].table.entries();
+  const auto& p3 = *s3->vips[0].previousOwner;
+  const auto& p4 = *s4->vips[0].previousOwner;
+  std::uint32_t elsewhere = 0;
+  for (std::size_t slot = 0; slot < t4.size(); ++slot) {
+    if (t1[slot] != a1 || t2[slot] == a1) continue;
+    ASSERT_EQ(t3[slot], a1) << "a1 back: its slots again";
+    ASSERT_EQ(p3[slot], t2[slot]) << "back on a1: names the owner it left";
+    ASSERT_EQ(p4[slot], a1) << "slot " << slot;
+    elsewhere += t4[slot] != t2[slot];
+  }
+  EXPECT_GT(elsewhere, 0u) << "some of a1's slots went to another owner than the first time";
 }
 
 TEST(SnapshotBuilder, SecondChanceHoldOfDifferentAgesAndOff) {

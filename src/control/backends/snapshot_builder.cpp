@@ -444,6 +444,7 @@ void SnapshotBuilder::expireHistory(PreviousVip& history, Millis now, bool recou
   if (ends == 0) {
     history.previousOwner.reset();
     history.changedAt.clear();
+    history.origin.clear();
   } else if (owners != nullptr) {
     history.previousOwner = std::move(owners);
   }
@@ -455,6 +456,7 @@ void SnapshotBuilder::noteChanges(PreviousVip& history, const MaglevTable* befor
   if (hold == 0 || before == nullptr || before->size() != after.size()) {
     history.previousOwner.reset();
     history.changedAt.clear();
+    history.origin.clear();
     history.holdEnds = 0;
     return;
   }
@@ -468,19 +470,20 @@ void SnapshotBuilder::noteChanges(PreviousVip& history, const MaglevTable* befor
                    ? std::make_shared<std::vector<std::uint32_t>>(*history.previousOwner)
                    : std::make_shared<std::vector<std::uint32_t>>(old.size(), 0);
       history.changedAt.resize(old.size(), 0);
+      history.origin.resize(old.size(), 0);
     }
-    // A slot that moves again within the hold keeps its older previous
-    // owner: a flow on its second chance there (no instance tracks it) is
-    // still on that owner, and the churn budget's intermediate tables (or
-    // the next load swing) move slots through owners that hold them only
-    // briefly; the flows begun on an intermediate owner were tracked by
-    // instances that export them. Back to the older owner, the slot names
-    // the one it leaves.
-    const std::uint32_t older = (*owners)[slot];
+    // Within a run of moves (each within the hold of the one before), the
+    // slot names the owner it had before the run began, unless it is that
+    // owner's again (then the one it leaves): a long-lived flow on its
+    // second chance there (no instance tracks it) began on that owner, and
+    // the churn budget's intermediate tables and the next load swings move
+    // slots on through other owners; flows begun on an intermediate owner
+    // are tracked by instances that export them.
     const auto age =
         static_cast<std::uint32_t>(static_cast<std::uint32_t>(now) - history.changedAt[slot]);
-    const bool keepOlder = older != 0 && older != fresh[slot] && age < hold;
-    if (!keepOlder) (*owners)[slot] = old[slot];
+    const bool inRun = (*owners)[slot] != 0 && age < hold;
+    if (!inRun) history.origin[slot] = old[slot];
+    (*owners)[slot] = history.origin[slot] != fresh[slot] ? history.origin[slot] : old[slot];
     history.changedAt[slot] = static_cast<std::uint32_t>(now);
   }
   const bool changed = owners != nullptr;
@@ -596,14 +599,16 @@ std::unique_ptr<ForwardingSnapshot> SnapshotBuilder::build(std::uint64_t generat
     if (before[i] != nullptr) {
       history.previousOwner = before[i]->previousOwner;
       history.changedAt = before[i]->changedAt;
+      history.origin = before[i]->origin;
       history.holdEnds = before[i]->holdEnds;
     }
     noteChanges(history, before[i] != nullptr ? &before[i]->table : nullptr, built.table, now);
     snapshot->vips[i].previousOwner = history.previousOwner;
     next.insert_or_assign(
-        v.name, PreviousVip{std::move(inputs[i]), v.tableSize, seed, std::move(built.table),
-                            std::move(built.shares), std::move(history.previousOwner),
-                            std::move(history.changedAt), history.holdEnds});
+        v.name,
+        PreviousVip{std::move(inputs[i]), v.tableSize, seed, std::move(built.table),
+                    std::move(built.shares), std::move(history.previousOwner),
+                    std::move(history.changedAt), std::move(history.origin), history.holdEnds});
   }
   previous_ = std::move(next);
   // Placing VIPs: the share of each backend's entries, and the byte rates.

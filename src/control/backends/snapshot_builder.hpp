@@ -234,6 +234,9 @@ class SnapshotBuilder {
     // entry's hold ends (0 = no entry).
     std::shared_ptr<const std::vector<std::uint32_t>> previousOwner;
     std::vector<std::uint32_t> changedAt;
+    // By slot, its owner before the current run of moves began (a move
+    // within the hold of the slot's last one continues the run).
+    std::vector<std::uint32_t> origin;
     Millis holdEnds = 0;
   };
   // Records the slots that differ between `before` and `after` (same size)
