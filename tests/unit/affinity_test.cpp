@@ -102,6 +102,43 @@ TEST(FlowCheckpointFile, LargestIdleFieldDoesNotWrapToFresh) {
   EXPECT_EQ(std::get<FlowCheckpoint>(parsed).records[0].idleMs, UINT32_MAX);
 }
 
+TEST(SlotHistoryFile, RoundTripAgesByTheTimeSinceWritingAndDamageIsRefused) {
+  SlotHistory h;
+  h["nccl"] = {65'537, {{0, 7, 9, 100}, {65'536, 1ULL << 62, 7, 0}, {12, 9, 0, 4'000'000'000u}}};
+  h["grpc"] = {1'009, {}};
+  const std::string bytes = encodeSlotHistory(kSeed, 1'000'000, h);
+  auto parsed = decodeSlotHistory(bytes, kSeed, 1'000'250);
+  ASSERT_TRUE(std::holds_alternative<SlotHistory>(parsed)) << std::get<std::string>(parsed);
+  SlotHistory want = h;
+  want["nccl"].slots[0].ageMs = 350;  // written 250 ms before
+  want["nccl"].slots[1].ageMs = 250;
+  want["nccl"].slots[2].ageMs = 4'000'000'250u;
+  EXPECT_EQ(std::get<SlotHistory>(parsed), want);
+  // A clock that went back ages nothing.
+  EXPECT_EQ(std::get<SlotHistory>(decodeSlotHistory(bytes, kSeed, 5)), h);
+
+  auto error = [](const std::variant<SlotHistory, std::string>& r) {
+    return std::holds_alternative<std::string>(r) ? std::get<std::string>(r) : std::string();
+  };
+  EXPECT_NE(error(decodeSlotHistory(bytes, kSeed + 1, 0)).find("hash_seed"), std::string::npos);
+  EXPECT_NE(error(decodeSlotHistory("", kSeed, 0)), "");
+  for (std::size_t cut = 1; cut < bytes.size(); cut += 7) {
+    EXPECT_NE(error(decodeSlotHistory(bytes.substr(0, cut), kSeed, 0)), "") << "cut at " << cut;
+  }
+  for (std::size_t at = 0; at + 4 < bytes.size(); at += 5) {
+    std::string bad = bytes;
+    bad[at] = static_cast<char>(bad[at] ^ 0x10);
+    EXPECT_NE(error(decodeSlotHistory(bad, kSeed, 0)), "") << "byte " << at;
+  }
+  // Well-formed bytes (CRC fixed) with a slot past the table or an ordinal
+  // past the backends: refused, not read.
+  SlotHistory outOfTable;
+  outOfTable["v"] = {10, {{10, 7, 7, 1}}};
+  EXPECT_NE(
+      error(decodeSlotHistory(encodeSlotHistory(kSeed, 1, outOfTable), kSeed, 1)).find("invalid"),
+      std::string::npos);
+}
+
 TEST(TablesStateFile, RoundTripAndMalformed) {
   TablesState t;
   t.writtenUnixMs = 5;
@@ -219,6 +256,62 @@ TEST_F(AffinityRestart, SecondProcessStartsWithTheFirstOnesTablesAndExceptions) 
   }
   EXPECT_EQ(found, 2u);
   EXPECT_EQ(b.affinity().stats().restoredAtStart, 2u);
+}
+
+// Second chance across a restart: the new process's first tables name the
+// same previous owner for every slot as the old one's last (history.bin).
+TEST_F(AffinityRestart, SecondProcessNamesTheSamePreviousOwners) {
+  Config c = config();
+  c.dataplane.secondChanceHoldMs = 600'000;
+  SnapshotBuilder builderA;
+  ASSERT_FALSE(builderA.setConfig(c));
+  ControlPlane a(c, "test.toml", builderA, &dp_, 0);
+  auto firstTables = first(a);
+  ASSERT_NE(firstTables, nullptr);
+  ASSERT_TRUE(std::holds_alternative<Json>(a.backendDrain("b2")));
+  auto second = run(a, 10);
+  ASSERT_NE(second, nullptr);
+  ASSERT_NE(second->vips[0].previousOwner, nullptr);
+  // The first checkpoint may have begun on the first tables: wait for one of
+  // the second's.
+  for (Millis t = 20; t < 60'000 && a.affinity().stats().checkpoints < 2; t += 10) run(a, t);
+  ASSERT_GE(a.affinity().stats().checkpoints, 2u) << a.affinity().stats().lastError;
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/history.bin"));
+
+  SnapshotBuilder builderB;
+  ASSERT_FALSE(builderB.setConfig(c));
+  dp_.reset();
+  ControlPlane b(c, "test.toml", builderB, &dp_, 1'000);
+  auto restarted = first(b);
+  ASSERT_NE(restarted, nullptr);
+  std::string said;
+  for (const Event& e : b.events().since(0, 100).events) said += e.kind + ": " + e.cause + "\n";
+  EXPECT_NE(said.find("second chance: the slot history of 1 VIP(s) restored"), std::string::npos)
+      << said;
+  ASSERT_NE(restarted->vips[0].previousOwner, nullptr) << "the history came back";
+  const auto& was = *second->vips[0].previousOwner;
+  const auto& is = *restarted->vips[0].previousOwner;
+  ASSERT_EQ(was.size(), is.size());
+  std::size_t named = 0;
+  for (std::size_t slot = 0; slot < was.size(); ++slot) {
+    ASSERT_EQ(builderA.idAt(was[slot]), builderB.idAt(is[slot])) << "slot " << slot;
+    named += was[slot] != 0;
+  }
+  EXPECT_GT(named, 0u);
+  std::size_t namedB2 = 0;
+  for (const std::uint32_t owner : is) {
+    namedB2 += owner != 0 && builderB.idAt(owner) == backendIdFromName("b2");
+  }
+  EXPECT_GT(namedB2, named * 9 / 10) << "mostly b2's slots moved (Maglev moves a few others)";
+  // Without the file the new process starts with no history.
+  std::filesystem::remove(dir_ + "/history.bin");
+  SnapshotBuilder builderC;
+  ASSERT_FALSE(builderC.setConfig(c));
+  dp_.reset();
+  ControlPlane d(c, "test.toml", builderC, &dp_, 1'000);
+  auto bare = first(d);
+  ASSERT_NE(bare, nullptr);
+  EXPECT_EQ(bare->vips[0].previousOwner, nullptr);
 }
 
 // `flows adopted` (ControlApi::flowsAdopted): what the workers adopted, named

@@ -800,6 +800,63 @@ TEST(SnapshotBuilder, SecondChanceNamesTheOwnerBeforeTheRunOfMoves) {
   EXPECT_GT(elsewhere, 0u) << "some of a1's slots went to another owner than the first time";
 }
 
+// A restarted process: the history a builder exports (by id, aged) and a new
+// builder restores names the same owners in its first table, forgets what
+// is past the hold, and a later move goes on with the run (the owner before
+// it, not the restored table's).
+TEST(SnapshotBuilder, SecondChanceHistoryRestoredAcrossAProcess) {
+  Config c = estate();
+  c.dataplane.secondChanceHoldMs = 5'000;
+  SnapshotBuilder a = builderFor(c);
+  auto s1 = a.build(1, 10'000);
+  ASSERT_TRUE(a.setState(id("a1"), BackendState::Disabled));
+  auto s2 = a.build(2, 11'000);
+  ASSERT_TRUE(s1 && s2);
+  const SlotHistory saved = a.slotHistory(12'000);
+  ASSERT_EQ(saved.count("v4"), 1u);
+  for (const SlotHistoryRecord& r : saved.at("v4").slots) {
+    ASSERT_EQ(r.ageMs, 1'000u);
+    ASSERT_EQ(r.previousId, r.originId);
+  }
+
+  // Restored 2 s into the new process's clock: the first table (a1 still
+  // disabled, as tables.json would hold it) names what the old one named.
+  SnapshotBuilder b = builderFor(c);
+  ASSERT_TRUE(b.setState(id("a1"), BackendState::Disabled));
+  b.restoreSlotHistory(saved);
+  auto r1 = b.build(1, 2'000);
+  ASSERT_TRUE(r1);
+  ASSERT_NE(r1->vips[0].previousOwner, nullptr);
+  const auto& was = *s2->vips[0].previousOwner;
+  const auto& is = *r1->vips[0].previousOwner;
+  for (std::size_t slot = 0; slot < was.size(); ++slot) {
+    ASSERT_EQ(a.idAt(was[slot]), b.idAt(is[slot])) << "slot " << slot;
+  }
+  EXPECT_EQ(b.secondChanceHoldEnds(), std::optional<Millis>(2'000 - 1'000 + 5'000));
+
+  // a2 leaves too: a1's slots that a2 had taken move on and still name a1.
+  ASSERT_TRUE(b.setState(id("a2"), BackendState::Disabled));
+  auto r2 = b.build(2, 3'000);
+  ASSERT_TRUE(r2);
+  const auto t1 = s1->vips[0].table.entries();
+  const auto t2 = r1->vips[0].table.entries();
+  const auto t3 = r2->vips[0].table.entries();
+  std::uint32_t twice = 0;
+  for (std::size_t slot = 0; slot < t3.size(); ++slot) {
+    if (a.idAt(t1[slot]) != id("a1") || t2[slot] == t3[slot]) continue;
+    ASSERT_EQ(b.idAt((*r2->vips[0].previousOwner)[slot]), id("a1")) << "slot " << slot;
+    ++twice;
+  }
+  EXPECT_GT(twice, 0u);
+
+  // Past the hold at restore: nothing comes back.
+  SnapshotBuilder late = builderFor(c);
+  late.restoreSlotHistory(a.slotHistory(16'000));
+  auto l1 = late.build(1, 0);
+  ASSERT_TRUE(l1);
+  EXPECT_EQ(l1->vips[0].previousOwner, nullptr);
+}
+
 TEST(SnapshotBuilder, SecondChanceHoldOfDifferentAgesAndOff) {
   Config c = estate();
   c.dataplane.secondChanceHoldMs = 5'000;

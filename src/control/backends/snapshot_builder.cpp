@@ -493,6 +493,53 @@ void SnapshotBuilder::noteChanges(PreviousVip& history, const MaglevTable* befor
   expireHistory(history, now, changed);
 }
 
+SlotHistory SnapshotBuilder::slotHistory(Millis now) const {
+  SlotHistory out;
+  for (const auto& [name, p] : previous_) {
+    if (p.previousOwner == nullptr) continue;
+    VipSlotHistory& v = out[name];
+    v.tableSize = p.tableSize;
+    const std::vector<std::uint32_t>& prev = *p.previousOwner;
+    for (std::size_t slot = 0; slot < prev.size(); ++slot) {
+      if (prev[slot] == 0) continue;
+      const auto age =
+          static_cast<std::uint32_t>(static_cast<std::uint32_t>(now) - p.changedAt[slot]);
+      v.slots.push_back(SlotHistoryRecord{static_cast<std::uint32_t>(slot), idAt(prev[slot]),
+                                          slot < p.origin.size() ? idAt(p.origin[slot]) : 0, age});
+    }
+  }
+  return out;
+}
+
+void SnapshotBuilder::takeRestoredHistory(const std::string& vip, std::uint32_t size,
+                                          PreviousVip& history, Millis now) {
+  auto it = restoredHistory_.find(vip);
+  if (it == restoredHistory_.end()) return;
+  const VipSlotHistory restored = std::move(it->second);
+  restoredHistory_.erase(it);
+  const Millis hold = config_.dataplane.secondChanceHoldMs;
+  if (hold == 0 || restored.tableSize != size) return;
+  auto owners = std::make_shared<std::vector<std::uint32_t>>(size, 0);
+  history.changedAt.assign(size, 0);
+  history.origin.assign(size, 0);
+  bool any = false;
+  for (const SlotHistoryRecord& r : restored.slots) {
+    const std::uint32_t previous = indexOf(r.previousId);
+    if (r.slot >= size || previous == 0 || r.ageMs >= hold) continue;
+    (*owners)[r.slot] = previous;
+    history.origin[r.slot] = indexOf(r.originId);
+    history.changedAt[r.slot] = static_cast<std::uint32_t>(now - r.ageMs);
+    any = true;
+  }
+  if (!any) {
+    history.changedAt.clear();
+    history.origin.clear();
+    return;
+  }
+  history.previousOwner = std::move(owners);
+  expireHistory(history, now, true);
+}
+
 std::optional<Millis> SnapshotBuilder::secondChanceHoldEnds() const {
   std::optional<Millis> ends;
   for (const auto& [name, p] : previous_) {
@@ -603,6 +650,7 @@ std::unique_ptr<ForwardingSnapshot> SnapshotBuilder::build(std::uint64_t generat
       history.holdEnds = before[i]->holdEnds;
     }
     noteChanges(history, before[i] != nullptr ? &before[i]->table : nullptr, built.table, now);
+    if (before[i] == nullptr) takeRestoredHistory(v.name, built.table.size(), history, now);
     snapshot->vips[i].previousOwner = history.previousOwner;
     next.insert_or_assign(
         v.name,

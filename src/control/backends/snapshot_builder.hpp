@@ -67,6 +67,7 @@
 #include <vector>
 
 #include "control/backends/neighbours.hpp"
+#include "control/backends/slot_history.hpp"
 #include "control/config/config.hpp"
 #include "spillway/flow_exceptions.hpp"
 #include "spillway/flow_key.hpp"
@@ -183,6 +184,14 @@ class SnapshotBuilder {
   [[nodiscard]] std::unique_ptr<ForwardingSnapshot> build(std::uint64_t generation, Millis now = 0);
   // The earliest time a build would forget a previous owner, if any.
   [[nodiscard]] std::optional<Millis> secondChanceHoldEnds() const;
+  // The slot history of the last build, by backend id, aged to `now`
+  // (what a restarted instance restores: history.bin).
+  [[nodiscard]] SlotHistory slotHistory(Millis now) const;
+  // At start, before the first build: the history the last process left.
+  // A VIP's first table takes it where the table size matches (entries of
+  // unknown backends, or older than the hold, are left out); later builds
+  // go on from there.
+  void restoreSlotHistory(SlotHistory history) { restoredHistory_ = std::move(history); }
 
   // Per-VIP weights from the policy (load feedback, spillover), by backend
   // id; a backend without one uses its effective weight. Only backends that
@@ -246,6 +255,9 @@ class SnapshotBuilder {
   // Forgets the entries whose hold ended, when one is due (or always, with
   // `recount`), and sets holdEnds to the next end.
   void expireHistory(PreviousVip& history, Millis now, bool recount = false) const;
+  // A VIP's first build: its restored history, if any (and forgets it).
+  void takeRestoredHistory(const std::string& vip, std::uint32_t size, PreviousVip& history,
+                           Millis now);
   struct PortBinding {
     std::optional<MacAddress> mac;
     std::optional<std::uint16_t> id;
@@ -278,6 +290,7 @@ class SnapshotBuilder {
   std::vector<std::uint64_t> entered_;           // left the hold since takeEnteredTables()
   std::vector<PortBinding> ports_;               // by config port index
   std::map<std::string, PreviousVip> previous_;  // by VIP name
+  SlotHistory restoredHistory_;                  // until each VIP's first build
   std::map<std::string, std::map<std::uint64_t, std::uint32_t>> vipWeights_;
   MaglevBuilder maglev_;
   std::shared_ptr<const ExceptionTable> exceptions_;

@@ -55,6 +55,21 @@ std::optional<TablesState> AffinityKeeper::restore(Millis now, std::uint64_t uni
   } else if (!error.empty()) {
     events_.append(now, "", kEventCheckpoint, "ignored tables state: " + error);
   }
+  if (tables) {
+    if (auto bytes = readStateFile(path(kSlotHistoryFile), kMaxCheckpointBytes, error)) {
+      auto parsed = decodeSlotHistory(*bytes, options_.hashSeed, unixMs);
+      if (auto* h = std::get_if<SlotHistory>(&parsed)) {
+        tables->history = std::move(*h);
+      } else {
+        events_.append(now, "", kEventCheckpoint,
+                       "ignored " + path(kSlotHistoryFile) + ": " + std::get<std::string>(parsed) +
+                           " (second chance starts without history)");
+      }
+    } else if (!error.empty()) {
+      events_.append(now, "", kEventCheckpoint, "ignored slot history: " + error);
+    }
+    error.clear();
+  }
   if (auto bytes = readStateFile(path(kFlowCheckpointFile), kMaxCheckpointBytes, error)) {
     auto parsed = decodeFlowCheckpoint(*bytes, options_.hashSeed);
     if (auto* c = std::get_if<FlowCheckpoint>(&parsed)) {
@@ -302,6 +317,8 @@ void AffinityKeeper::complete(Millis now, std::uint64_t unixMs,
   files.push_back(
       {path(kFlowCheckpointFile), encodeFlowCheckpoint(options_.hashSeed, unixMs, records)});
   files.push_back({path(kTablesStateFile), encodeTablesState(tables)});
+  files.push_back(
+      {path(kSlotHistoryFile), encodeSlotHistory(options_.hashSeed, unixMs, tables.history)});
   const Writing w{exportStarted_, tables.generation, records.size(), files[0].bytes.size()};
   if (!writer_.submit(std::move(files))) return;  // not reached: tick() waits for the writer
   writing_ = w;

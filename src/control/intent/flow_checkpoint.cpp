@@ -1,5 +1,6 @@
 #include "control/intent/flow_checkpoint.hpp"
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <cerrno>
@@ -120,6 +121,110 @@ std::variant<FlowCheckpoint, std::string> decodeFlowCheckpoint(std::string_view 
         static_cast<std::uint32_t>(std::min<std::uint64_t>(idleMs, UINT32_MAX))});
   }
   return c;
+}
+
+namespace {
+constexpr char kHistoryMagic[8] = {'S', 'P', 'W', 'H', 'I', 'S', 'T', '1'};
+constexpr std::size_t kHistoryHeaderBytes = 32;
+constexpr std::size_t kHistoryRecordBytes = 16;
+}  // namespace
+
+std::string encodeSlotHistory(std::uint64_t hashSeed, std::uint64_t writtenUnixMs,
+                              const SlotHistory& history) {
+  std::string out;
+  out.append(kHistoryMagic, sizeof kHistoryMagic);
+  put<std::uint32_t>(out, kVersion);
+  put<std::uint32_t>(out, static_cast<std::uint32_t>(history.size()));
+  put<std::uint64_t>(out, hashSeedTag(hashSeed));
+  put<std::uint64_t>(out, writtenUnixMs);
+  for (const auto& [name, vip] : history) {
+    std::map<std::uint64_t, std::uint32_t> ordinal{{0, 0}};
+    std::vector<std::uint64_t> ids{0};
+    for (const SlotHistoryRecord& r : vip.slots) {
+      for (const std::uint64_t id : {r.previousId, r.originId}) {
+        if (ordinal.emplace(id, static_cast<std::uint32_t>(ids.size())).second) ids.push_back(id);
+      }
+    }
+    put<std::uint16_t>(out, static_cast<std::uint16_t>(name.size()));
+    out.append(name);
+    put<std::uint32_t>(out, vip.tableSize);
+    put<std::uint32_t>(out, static_cast<std::uint32_t>(ids.size()));
+    for (const std::uint64_t id : ids) put<std::uint64_t>(out, id);
+    put<std::uint32_t>(out, static_cast<std::uint32_t>(vip.slots.size()));
+    for (const SlotHistoryRecord& r : vip.slots) {
+      put<std::uint32_t>(out, r.slot);
+      put<std::uint32_t>(out, ordinal.at(r.previousId));
+      put<std::uint32_t>(out, ordinal.at(r.originId));
+      put<std::uint32_t>(out, r.ageMs);
+    }
+  }
+  put<std::uint32_t>(out, crc32c(out));
+  return out;
+}
+
+std::variant<SlotHistory, std::string> decodeSlotHistory(std::string_view bytes,
+                                                         std::uint64_t hashSeed,
+                                                         std::uint64_t nowUnixMs) {
+  if (bytes.size() < kHistoryHeaderBytes + 4) {
+    return std::string("truncated (shorter than its header)");
+  }
+  if (std::memcmp(bytes.data(), kHistoryMagic, sizeof kHistoryMagic) != 0) {
+    return std::string("not a Spillway slot history (bad magic)");
+  }
+  const auto version = get<std::uint32_t>(bytes, 8);
+  if (version != kVersion) return "version " + std::to_string(version) + ", expected 1";
+  const std::uint32_t crc = get<std::uint32_t>(bytes, bytes.size() - 4);
+  if (crc != crc32c(bytes.substr(0, bytes.size() - 4))) return std::string("CRC mismatch");
+  if (get<std::uint64_t>(bytes, 16) != hashSeedTag(hashSeed)) {
+    return std::string("written under another hash_seed: its slots name other flows");
+  }
+  const auto vips = get<std::uint32_t>(bytes, 12);
+  const std::uint64_t written = get<std::uint64_t>(bytes, 24);
+  const std::uint64_t since = nowUnixMs > written ? nowUnixMs - written : 0;
+  const std::size_t end = bytes.size() - 4;
+  std::size_t at = kHistoryHeaderBytes;
+  const auto need = [&](std::uint64_t n) { return n <= end && at <= end - n; };
+  SlotHistory out;
+  for (std::uint32_t v = 0; v < vips; ++v) {
+    const std::string where = "VIP " + std::to_string(v);
+    if (!need(2)) return where + ": truncated";
+    const auto nameBytes = get<std::uint16_t>(bytes, at);
+    at += 2;
+    if (!need(std::uint64_t{nameBytes} + 8)) return where + ": truncated";
+    std::string name(bytes.substr(at, nameBytes));
+    at += nameBytes;
+    VipSlotHistory vip;
+    vip.tableSize = get<std::uint32_t>(bytes, at);
+    const auto idCount = get<std::uint32_t>(bytes, at + 4);
+    at += 8;
+    if (!need(std::uint64_t{idCount} * 8 + 4)) return where + ": truncated backend ids";
+    std::vector<std::uint64_t> ids(idCount);
+    for (std::uint32_t i = 0; i < idCount; ++i) ids[i] = get<std::uint64_t>(bytes, at + i * 8);
+    at += std::size_t{idCount} * 8;
+    const auto count = get<std::uint32_t>(bytes, at);
+    at += 4;
+    if (!need(std::uint64_t{count} * kHistoryRecordBytes)) return where + ": truncated records";
+    vip.slots.reserve(count);
+    for (std::uint32_t i = 0; i < count; ++i, at += kHistoryRecordBytes) {
+      SlotHistoryRecord r;
+      r.slot = get<std::uint32_t>(bytes, at);
+      const auto prev = get<std::uint32_t>(bytes, at + 4);
+      const auto origin = get<std::uint32_t>(bytes, at + 8);
+      if (r.slot >= vip.tableSize || prev >= idCount || origin >= idCount) {
+        return where + ": record " + std::to_string(i) + " is invalid";
+      }
+      r.previousId = ids[prev];
+      r.originId = ids[origin];
+      r.ageMs = static_cast<std::uint32_t>(
+          std::min<std::uint64_t>(get<std::uint32_t>(bytes, at + 12) + since, UINT32_MAX));
+      vip.slots.push_back(r);
+    }
+    if (!out.emplace(std::move(name), std::move(vip)).second) {
+      return where + ": a VIP named twice";
+    }
+  }
+  if (at != end) return "size " + std::to_string(bytes.size()) + " bytes does not match its VIPs";
+  return out;
 }
 
 std::string encodeTablesState(const TablesState& state) {

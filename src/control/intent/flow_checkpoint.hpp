@@ -20,6 +20,20 @@
 // the last tables before it, and a restarted daemon forwards at once even
 // when starting its port flushed the kernel's neighbour table.
 //
+// history.bin: second chance's slot history (snapshot_builder.hpp) of each
+// VIP, so a restarted instance names the same previous owners as its peers
+// (a flow on its second chance that ECMP moves back to it keeps its hop):
+// binary, little-endian, written with tables.json:
+//   header   32 bytes: magic "SPWHIST1", u32 version (1), u32 VIP count,
+//            u64 seed tag (as flows.ckpt: slots are only meaningful under
+//            the seed), u64 wall time of writing (Unix ms)
+//   per VIP  u16 name length, the name, u32 table size, u32 backend count B,
+//            B x u64 backend ids, u32 record count N, N x 16 bytes: u32 slot,
+//            u32 previous owner's ordinal, u32 the owner before the run of
+//            moves' ordinal, u32 age of the slot's last move (ms)
+//   trailer  u32 CRC-32C of everything before it
+// 16 bytes per slot that moved within the hold.
+//
 // A file that is missing, truncated, of another version, of another seed or
 // failing its CRC is refused as a whole with a reason; nothing half-read is
 // used.
@@ -35,6 +49,7 @@
 #include <variant>
 #include <vector>
 
+#include "control/backends/slot_history.hpp"
 #include "control/sys/durable_file.hpp"
 #include "spillway/flow_exceptions.hpp"
 #include "spillway/wire.hpp"
@@ -43,6 +58,7 @@ namespace spillway {
 
 inline constexpr const char* kFlowCheckpointFile = "flows.ckpt";
 inline constexpr const char* kTablesStateFile = "tables.json";
+inline constexpr const char* kSlotHistoryFile = "history.bin";
 
 struct FlowCheckpoint {
   std::uint64_t writtenUnixMs = 0;
@@ -55,6 +71,9 @@ struct TablesState {
   std::map<std::string, std::map<std::uint64_t, std::uint32_t>> weights;  // by VIP, by id
   std::vector<std::uint64_t> saturated;                                   // backend ids
   std::map<std::uint64_t, MacAddress> nextHops;  // resolved next-hop MACs, by backend id
+  // Second chance's slot history as the tables were built (history.bin,
+  // not tables.json); ages as of the build.
+  SlotHistory history;
 };
 
 // A one-way mix of hash_seed that names it without revealing it (checkpoint
@@ -67,6 +86,15 @@ struct TablesState {
 // Parses flows.ckpt bytes; the error says what is wrong.
 [[nodiscard]] std::variant<FlowCheckpoint, std::string> decodeFlowCheckpoint(
     std::string_view bytes, std::uint64_t hashSeed);
+
+// history.bin's bytes; ages as given (the caller ages them to the write).
+[[nodiscard]] std::string encodeSlotHistory(std::uint64_t hashSeed, std::uint64_t writtenUnixMs,
+                                            const SlotHistory& history);
+// Parses history.bin; ages grow by the time since it was written
+// (`nowUnixMs`). The error says what is wrong.
+[[nodiscard]] std::variant<SlotHistory, std::string> decodeSlotHistory(std::string_view bytes,
+                                                                       std::uint64_t hashSeed,
+                                                                       std::uint64_t nowUnixMs);
 
 [[nodiscard]] std::string encodeTablesState(const TablesState& state);
 [[nodiscard]] std::variant<TablesState, std::string> decodeTablesState(std::string_view text);

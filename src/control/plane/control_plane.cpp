@@ -137,6 +137,16 @@ void ControlPlane::restoreAffinity(Millis now) {
     ++held;
   }
   for (const std::uint64_t id : tables->saturated) policy_.restoreSaturated(id);
+  // Second chance: the slots' previous owners as the last process knew them,
+  // so a flow on its second chance that comes back here keeps its hop.
+  if (!tables->history.empty()) {
+    std::size_t slots = 0;
+    for (const auto& [vip, h] : tables->history) slots += h.slots.size();
+    events_.append(now, "", kEventWarmup,
+                   "second chance: the slot history of " + std::to_string(tables->history.size()) +
+                       " VIP(s) restored (" + std::to_string(slots) + " slots)");
+    builder_.restoreSlotHistory(tables->history);
+  }
   if (held > 0) {
     warmup_ = true;
     warmupStarted_ = now;
@@ -171,9 +181,10 @@ bool ControlPlane::announceReady(Millis now) const {
          rebuildReady();
 }
 
-TablesState ControlPlane::tablesState() const {
+TablesState ControlPlane::tablesState(Millis now) const {
   TablesState t;
   t.generation = generation_;
+  t.history = builder_.slotHistory(now);
   for (const auto& [vip, w] : weights_) t.weights[vip] = w;
   for (const BackendConfig& b : config_.backends) {
     if (policy_.saturated(b.id)) t.saturated.push_back(b.id);
@@ -566,7 +577,7 @@ std::unique_ptr<ForwardingSnapshot> ControlPlane::takeSnapshot(Millis now) {
   if (keeper_.hasRebuilt()) mergeRebuilt(*s, now);
   // What a checkpoint writes with the exceptions judged against this
   // snapshot: the weights it was built with, not later ones.
-  TablesState tables = builtWith ? std::move(*builtWith) : tablesState();
+  TablesState tables = builtWith ? std::move(*builtWith) : tablesState(now);
   tables.generation = generation_;
   if (tables.weights != publishedTables_.weights) tablesChangedMs_ = now;
   publishedTables_ = std::move(tables);

@@ -189,7 +189,8 @@ class ControlPlane final : public ControlApi {
   // Start-up: the last process's tables and exceptions (affinity_keeper.hpp).
   void restoreAffinity(Millis now);
   [[nodiscard]] bool warmupComplete() const;
-  [[nodiscard]] TablesState tablesState() const;
+  // What a checkpoint writes for the tables just built (at `now`).
+  [[nodiscard]] TablesState tablesState(Millis now) const;
   [[nodiscard]] std::uint64_t unixNow() const;
   void recycleIndices();
   void noteHolds(Millis now);

@@ -70,7 +70,7 @@ bool ControlPlane::stepDue(Millis now) {
   }
   dirty_ = false;
   heldStep_ = std::move(s);
-  heldTables_ = tablesState();
+  heldTables_ = tablesState(now);
   stepBuiltAt_ = now;
   stepMoves_ = std::any_of(builder_.lastBuild().begin(), builder_.lastBuild().end(),
                            [](const VipBuildReport& r) { return r.changed > 0; });
