@@ -830,6 +830,8 @@ class HopCostTest(unittest.TestCase):
         self.assertEqual((a["first_s"], a["last_s"]), (10.3, 30.1))
         self.assertEqual((b["before_ms"], b["during_ms"], b["extra_ms"]), (3.0, 13.0, 10.0))
         self.assertEqual(b["intervals_during"], 4)  # 11..14: 15 s ends after 15.2
+        # The control is the flows no backend sent on: flow 0's 20 ms is not in it.
+        self.assertEqual((b["control_before_ms"], b["control_during_ms"]), (2.0, 4.0))
         self.assertFalse(b["still_on_at_end"])
         self.assertAlmostEqual(b["lived_s"], 4.7)
         self.assertEqual(b["packets_per_s"], 20.0)
