@@ -25,7 +25,10 @@ one point per interval of `rtt_ms`):
               second chance at the end of the drill: the hold outlasts it).
               decap_sc_flows keeps the first and last time only: a flow sent
               on in two episodes spans the gap between them, which
-              packets_per_s (redirected packets over lived_s) then shows low.
+              packets_per_s (redirected packets over lived_s) then shows low:
+              under GAPS_RATE of the median rate of the flows that lived on
+              it a second or more, the flow is marked `gaps` and left out of
+              the extra hop's figures (its "during" mixes both paths).
 
 measure() is pure (synthetic tests: tests/drill/judge_test.py).
 """
@@ -34,6 +37,8 @@ import statistics
 # A last redirect this close to the listing's reading: still on it then
 # (a live flow sends every 50 ms).
 STILL_ON_S = 1.0
+# Sent on at under this share of the others' packet rate: episodes with gaps.
+GAPS_RATE = 0.5
 # How many flows summary.txt names.
 LISTED = 12
 
@@ -109,12 +114,18 @@ def measure(att, flows, t0, interval_ms):
             else None})
         rows.append(row)
     timed = [r for r in rows if "lived_s" in r]
-    both = [r for r in timed if r["extra_ms"] is not None]
+    ref = median(r["packets_per_s"] for r in timed if r["lived_s"] >= 1)
+    for r in timed:
+        r["gaps"] = bool(ref and r["lived_s"] >= 1 and r["packets_per_s"] is not None and
+                         r["packets_per_s"] < GAPS_RATE * ref)
+    both = [r for r in timed if r["extra_ms"] is not None and not r["gaps"]]
     return {
         "rtt_interval_ms": interval_ms,
         "flows": len(rows),
         "measured": len(both),
         "still_on_at_end": sum(1 for r in timed if r["still_on_at_end"]),
+        "packets_per_s": ref,
+        "with_gaps": sum(1 for r in timed if r["gaps"]),
         "before_ms": median(r["before_ms"] for r in both),
         "during_ms": median(r["during_ms"] for r in both),
         "extra_ms": spread([r["extra_ms"] for r in both]),
@@ -151,7 +162,9 @@ def report_lines(cost):
              f"{fmt(cost['control_extra_ms'], sign=True)}); lived on it "
              f"{fmt(lv and lv['median'], ' s')} (min {fmt(lv and lv['min'], ' s')}, max "
              f"{fmt(lv and lv['max'], ' s')}), {cost['still_on_at_end']} still on it at the "
-             f"end"]
+             f"end" + (f"; {cost['with_gaps']} sent on at under half the others' "
+                       f"{cost['packets_per_s']} packets/s (episodes with gaps: not in the "
+                       f"extra hop)" if cost.get("with_gaps") else "")]
     for path, s in cost["extra_by_path"].items():
         lines.append(f"    {path}: extra {fmt(s['median'], sign=True)} over {s['n']} flows "
                      f"({s['min']}..{s['max']} ms)")
@@ -165,6 +178,7 @@ def report_lines(cost):
             f"{', still on it at the end' if r['still_on_at_end'] else ''}), "
             f"{r['packets']} packets; RTT {fmt(r['before_ms'])} -> {fmt(r['during_ms'])} "
             f"({fmt(r['extra_ms'], sign=True)}; others {fmt(r['control_extra_ms'], sign=True)})"
+            + (f"; {r['packets_per_s']} packets/s: episodes with gaps" if r["gaps"] else "")
             + (f"; also {', '.join(r['other_layers'])}" if r["other_layers"] else ""))
     more = len(cost["per_flow"]) - LISTED
     if more > 0:

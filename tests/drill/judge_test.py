@@ -816,11 +816,17 @@ class HopCostTest(unittest.TestCase):
         # drill's load): the control.
         f2 = {"id": 2, "backend": "onprem3", "rtt": self.rtt(3, 31, 2.0,
                                                              {s: 4.0 for s in range(11, 31)})}
-        att = {"second_chance_flows": [self.kept(0, "onprem1", 10.3, 30.1),
+        # Flow 3: sent on from 10.4 s to 25 s, but 20 packets in 14.6 s (the
+        # others some 20 a second): two short episodes, the direct path
+        # between them; its round trips say nothing of the hop.
+        f3 = {"id": 3, "backend": "onprem3", "rtt": self.rtt(3, 31, 2.0)}
+        att = {"second_chance_flows": [self.kept(0, "onprem1", 10.3, 30.1, packets=400),
                                        self.kept(1, "onprem2", 10.5, 15.2, by=("onprem3",),
-                                                 packets=94)]}
-        cost = hop_cost.measure(att, [f0, f1, f2], T0, 1000)
-        a, b = cost["per_flow"]
+                                                 packets=94),
+                                       self.kept(3, "onprem3", 10.4, 25.0, by=("onprem1",),
+                                                 packets=20)]}
+        cost = hop_cost.measure(att, [f0, f1, f2, f3], T0, 1000)
+        a, b, c = cost["per_flow"]
         self.assertEqual((a["before_ms"], a["during_ms"], a["extra_ms"]), (2.0, 20.0, 18.0))
         self.assertEqual((a["intervals_before"], a["intervals_during"]), (7, 19))
         self.assertTrue(a["still_on_at_end"])
@@ -835,7 +841,12 @@ class HopCostTest(unittest.TestCase):
         self.assertFalse(b["still_on_at_end"])
         self.assertAlmostEqual(b["lived_s"], 4.7)
         self.assertEqual(b["packets_per_s"], 20.0)
-        self.assertEqual(cost["flows"], 2)
+        self.assertTrue(c["gaps"])
+        self.assertFalse(a["gaps"] or b["gaps"])
+        self.assertEqual(c["extra_ms"], 0.0)  # reported, but not in the figures below
+        self.assertEqual(cost["with_gaps"], 1)
+        self.assertEqual(cost["packets_per_s"], 20.0)
+        self.assertEqual(cost["flows"], 3)
         self.assertEqual(cost["measured"], 2)
         self.assertEqual(cost["still_on_at_end"], 1)
         self.assertEqual(cost["extra_ms"], {"median": 14.0, "min": 10.0, "max": 18.0, "n": 2})
@@ -845,6 +856,9 @@ class HopCostTest(unittest.TestCase):
         lines = hop_cost.report_lines(cost)
         self.assertIn("extra hop +14.0 ms", lines[0])
         self.assertIn("1 still on it at the end", lines[0])
+        self.assertIn("1 sent on at under half the others' 20.0 packets/s", lines[0])
+        self.assertTrue(any(x.startswith("    flow 3 on onprem3") and
+                            "1.4 packets/s: episodes with gaps" in x for x in lines), lines)
         self.assertTrue(any("flow 0 on onprem1 via cloud1: 10.3-30.1 s (19.9 s, still on it "
                             "at the end)" in x and "2.0 ms -> 20.0 ms (+18.0 ms; others "
                             "+2.0 ms)" in x for x in lines), lines)
