@@ -206,6 +206,12 @@ def second_chance_row(f, rows, other_layers):
             "first": round(min(r["first"] for r in timed), 3) if timed else None,
             "last": round(max(r["last"] for r in timed), 3) if timed else None,
             "read_at": max(r["read_at"] for r in timed) if timed else None,
+            # Each backend's own: as a slot steps on, the backend that sends
+            # the flow on changes (an on-prem one, then a cloud one).
+            "legs": sorted(({"by": r["by"], "hop": str(r["hop"]),
+                             "packets": r.get("packets") or 0, "first": round(r["first"], 3),
+                             "last": round(r["last"], 3), "read_at": r["read_at"]}
+                            for r in timed), key=lambda x: (x["first"], x["by"])),
             "other_layers": other_layers}
 
 

@@ -30,6 +30,13 @@ one point per interval of `rtt_ms`):
               it a second or more, the flow is marked `gaps` and left out of
               the extra hop's figures (its "during" mixes both paths).
 
+legs: the same per backend that sent the flow on (its own first and last
+redirect): as the survivors' tables step on, the backend that has the
+flow's slot changes (an on-prem backend, then a cloud one), and each leg's
+path costs its own. extra_by_path is by leg ("SENT-ON-BY -> BACKEND"): the
+hop's latency per path; legs of two backends that overlap in time both
+count the overlap.
+
 measure() is pure (synthetic tests: tests/drill/judge_test.py).
 """
 import statistics
@@ -112,13 +119,22 @@ def measure(att, flows, t0, interval_ms):
             "control_before_ms": cb, "control_during_ms": cd,
             "control_extra_ms": round(cd - cb, 3) if cb is not None and cd is not None
             else None})
+        row["legs"] = [leg_of(x, f, interval_s, t0, b, cb, control) for x in k.get("legs", [])]
         rows.append(row)
     timed = [r for r in rows if "lived_s" in r]
     ref = median(r["packets_per_s"] for r in timed if r["lived_s"] >= 1)
+    legs = [x for r in timed for x in r["legs"]]
+    ref_leg = median(x["packets_per_s"] for x in legs if x["lived_s"] >= 1)
     for r in timed:
-        r["gaps"] = bool(ref and r["lived_s"] >= 1 and r["packets_per_s"] is not None and
-                         r["packets_per_s"] < GAPS_RATE * ref)
+        r["gaps"] = gaps(r, ref)
+        for x in r["legs"]:
+            x["gaps"] = gaps(x, ref_leg)
     both = [r for r in timed if r["extra_ms"] is not None and not r["gaps"]]
+    paths = {}
+    for r in timed:
+        for x in r["legs"]:
+            if x["extra_ms"] is not None and not x["gaps"]:
+                paths.setdefault(f"{x['by']} -> {r['backend']}", []).append(x["extra_ms"])
     return {
         "rtt_interval_ms": interval_ms,
         "flows": len(rows),
@@ -130,17 +146,37 @@ def measure(att, flows, t0, interval_ms):
         "during_ms": median(r["during_ms"] for r in both),
         "extra_ms": spread([r["extra_ms"] for r in both]),
         "control_extra_ms": median(r["control_extra_ms"] for r in both),
-        "extra_by_path": {path: spread([r["extra_ms"] for r in both
-                                        if path_of(r) == path])
-                          for path in sorted({path_of(r) for r in both})},
+        "extra_by_path": {path: spread(v) for path, v in sorted(paths.items())},
         "lived_s": spread([r["lived_s"] for r in timed]),
         "per_flow": rows,
     }
 
 
-def path_of(row):
-    """The backends a redirected flow crosses: sent on by -> its own."""
-    return f"{'+'.join(row['by'])} -> {row['backend']}"
+def gaps(row, ref):
+    """Sent on at under GAPS_RATE of the reference rate for a second or
+    more: episodes with gaps between them."""
+    return bool(ref and row["lived_s"] >= 1 and row["packets_per_s"] is not None and
+                row["packets_per_s"] < GAPS_RATE * ref)
+
+
+def leg_of(leg, f, interval_s, t0, before_ms, control_before_ms, control):
+    """One backend's part of a flow's second chance: its window, and the
+    flow's round trips wholly inside it against the flow's before phase."""
+    still_on = leg["read_at"] - leg["last"] <= STILL_ON_S
+    end = leg["read_at"] if still_on else leg["last"]
+    lived = max(0.0, end - leg["first"])
+    _, during = phases(f.get("rtt") or [], interval_s, leg["first"], end)
+    d = median(p[1] for p in during)
+    cd = median(control.get(p[0]) for p in during)
+    return {"by": leg["by"], "first_s": round(leg["first"] - t0, 3),
+            "last_s": round(leg["last"] - t0, 3), "still_on_at_end": still_on,
+            "lived_s": round(lived, 3), "packets": leg["packets"],
+            "packets_per_s": round(leg["packets"] / lived, 1) if lived > 0 else None,
+            "intervals_during": len(during), "during_ms": d,
+            "extra_ms": round(d - before_ms, 3) if d is not None and before_ms is not None
+            else None,
+            "control_extra_ms": round(cd - control_before_ms, 3)
+            if cd is not None and control_before_ms is not None else None}
 
 
 def fmt(x, unit=" ms", sign=False):
@@ -166,8 +202,8 @@ def report_lines(cost):
                        f"{cost['packets_per_s']} packets/s (episodes with gaps: not in the "
                        f"extra hop)" if cost.get("with_gaps") else "")]
     for path, s in cost["extra_by_path"].items():
-        lines.append(f"    {path}: extra {fmt(s['median'], sign=True)} over {s['n']} flows "
-                     f"({s['min']}..{s['max']} ms)")
+        lines.append(f"    {path}: extra {fmt(s['median'], sign=True)} over {s['n']} flows' "
+                     f"legs ({s['min']}..{s['max']} ms)")
     for r in cost["per_flow"][:LISTED]:
         if "error" in r:
             lines.append(f"    flow {r['id']} on {r['backend']}: {r['error']}")
@@ -179,6 +215,9 @@ def report_lines(cost):
             f"{r['packets']} packets; RTT {fmt(r['before_ms'])} -> {fmt(r['during_ms'])} "
             f"({fmt(r['extra_ms'], sign=True)}; others {fmt(r['control_extra_ms'], sign=True)})"
             + (f"; {r['packets_per_s']} packets/s: episodes with gaps" if r["gaps"] else "")
+            + ("; legs " + ", ".join(
+                f"{x['by']} {x['first_s']}-{x['last_s']} s {fmt(x['extra_ms'], sign=True)}"
+                for x in r["legs"]) if len(r["legs"]) > 1 else "")
             + (f"; also {', '.join(r['other_layers'])}" if r["other_layers"] else ""))
     more = len(cost["per_flow"]) - LISTED
     if more > 0:

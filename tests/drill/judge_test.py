@@ -794,19 +794,26 @@ class HopCostTest(unittest.TestCase):
         at = at or {}
         return [[T0 + s, at.get(s, ms), 18, at.get(s, ms) + 1] for s in range(lo, hi)]
 
-    def kept(self, fid, backend, first, last, read_at=30.2, by=("cloud1",), packets=100):
-        return {"id": fid, "backend": backend, "by": list(by), "hops": ["10.0.0.1"],
-                "packets": packets, "first": T0 + first, "last": T0 + last,
-                "read_at": T0 + read_at, "other_layers": []}
+    def kept(self, fid, backend, first, last, read_at=30.2, by=("cloud1",), packets=100,
+             legs=None):
+        """attribution.second_chance_row's row; legs [(by, first, last,
+        packets)], by default one leg of the whole."""
+        legs = legs or [(by[0], first, last, packets)]
+        return {"id": fid, "backend": backend, "by": sorted({x[0] for x in legs}),
+                "hops": ["10.0.0.1"], "packets": packets, "first": T0 + first,
+                "last": T0 + last, "read_at": T0 + read_at, "other_layers": [],
+                "legs": [{"by": x[0], "hop": "10.0.0.1", "packets": x[3], "first": T0 + x[1],
+                          "last": T0 + x[2], "read_at": T0 + read_at} for x in legs]}
 
     def test_phases_extra_hop_control_and_lifetimes(self):
         # Flow 0: 2 ms, then on its second chance from 10.3 s to the end
-        # (last redirect 0.1 s before the reading): 20 ms. The interval of
+        # (last redirect 0.1 s before the reading): sent on by onprem3 until
+        # 14 s (2.5 ms), then by cloud1 from 14.2 s (20 ms). The interval of
         # 10 s holds its first redirect (and the kill's stall, 900 ms):
-        # neither phase counts it.
+        # neither phase counts it; nor does 14 s in either leg.
         f0 = {"id": 0, "backend": "onprem1",
               "rtt": self.rtt(3, 10, 2.0) + [[T0 + 10, 900.0, 3, 1500.0]] +
-              self.rtt(11, 31, 20.0)}
+              self.rtt(11, 14, 2.5) + self.rtt(14, 31, 20.0)}
         # Flow 1: 3 ms, 13 ms while sent on (10.5-15.2 s), 3 ms after: a
         # survivor took it over; the intervals after its last redirect are
         # no phase.
@@ -820,7 +827,9 @@ class HopCostTest(unittest.TestCase):
         # others some 20 a second): two short episodes, the direct path
         # between them; its round trips say nothing of the hop.
         f3 = {"id": 3, "backend": "onprem3", "rtt": self.rtt(3, 31, 2.0)}
-        att = {"second_chance_flows": [self.kept(0, "onprem1", 10.3, 30.1, packets=400),
+        att = {"second_chance_flows": [self.kept(0, "onprem1", 10.3, 30.1, packets=400,
+                                                 legs=[("onprem3", 10.3, 14.0, 80),
+                                                       ("cloud1", 14.2, 30.1, 320)]),
                                        self.kept(1, "onprem2", 10.5, 15.2, by=("onprem3",),
                                                  packets=94),
                                        self.kept(3, "onprem3", 10.4, 25.0, by=("onprem1",),
@@ -851,17 +860,31 @@ class HopCostTest(unittest.TestCase):
         self.assertEqual(cost["still_on_at_end"], 1)
         self.assertEqual(cost["extra_ms"], {"median": 14.0, "min": 10.0, "max": 18.0, "n": 2})
         self.assertEqual(cost["lived_s"]["max"], 19.9)
-        self.assertEqual(set(cost["extra_by_path"]), {"cloud1 -> onprem1",
-                                                      "onprem3 -> onprem2"})
+        # Each leg against the flow's before phase: the on-prem hop, the
+        # cloud one; flow 3's only leg has gaps.
+        l0, l1 = a["legs"]
+        self.assertEqual((l0["by"], l0["intervals_during"], l0["during_ms"], l0["extra_ms"],
+                          l0["control_extra_ms"], l0["still_on_at_end"]),
+                         ("onprem3", 3, 2.5, 0.5, 2.0, False))
+        self.assertEqual((l1["by"], l1["intervals_during"], l1["extra_ms"],
+                          l1["still_on_at_end"]), ("cloud1", 15, 18.0, True))
+        self.assertTrue(c["legs"][0]["gaps"])
+        self.assertEqual(cost["extra_by_path"], {
+            "cloud1 -> onprem1": {"median": 18.0, "min": 18.0, "max": 18.0, "n": 1},
+            "onprem3 -> onprem1": {"median": 0.5, "min": 0.5, "max": 0.5, "n": 1},
+            "onprem3 -> onprem2": {"median": 10.0, "min": 10.0, "max": 10.0, "n": 1}})
         lines = hop_cost.report_lines(cost)
         self.assertIn("extra hop +14.0 ms", lines[0])
         self.assertIn("1 still on it at the end", lines[0])
         self.assertIn("1 sent on at under half the others' 20.0 packets/s", lines[0])
         self.assertTrue(any(x.startswith("    flow 3 on onprem3") and
                             "1.4 packets/s: episodes with gaps" in x for x in lines), lines)
-        self.assertTrue(any("flow 0 on onprem1 via cloud1: 10.3-30.1 s (19.9 s, still on it "
-                            "at the end)" in x and "2.0 ms -> 20.0 ms (+18.0 ms; others "
-                            "+2.0 ms)" in x for x in lines), lines)
+        self.assertTrue(any("flow 0 on onprem1 via cloud1+onprem3: 10.3-30.1 s (19.9 s, still "
+                            "on it at the end)" in x and "2.0 ms -> 20.0 ms (+18.0 ms; others "
+                            "+2.0 ms)" in x and "legs onprem3 10.3-14.0 s +0.5 ms, cloud1 "
+                            "14.2-30.1 s +18.0 ms" in x for x in lines), lines)
+        self.assertIn("    onprem3 -> onprem1: extra +0.5 ms over 1 flows' legs (0.5..0.5 ms)",
+                      lines)
 
     def test_missing_evidence_is_said_not_guessed(self):
         # No second-chance flow: nothing to report.
@@ -900,6 +923,8 @@ class HopCostTest(unittest.TestCase):
         self.assertEqual((a["first"], a["last"], a["read_at"]), (T0 + 10, T0 + 29.95, T0 + 30))
         self.assertEqual((b["first"], b["last"]), (T0 + 11, T0 + 25.5))
         self.assertEqual(b["by"], ["cloud1", "onprem1"])
+        self.assertEqual([(x["by"], x["first"], x["last"], x["packets"]) for x in b["legs"]],
+                         [("onprem1", T0 + 11, T0 + 18, 4), ("cloud1", T0 + 25, T0 + 25.5, 6)])
         self.assertEqual(b["packets"], 10)
         self.assertEqual(b["other_layers"], ["flow_table"])
 
