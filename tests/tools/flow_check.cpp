@@ -519,6 +519,7 @@ struct Flow {
   std::int64_t rttMarkNs = 0;
   std::int64_t rttInterval = -1;
   std::uint32_t rttSeen = 0;  // samples this interval, kept or not
+  float rttMaxMs = 0;         // ... the largest of them
   std::vector<float> rttSamples;
   std::vector<RttPoint> rtt;
   std::uint64_t rttDropped = 0;
@@ -754,6 +755,7 @@ void FlowClient::noteRtt(Flow& flow, std::int64_t now) {
     flow.rttInterval = interval;
   }
   ++flow.rttSeen;
+  flow.rttMaxMs = std::max(flow.rttMaxMs, ms);
   if (flow.rttSamples.size() < kMaxRttSamples) {
     flow.rttSamples.push_back(ms);
     return;
@@ -773,7 +775,7 @@ void FlowClient::closeRttInterval(Flow& flow) {
     RttPoint point;
     point.interval = flow.rttInterval;
     point.samples = flow.rttSeen;
-    point.maxMs = *std::max_element(flow.rttSamples.begin(), flow.rttSamples.end());
+    point.maxMs = flow.rttMaxMs;  // of every sample, not only the reservoir's
     point.medianMs = medianOf(flow.rttSamples);
     flow.rtt.push_back(point);
   } else {
@@ -781,6 +783,7 @@ void FlowClient::closeRttInterval(Flow& flow) {
   }
   flow.rttSamples.clear();
   flow.rttSeen = 0;
+  flow.rttMaxMs = 0;
 }
 
 void FlowClient::endCloseTimedOut(Flow& flow, std::int64_t now) {
