@@ -74,6 +74,7 @@ def collect(d, vip="nccl", log=None):
     raised: attribution never fails a drill that could not read it."""
     import json
     import subprocess
+    import time
     ev = {"instances": {}, "backends": {}, "errors": []}
     for inst in d.e.running():
         row = {}
@@ -89,6 +90,7 @@ def collect(d, vip="nccl", log=None):
         ev["instances"][inst.name] = row
     for name, b in d.e.backends.items():
         try:
+            asked = time.time()
             r = subprocess.run(["ip", "netns", "exec", b["ns"], d.e.tools.decap, "second-chance",
                                 "--dev", "eth0", "--json"], capture_output=True, text=True,
                                timeout=10)
@@ -97,6 +99,9 @@ def collect(d, vip="nccl", log=None):
                                     f"{r.returncode}: {r.stderr.strip()[-200:]}")
                 continue
             ev["backends"][name] = json.loads(r.stdout)
+            # When its times were taken (its first_ms_ago and last_ms_ago
+            # count back from then): between asking and the answer.
+            ev["backends"][name]["read_at"] = round((asked + time.time()) / 2, 3)
         except (OSError, ValueError, subprocess.SubprocessError) as e:
             ev["errors"].append(f"{name}: spillway-decap second-chance: {e}")
     if log:
@@ -106,14 +111,20 @@ def collect(d, vip="nccl", log=None):
 
 
 def index(ev):
-    """The evidence by flow: redirected tuples, adoptions and tracked
-    exceptions by hash, and the running instances' tables."""
+    """The evidence by flow: redirected tuples (with the unix times of their
+    first and last redirect, where the listing's read time is known),
+    adoptions and tracked exceptions by hash, and the running instances'
+    tables."""
     redirected, adopted, tracked, tables = {}, {}, {}, {}
     for backend, rep in ev.get("backends", {}).items():
+        read_at = rep.get("read_at")
         for f in rep.get("redirected", []):
             key = tuple_key(f["src"], f["sport"], f["dst"], f["dport"])
-            redirected.setdefault(key, []).append({"by": backend, "hop": f.get("hop"),
-                                                   "packets": f.get("packets")})
+            row = {"by": backend, "hop": f.get("hop"), "packets": f.get("packets")}
+            if read_at is not None and "first_ms_ago" in f and "last_ms_ago" in f:
+                row.update(first=read_at - f["first_ms_ago"] / 1000,
+                           last=read_at - f["last_ms_ago"] / 1000, read_at=read_at)
+            redirected.setdefault(key, []).append(row)
     for inst, row in ev.get("instances", {}).items():
         a = row.get("adopted") or {}
         for r in a.get("adopted", []):
@@ -152,12 +163,16 @@ def attribute(flows, ev, key_of, hash_of, slot_of):
     redirected, adopted, tracked, tables = index(ev)
     counts = {layer: 0 for layer in LAYERS}
     listed = {layer: [] for layer in LAYERS}
+    kept = []
     for f in flows:
         h = hash_of(f)
-        found = layers_of(f.get("backend"), tuple_key(*key_of(f)), h, redirected, adopted,
-                          tracked, tables, slot_of)
+        key = tuple_key(*key_of(f))
+        found = layers_of(f.get("backend"), key, h, redirected, adopted, tracked, tables,
+                          slot_of)
         layer = found[0][0] if found else "unknown"
         counts[layer] += 1
+        if layer == "second_chance":
+            kept.append(second_chance_row(f, redirected[key], [x for x, _ in found[1:]]))
         if len(listed[layer]) < LISTED:
             listed[layer].append({"id": f.get("id"), "backend": f.get("backend"), "hash": h,
                                   "layers": [x for x, _ in found],
@@ -173,7 +188,31 @@ def attribute(flows, ev, key_of, hash_of, slot_of):
                                       for n, r in ev.get("instances", {}).items()},
                         "backends": {n: r.get("flows", 0)
                                      for n, r in ev.get("backends", {}).items()}},
-            "errors": ev.get("errors", [])}
+            "errors": ev.get("errors", []),
+            "second_chance_flows": kept}
+
+
+def second_chance_row(f, rows, other_layers):
+    """A flow the second chance kept: every backend that sent it on, its
+    packets, and the unix times of the first and last redirect any of them
+    saw (None where a listing's read time is unknown). decap_sc_flows keeps
+    only those two per backend: a flow sent on in two episodes spans the gap
+    between them. other_layers: the layers that show it too (an instance
+    that adopted or tracks it now)."""
+    timed = [r for r in rows if "first" in r]
+    return {"id": f.get("id"), "backend": f.get("backend"),
+            "by": sorted({r["by"] for r in rows}), "hops": sorted({str(r["hop"]) for r in rows}),
+            "packets": sum(r.get("packets") or 0 for r in rows),
+            "first": round(min(r["first"] for r in timed), 3) if timed else None,
+            "last": round(max(r["last"] for r in timed), 3) if timed else None,
+            "read_at": max(r["read_at"] for r in timed) if timed else None,
+            # Each backend's own: as a slot steps on, the backend that sends
+            # the flow on changes (an on-prem one, then a cloud one).
+            "legs": sorted(({"by": r["by"], "hop": str(r["hop"]),
+                             "packets": r.get("packets") or 0, "first": round(r["first"], 3),
+                             "last": round(r["last"], 3), "read_at": r["read_at"]}
+                            for r in timed), key=lambda x: (x["first"], x["by"])),
+            "other_layers": other_layers}
 
 
 def judge(d, surviving, check, flow_hash, slot_of, client, vip, port):

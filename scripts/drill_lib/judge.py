@@ -24,6 +24,7 @@ restart's outage).
 import math
 
 import attribution
+import hop_cost
 import intent as intent_mod
 import tier as tier_mod
 from estate import CLIENT, DATA_PORT, SEED, VIP_FLOWS
@@ -752,6 +753,12 @@ def judge(d):
         if a["result"] != "ok":
             check(f"action[{a['do']} {a.get('target', '')}]", False, a["result"])
     m["attribution"] = judge_attribution(d, check)
+    # Measured, not judged: the extra hop's latency and how long the flows
+    # the second chance kept lived on it.
+    m["second_chance_cost"] = hop_cost.measure(
+        m["attribution"], [f for f in d.flow_report["flows"]
+                           if not flow_broken(f, d.sc["stall_ms"])],
+        d.t0, d.flow_report.get("rtt_ms", 1000))
     judge_floor(d, flows, grpc, len(verdicts), check)
     return m, verdicts
 

@@ -7,6 +7,7 @@ import json
 import os
 
 import attribution
+import hop_cost
 
 SCHEMA = 1
 
@@ -42,6 +43,7 @@ def build(d, measurements, verdicts):
         "syn_floods": measurements.get("syn_floods", []),
         "second_chance": getattr(d, "second_chance", None),
         "attribution": measurements.get("attribution"),
+        "second_chance_cost": measurements.get("second_chance_cost"),
         "new_flows": new_flow_shares(d),
         "invariants": verdicts,
         "passed": ok,
@@ -193,6 +195,7 @@ def summary(rep, out_dir):
                      f"longest silence {e['longest_silence_ms']} ms, "
                      f"{'BROKEN' if e['broken'] else 'unbroken'}")
     lines += attribution.report_lines(rep.get("attribution"))
+    lines += hop_cost.report_lines(rep.get("second_chance_cost"))
     for v in rep["invariants"]:
         lines.append(f"  {'ok  ' if v['ok'] else 'FAIL'} {v['name']}: {v['detail']}")
     lines.append(f"  report: {os.path.join(out_dir, 'report.json')}")

@@ -42,6 +42,9 @@ class FlowCheck:
                 "--stall-ms", str(stall_ms),
                 "--probe-rate", str(traffic.get("probe_rate", 20)),
                 "--timeline", self.timeline, "--timeline-ms", "100",
+                # Echo round trips, one median per flow per interval
+                # (flows.json "rtt"; hop_cost.py).
+                "--rtt-ms", str(traffic.get("rtt_ms", 250)),
                 "--report", self.report_path, "--ready", ready]
         self.proc = estate.spawn(args, ns=estate.ns("client"), log_name="flowcheck-client.log",
                                  stdin=-1)

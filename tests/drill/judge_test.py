@@ -13,6 +13,7 @@ import types
 import unittest
 
 import attribution
+import hop_cost
 import intent  # scripts/drill_lib and scripts/ on PYTHONPATH (tests/drill/meson.build)
 import judge
 import report
@@ -777,6 +778,195 @@ class AttributionTest(unittest.TestCase):
             d.attribution_evidence = self.evidence({"lb": self.table({})})
             m, _ = judge.judge(d)
             self.assertIsNone(m["attribution"])
+
+
+class HopCostTest(unittest.TestCase):
+    """What second chance costs the flows it kept (hop_cost.py): their echo
+    round trips before and during their second chance, the extra hop's
+    latency beside the other flows' in the same intervals, and how long
+    each lived on it; reported, never judged."""
+    ATT = AttributionTest()
+
+    @staticmethod
+    def rtt(lo, hi, ms, at=None):
+        """Points [t, median_ms, n, max_ms] for drill seconds lo..hi-1 (one
+        second each), `ms` each, except the seconds in `at` (s -> ms)."""
+        at = at or {}
+        return [[T0 + s, at.get(s, ms), 18, at.get(s, ms) + 1] for s in range(lo, hi)]
+
+    def kept(self, fid, backend, first, last, read_at=30.2, by=("cloud1",), packets=100,
+             legs=None):
+        """attribution.second_chance_row's row; legs [(by, first, last,
+        packets)], by default one leg of the whole."""
+        legs = legs or [(by[0], first, last, packets)]
+        return {"id": fid, "backend": backend, "by": sorted({x[0] for x in legs}),
+                "hops": ["10.0.0.1"], "packets": packets, "first": T0 + first,
+                "last": T0 + last, "read_at": T0 + read_at, "other_layers": [],
+                "legs": [{"by": x[0], "hop": "10.0.0.1", "packets": x[3], "first": T0 + x[1],
+                          "last": T0 + x[2], "read_at": T0 + read_at} for x in legs]}
+
+    def test_phases_extra_hop_control_and_lifetimes(self):
+        # Flow 0: 2 ms, then on its second chance from 10.3 s to the end
+        # (last redirect 0.1 s before the reading): sent on by onprem3 until
+        # 14 s (2.5 ms), then by cloud1 from 14.2 s (20 ms). The interval of
+        # 10 s holds its first redirect (and the kill's stall, 900 ms):
+        # neither phase counts it; nor does 14 s in either leg.
+        f0 = {"id": 0, "backend": "onprem1",
+              "rtt": self.rtt(3, 10, 2.0) + [[T0 + 10, 900.0, 3, 1500.0]] +
+              self.rtt(11, 14, 2.5) + self.rtt(14, 31, 20.0)}
+        # Flow 1: 3 ms, 13 ms while sent on (10.5-15.2 s), 3 ms after: a
+        # survivor took it over; the intervals after its last redirect are
+        # no phase.
+        f1 = {"id": 1, "backend": "onprem2",
+              "rtt": self.rtt(3, 31, 3.0, {s: 13.0 for s in range(11, 15)})}
+        # Flow 2: never sent on; its round trips rise by 2 ms from 11 s (the
+        # drill's load): the control.
+        f2 = {"id": 2, "backend": "onprem3", "rtt": self.rtt(3, 31, 2.0,
+                                                             {s: 4.0 for s in range(11, 31)})}
+        # Flow 3: sent on from 10.4 s to 25 s, but 20 packets in 14.6 s (the
+        # others some 20 a second): two short episodes, the direct path
+        # between them; its round trips say nothing of the hop.
+        f3 = {"id": 3, "backend": "onprem3", "rtt": self.rtt(3, 31, 2.0)}
+        att = {"second_chance_flows": [self.kept(0, "onprem1", 10.3, 30.1, packets=400,
+                                                 legs=[("onprem3", 10.3, 14.0, 80),
+                                                       ("cloud1", 14.2, 30.1, 320)]),
+                                       self.kept(1, "onprem2", 10.5, 15.2, by=("onprem3",),
+                                                 packets=94),
+                                       self.kept(3, "onprem3", 10.4, 25.0, by=("onprem1",),
+                                                 packets=20)]}
+        cost = hop_cost.measure(att, [f0, f1, f2, f3], T0, 1000)
+        a, b, c = cost["per_flow"]
+        self.assertEqual((a["before_ms"], a["during_ms"], a["extra_ms"]), (2.0, 20.0, 18.0))
+        self.assertEqual((a["intervals_before"], a["intervals_during"]), (7, 19))
+        self.assertTrue(a["still_on_at_end"])
+        self.assertAlmostEqual(a["lived_s"], 19.9)
+        self.assertEqual((a["control_before_ms"], a["control_during_ms"],
+                          a["control_extra_ms"]), (2.0, 4.0, 2.0))
+        self.assertEqual((a["first_s"], a["last_s"]), (10.3, 30.1))
+        self.assertEqual((b["before_ms"], b["during_ms"], b["extra_ms"]), (3.0, 13.0, 10.0))
+        self.assertEqual(b["intervals_during"], 4)  # 11..14: 15 s ends after 15.2
+        # The control is the flows no backend sent on: flow 0's 20 ms is not in it.
+        self.assertEqual((b["control_before_ms"], b["control_during_ms"]), (2.0, 4.0))
+        self.assertFalse(b["still_on_at_end"])
+        self.assertAlmostEqual(b["lived_s"], 4.7)
+        self.assertEqual(b["packets_per_s"], 20.0)
+        self.assertTrue(c["gaps"])
+        self.assertFalse(a["gaps"] or b["gaps"])
+        self.assertEqual(c["extra_ms"], 0.0)  # reported, but not in the figures below
+        self.assertEqual(cost["with_gaps"], 1)
+        self.assertEqual(cost["packets_per_s"], 20.0)
+        self.assertEqual(cost["flows"], 3)
+        self.assertEqual(cost["measured"], 2)
+        self.assertEqual(cost["still_on_at_end"], 1)
+        self.assertEqual(cost["extra_ms"], {"median": 14.0, "min": 10.0, "max": 18.0, "n": 2})
+        self.assertEqual(cost["lived_s"]["max"], 19.9)
+        # Each leg against the flow's before phase: the on-prem hop, the
+        # cloud one; flow 3's only leg has gaps.
+        l0, l1 = a["legs"]
+        self.assertEqual((l0["by"], l0["intervals_during"], l0["during_ms"], l0["extra_ms"],
+                          l0["control_extra_ms"], l0["still_on_at_end"]),
+                         ("onprem3", 3, 2.5, 0.5, 2.0, False))
+        self.assertEqual((l1["by"], l1["intervals_during"], l1["extra_ms"],
+                          l1["still_on_at_end"]), ("cloud1", 15, 18.0, True))
+        self.assertTrue(c["legs"][0]["gaps"])
+        self.assertEqual(cost["extra_by_path"], {
+            "cloud1 -> onprem1": {"median": 18.0, "min": 18.0, "max": 18.0, "n": 1},
+            "onprem3 -> onprem1": {"median": 0.5, "min": 0.5, "max": 0.5, "n": 1},
+            "onprem3 -> onprem2": {"median": 10.0, "min": 10.0, "max": 10.0, "n": 1}})
+        lines = hop_cost.report_lines(cost)
+        self.assertIn("extra hop +14.0 ms", lines[0])
+        self.assertIn("1 still on it at the end", lines[0])
+        self.assertIn("1 sent on at under half the others' 20.0 packets/s", lines[0])
+        self.assertTrue(any(x.startswith("    flow 3 on onprem3") and
+                            "1.4 packets/s: episodes with gaps" in x for x in lines), lines)
+        self.assertTrue(any("flow 0 on onprem1 via cloud1+onprem3: 10.3-30.1 s (19.9 s, still "
+                            "on it at the end)" in x and "2.0 ms -> 20.0 ms (+18.0 ms; others "
+                            "+2.0 ms)" in x and "legs onprem3 10.3-14.0 s +0.5 ms, cloud1 "
+                            "14.2-30.1 s +18.0 ms" in x for x in lines), lines)
+        self.assertIn("    onprem3 -> onprem1: extra +0.5 ms over 1 flows' legs (0.5..0.5 ms)",
+                      lines)
+
+    def test_missing_evidence_is_said_not_guessed(self):
+        # No second-chance flow: nothing to report.
+        self.assertIsNone(hop_cost.measure({"second_chance_flows": []}, [], T0, 1000))
+        self.assertIsNone(hop_cost.measure(None, [], T0, 1000))
+        self.assertEqual(hop_cost.report_lines(None), [])
+        # Times unknown (a listing without its read time); no round trips
+        # (a flow checker without --rtt-ms's points): n/a, never 0.
+        untimed = dict(self.kept(0, "onprem1", 10, 20), first=None, last=None, read_at=None)
+        cost = hop_cost.measure({"second_chance_flows": [untimed, self.kept(1, "onprem2", 10,
+                                                                           20)]},
+                                [{"id": 0}, {"id": 1}], T0, 1000)
+        self.assertIn("no redirect times", cost["per_flow"][0]["error"])
+        self.assertIsNone(cost["per_flow"][1]["extra_ms"])
+        self.assertEqual(cost["measured"], 0)
+        self.assertIsNone(cost["extra_ms"])
+        self.assertEqual(cost["lived_s"]["n"], 1)
+        self.assertIn("extra hop n/a", hop_cost.report_lines(cost)[0])
+
+    def test_attribution_times_the_redirects_from_the_listing(self):
+        p = self.ATT.find_ports(2)
+        ev = self.ATT.evidence({"lb1": self.ATT.table({})}, redirected=[p[0], p[1]],
+                               tracked=[{"instance": "lb1", "port": p[1],
+                                         "backend": "onprem2"}])
+        rows = ev["backends"]["onprem1"]["redirected"]
+        ev["backends"]["onprem1"]["read_at"] = T0 + 30
+        rows[0].update(first_ms_ago=20000, last_ms_ago=50)
+        rows[1].update(first_ms_ago=19000, last_ms_ago=12000)
+        # A second backend sent flow 1 on later, in another episode.
+        ev["backends"]["cloud1"] = {"read_at": T0 + 30.5, "redirected": [
+            {"src": CLIENT, "sport": p[1], "dst": VIP_FLOWS, "dport": DATA_PORT, "packets": 6,
+             "hop": "10.0.0.2", "first_ms_ago": 5500, "last_ms_ago": 5000}]}
+        att = self.ATT.attribute(self.ATT.flows([(p[0], "onprem2"), (p[1], "onprem2")]), ev)
+        self.assertEqual(att["by_layer"]["second_chance"], 2)
+        a, b = att["second_chance_flows"]
+        self.assertEqual((a["first"], a["last"], a["read_at"]), (T0 + 10, T0 + 29.95, T0 + 30))
+        self.assertEqual((b["first"], b["last"]), (T0 + 11, T0 + 25.5))
+        self.assertEqual(b["by"], ["cloud1", "onprem1"])
+        self.assertEqual([(x["by"], x["first"], x["last"], x["packets"]) for x in b["legs"]],
+                         [("onprem1", T0 + 11, T0 + 18, 4), ("cloud1", T0 + 25, T0 + 25.5, 6)])
+        self.assertEqual(b["packets"], 10)
+        self.assertEqual(b["other_layers"], ["flow_table"])
+
+    def test_drill_reports_the_cost_and_judges_nothing_on_it(self):
+        p = self.ATT.find_ports(3)
+        with tempfile.TemporaryDirectory() as tmp:
+            d = Drill(tmp, [{"at": 5, "do": "restart-lb", "signal": "KILL"}],
+                      duration=30)
+            d.flow_report["rtt_ms"] = 1000
+            d.flow_report["flows"] = [
+                {"id": i, "backend": "onprem2", "local_port": port, "state": "open_at_end",
+                 "max_stall_ms": 10, "opened": T0 + 1, "ended": None,
+                 "rtt": self.rtt(2, 29, 2.0, {s: 30.0 for s in range(7, 29)} if i == 0
+                                 else None)}
+                for i, port in enumerate(p)]
+            # Broken: its round trips count in no control.
+            d.flow_report["flows"].append(
+                {"id": 9, "backend": "onprem3", "local_port": 40999, "state": "reset",
+                 "max_stall_ms": 10, "opened": T0 + 1, "ended": T0 + 6,
+                 "rtt": self.rtt(2, 29, 500.0)})
+            ev = self.ATT.evidence({"lb": self.ATT.table({})}, redirected=[p[0]])
+            ev["backends"]["onprem1"]["read_at"] = T0 + 29.5
+            ev["backends"]["onprem1"]["redirected"][0].update(first_ms_ago=23200,
+                                                             last_ms_ago=100)
+            d.attribution_evidence = ev
+            m, verdicts = judge.judge(d)
+            cost = m["second_chance_cost"]
+            self.assertEqual(cost["flows"], 1)
+            r = cost["per_flow"][0]
+            self.assertEqual((r["before_ms"], r["during_ms"], r["extra_ms"]), (2.0, 30.0, 28.0))
+            self.assertEqual(r["control_extra_ms"], 0.0)
+            self.assertAlmostEqual(r["lived_s"], 23.2)
+            self.assertTrue(r["still_on_at_end"])
+            # A measurement: no verdict is about it.
+            self.assertFalse([v for v in verdicts if "second" in v["name"] or
+                              "hop" in v["name"] or "rtt" in v["name"]])
+            d.wan_counters = None
+            rep = report.build(d, m, verdicts)
+            self.assertEqual(rep["second_chance_cost"]["extra_ms"]["median"], 28.0)
+            text = report.summary(rep, tmp)
+            self.assertIn("second chance's cost (1 flows kept by it; measured, not judged)", text)
+            self.assertIn("extra hop +28.0 ms", text)
 
 
 class IntentTest(unittest.TestCase):

@@ -13,9 +13,12 @@
 # Phases, each with its own client run and report:
 #   A  50 flows and 20 probes/s, SIGTERM: every flow has a backend and echoed
 #      bytes, all open_at_end; timeline and probes show both backends.
+#      Every flow has echo round-trip points (--rtt-ms 200).
 #   B  40 flows: `close b1` on stdin closes b1's flows ("closed", no reset);
 #      then an nft drop of b2's traffic for 1.5 s gives b2's flows stall
-#      episodes >= 1000 ms while they stay unbroken, and b1's none.
+#      episodes >= 1000 ms while they stay unbroken, and b1's none; b2's
+#      round trips show the block as one sample >= 1000 ms (default 1 s
+#      points).
 #   C  40 flows: SIGKILL of b2 resets b2's flows and nobody else's.
 #   and bad arguments exit 2.
 #
@@ -136,14 +139,15 @@ start_server() {  # NAME ADDRESS: sets server_pid
   wait_for 5 in_s bash -c "exec 3<>/dev/tcp/$2/$port" 2>/dev/null
 }
 
-# start_client PHASE FLOWS PROBE_RATE: sets client_pid; stdin from a FIFO held
-# open on fd 7, so commands are `echo ... >&7`.
+# start_client PHASE FLOWS PROBE_RATE [ARG...]: sets client_pid; stdin from a
+# FIFO held open on fd 7, so commands are `echo ... >&7`.
 start_client() {
-  local phase=$1
+  local phase=$1 flows=$2 rate=$3
+  shift 3
   mkfifo "$work/$phase.cmd"
   exec 7<>"$work/$phase.cmd"
-  nsenter --net=/run/netns/"$cns" "$fc" client --target "$vip:$port" --flows "$2" --probe-rate "$3" \
-    --bind 10.201.0.10 --timeline "$work/$phase.tl" --timeline-ms 100 \
+  nsenter --net=/run/netns/"$cns" "$fc" client --target "$vip:$port" --flows "$flows" \
+    --probe-rate "$rate" "$@" --bind 10.201.0.10 --timeline "$work/$phase.tl" --timeline-ms 100 \
     --report "$work/$phase.json" --ready "$work/$phase.ready" \
     <"$work/$phase.cmd" 2>>"$work/$phase.log" &
   client_pid=$!
@@ -163,7 +167,7 @@ start_server b1 10.201.0.1
 start_server b2 10.201.0.2; b2_pid=$server_pid
 
 # --- A: 50 flows, probes, SIGTERM --------------------------------------------
-start_client A 50 20
+start_client A 50 20 --rtt-ms 200
 wait_for 15 test -e "$work/A.ready"
 result $? "phase A: all 50 flows have their hello (--ready)"
 wait_for 5 q - "$work/A.tl" 'last["active"].get("b1", 0) + last["active"].get("b2", 0) == 50'
@@ -176,6 +180,16 @@ check "phase A: the VIP spread flows over both backends" "$work/A.json" - \
   'set(r["summary"]["by_backend"]) == {"b1", "b2"}'
 check "phase A: by_state is all open_at_end after SIGTERM" "$work/A.json" - \
   'r["summary"]["by_state"] == {"open_at_end": 50}'
+# Echo round trips: [t, median_ms, samples, max_ms] per 200 ms interval, the
+# intervals on one grid from the client's start, in order, within the run.
+check "phase A: every flow has round-trip points on the --rtt-ms grid" "$work/A.json" - \
+  'r["rtt_ms"] == 200 and all(len(f["rtt"]) >= 2 and all(len(p) == 4
+   and r["started"] - 1e-6 <= p[0] <= r["ended"] and p[2] >= 1 and 0 < p[1] <= p[3]
+   and abs(round((p[0] - r["started"]) / 0.2) * 0.2 - (p[0] - r["started"])) < 1e-3
+   for p in f["rtt"]) and all(a[0] < b[0] for a, b in zip(f["rtt"], f["rtt"][1:]))
+   for f in flows)'
+info "rtt median of medians (ms), flow 0" "$work/A.json" \
+  'sorted(p[1] for p in flows[0]["rtt"])[len(flows[0]["rtt"]) // 2]'
 check "phase A: timeline lines parse and show active counts (50 live)" - "$work/A.tl" \
   'len(tl) >= 10 and all(set(d) >= {"t", "active", "probes", "probe_failures", "broken", "stalled"}
    for d in tl) and any(sum(d["active"].values()) == 50 for d in tl)
@@ -217,6 +231,12 @@ info "b2 max_stall_ms (min, max)" "$work/B.json" \
   '(min(f["max_stall_ms"] for f in flows if f["backend"] == "b2"), max(f["max_stall_ms"] for f in flows if f["backend"] == "b2"))'
 info "b2 flow 1st episode [start-block_start, ms]" "$work/B.json" \
   '[[round(s - '"$block_start"', 3), d] for f in flows if f["backend"] == "b2" for s, d in f["stalls"]][:3]'
+# A byte sent in the block is echoed after it: one sample spans most of it.
+check "phase B: b2's round trips show the block (a sample >= 1000 ms in it)" "$work/B.json" - \
+  'r["rtt_ms"] == 1000 and all(any(p[3] >= 1000 and s0 - 1 <= p[0] <= s1 + 5
+   for p in f["rtt"]) for f in flows if f["backend"] == "b2")' s0="$block_start" s1="$block_end"
+info "b2 flow rtt points around the block [t-block_start, median, n, max]" "$work/B.json" \
+  '[[round(p[0] - '"$block_start"', 1)] + p[1:] for p in next(f for f in flows if f["backend"] == "b2")["rtt"]]'
 check "phase B: b1's flows (closed before the block) have no stall episode" "$work/B.json" - \
   'all(not f["stalls"] and f["max_stall_ms"] < 1000 for f in flows if f["backend"] == "b1")'
 check "phase B: the timeline counted every b2 flow as stalled" "$work/B.json" "$work/B.tl" \
@@ -243,7 +263,8 @@ check "phase C: b2's flows are 'reset', b1's stay open_at_end" "$work/C.json" "$
 bad=0
 for args in "" "client --flows 5" "client --target 10.0.0.1 --flows 5" \
     "client --target 10.0.0.1:80 --flows x" "client --target 10.0.0.1:80 --flows 1 --bogus" \
-    "client --target 10.0.0.1:80 --flows 1 --interval-ms 0" "serve --port 7000" \
+    "client --target 10.0.0.1:80 --flows 1 --interval-ms 0" \
+    "client --target 10.0.0.1:80 --flows 1 --rtt-ms 5" "serve --port 7000" \
     "serve --name b1 --port 70000" "serve --name b1 --port 7000 --bind nowhere" "frobnicate"; do
   # shellcheck disable=SC2086
   "$fc" $args </dev/null >/dev/null 2>&1

@@ -28,6 +28,17 @@
 // per-connection echo backlog stops reading at kMaxEchoBacklog, and at most
 // kMaxStallEpisodes episodes are kept per flow (the rest are counted).
 //
+// Echo round-trip times: each flow has at most one byte offset in flight as
+// a marker (the end of a send, set when none is in flight), and the time
+// from that send to the echo of that byte is one sample. Samples fold into
+// per-interval points (--rtt-ms, intervals aligned across flows from the
+// client's start): the interval's start, the median, the sample count and
+// the maximum, as the report's per-flow "rtt" [[t, median_ms, n, max_ms],
+// ...]. A stall is one long sample (the marker waits through it), so the
+// median of an interval shows the path's round trip, its maximum the stall.
+// At most kMaxRttSamples samples per interval (a reservoir) and
+// kMaxRttPoints points per flow (later ones counted as rtt_dropped).
+//
 // Times in the report and timeline are CLOCK_REALTIME seconds, derived from
 // CLOCK_MONOTONIC offsets taken at start, so they line up with the drill's
 // own clock while intervals stay immune to clock steps.
@@ -83,6 +94,8 @@ constexpr std::size_t kIoBufferSize = 64 * 1024;
 constexpr std::size_t kMaxEchoBacklog = 1024 * 1024;
 constexpr std::uint64_t kMaxUnsent = 1024 * 1024;
 constexpr std::size_t kMaxStallEpisodes = 256;
+constexpr std::size_t kMaxRttSamples = 64;
+constexpr std::size_t kMaxRttPoints = 3600;
 constexpr std::size_t kMaxProbeRecords = 1'000'000;
 constexpr std::size_t kMaxCommandLine = 4096;
 constexpr std::int64_t kNsPerMs = 1'000'000;
@@ -437,6 +450,7 @@ struct ClientOptions {
   std::string probeTarget;
   std::string timeline;
   int timelineMs = 100;
+  int rttMs = 1000;
   std::string report;
   double durationS = 0;
   std::string ready;
@@ -456,6 +470,23 @@ const char* endStateName(EndState state) {
 
 bool isBroken(EndState state) {
   return state == EndState::Reset || state == EndState::Corrupt || state == EndState::ConnectFailed;
+}
+
+// One interval of a flow's echo round trips.
+struct RttPoint {
+  std::int64_t interval = 0;  // index from the client's start
+  float medianMs = 0;
+  float maxMs = 0;
+  std::uint32_t samples = 0;
+};
+
+// The median of `samples` (sorted in place; the mean of the middle two for
+// an even count). Empty: 0.
+float medianOf(std::vector<float>& samples) {
+  if (samples.empty()) return 0;
+  std::sort(samples.begin(), samples.end());
+  const std::size_t mid = samples.size() / 2;
+  return samples.size() % 2 == 1 ? samples[mid] : (samples[mid - 1] + samples[mid]) / 2;
 }
 
 struct Flow {
@@ -482,6 +513,16 @@ struct Flow {
   std::uint64_t stallsDropped = 0;
   std::uint32_t events = 0;
   std::string error;
+  // Echo round trips (see the header): the marker in flight (0: none), and
+  // the samples of the interval rttInterval.
+  std::uint64_t rttMark = 0;
+  std::int64_t rttMarkNs = 0;
+  std::int64_t rttInterval = -1;
+  std::uint32_t rttSeen = 0;  // samples this interval, kept or not
+  float rttMaxMs = 0;         // ... the largest of them
+  std::vector<float> rttSamples;
+  std::vector<RttPoint> rtt;
+  std::uint64_t rttDropped = 0;
 };
 
 struct Probe {
@@ -511,6 +552,7 @@ class FlowClient {
         intervalNs_(std::int64_t{options_.intervalMs} * kNsPerMs),
         stallNs_(std::int64_t{options_.stallMs} * kNsPerMs),
         connectTimeoutNs_(std::int64_t{options_.connectTimeoutMs} * kNsPerMs),
+        rttIntervalNs_(std::int64_t{options_.rttMs} * kNsPerMs),
         probeRate_(options_.probeRate) {}
   int run();
 
@@ -531,6 +573,8 @@ class FlowClient {
   void updateWaiting(Flow& flow, std::int64_t now);
   void noteReceived(Flow& flow, std::int64_t now);
   void closeStallEpisode(Flow& flow, std::int64_t now);
+  void noteRtt(Flow& flow, std::int64_t now);
+  void closeRttInterval(Flow& flow);
 
   void startProbe(std::int64_t now);
   void onProbeEvent(std::size_t index, std::uint32_t events, std::int64_t now);
@@ -552,7 +596,9 @@ class FlowClient {
   std::int64_t intervalNs_;
   std::int64_t stallNs_;
   std::int64_t connectTimeoutNs_;
+  std::int64_t rttIntervalNs_;
   double probeRate_;
+  std::uint64_t rttRandom_ = 0x9e3779b97f4a7c15ULL;  // the reservoir's xorshift state
   WallClock clock_;
 
   int epoll_ = -1;
@@ -698,6 +744,48 @@ void FlowClient::noteReceived(Flow& flow, std::int64_t now) {
   flow.waitSinceNs = now;
 }
 
+// The marker's echo arrived (or not yet): one sample into its interval.
+void FlowClient::noteRtt(Flow& flow, std::int64_t now) {
+  if (flow.rttMark == 0 || flow.echoed < flow.rttMark) return;
+  const auto ms = static_cast<float>(static_cast<double>(now - flow.rttMarkNs) / 1e6);
+  flow.rttMark = 0;
+  const std::int64_t interval = (now - startedNs_) / rttIntervalNs_;
+  if (interval != flow.rttInterval) {
+    closeRttInterval(flow);
+    flow.rttInterval = interval;
+  }
+  ++flow.rttSeen;
+  flow.rttMaxMs = std::max(flow.rttMaxMs, ms);
+  if (flow.rttSamples.size() < kMaxRttSamples) {
+    flow.rttSamples.push_back(ms);
+    return;
+  }
+  // Reservoir: the k-th sample replaces a kept one with probability
+  // kMaxRttSamples / k, so the kept ones are a uniform draw of the interval's.
+  rttRandom_ ^= rttRandom_ << 13;
+  rttRandom_ ^= rttRandom_ >> 7;
+  rttRandom_ ^= rttRandom_ << 17;
+  const std::uint64_t slot = rttRandom_ % flow.rttSeen;
+  if (slot < kMaxRttSamples) flow.rttSamples[static_cast<std::size_t>(slot)] = ms;
+}
+
+void FlowClient::closeRttInterval(Flow& flow) {
+  if (flow.rttSamples.empty()) return;
+  if (flow.rtt.size() < kMaxRttPoints) {
+    RttPoint point;
+    point.interval = flow.rttInterval;
+    point.samples = flow.rttSeen;
+    point.maxMs = flow.rttMaxMs;  // of every sample, not only the reservoir's
+    point.medianMs = medianOf(flow.rttSamples);
+    flow.rtt.push_back(point);
+  } else {
+    ++flow.rttDropped;
+  }
+  flow.rttSamples.clear();
+  flow.rttSeen = 0;
+  flow.rttMaxMs = 0;
+}
+
 void FlowClient::endCloseTimedOut(Flow& flow, std::int64_t now) {
   if (flow.echoed != flow.sent) {
     endFlow(flow, EndState::Corrupt, now,
@@ -825,6 +913,7 @@ void FlowClient::readFlow(Flow& flow, std::int64_t now) {
         endFlow(flow, EndState::Corrupt, now, flow.error);
         return;
       }
+      noteRtt(flow, now);
       updateWaiting(flow, now);
       continue;
     }
@@ -850,6 +939,7 @@ void FlowClient::readFlow(Flow& flow, std::int64_t now) {
 
 void FlowClient::sendFlow(Flow& flow, std::int64_t now) {
   bool blocked = false;
+  const std::uint64_t before = flow.sent;
   while (flow.sent < flow.queued) {
     const std::size_t length =
         static_cast<std::size_t>(std::min<std::uint64_t>(flow.queued - flow.sent, kIoBufferSize));
@@ -867,6 +957,10 @@ void FlowClient::sendFlow(Flow& flow, std::int64_t now) {
     const int err = sent < 0 ? errno : EPIPE;
     endFlow(flow, EndState::Reset, now, std::string("send: ") + std::strerror(err));
     return;
+  }
+  if (flow.rttMark == 0 && flow.sent > before) {
+    flow.rttMark = flow.sent;
+    flow.rttMarkNs = now;
   }
   setFlowInterest(flow, blocked);
   updateWaiting(flow, now);
@@ -1226,11 +1320,13 @@ int FlowClient::writeReport(std::int64_t now) {
   report["ended"] = clock_.at(now);
   report["stall_ms"] = options_.stallMs;
   report["interval_ms"] = options_.intervalMs;
+  report["rtt_ms"] = options_.rttMs;
   Json flows = Json::array();
   std::map<std::string, std::uint64_t> byState;
   std::map<std::string, std::uint64_t> byBackend;
   for (const auto& flowPtr : flows_) {
-    const Flow& flow = *flowPtr;
+    Flow& flow = *flowPtr;
+    closeRttInterval(flow);
     Json entry;
     entry["id"] = flow.id;
     entry["local_port"] = flow.localPort;
@@ -1251,6 +1347,14 @@ int FlowClient::writeReport(std::int64_t now) {
     entry["stalls"] = std::move(stalls);
     if (flow.stallsDropped > 0) entry["stalls_dropped"] = flow.stallsDropped;
     entry["error"] = flow.error.empty() ? Json(nullptr) : Json(flow.error);
+    Json rtt = Json::array();
+    for (const RttPoint& point : flow.rtt) {
+      rtt.push_back(Json::array({clock_.at(startedNs_ + point.interval * rttIntervalNs_),
+                                 std::round(point.medianMs * 1e3) / 1e3, point.samples,
+                                 std::round(point.maxMs * 1e3) / 1e3}));
+    }
+    entry["rtt"] = std::move(rtt);
+    if (flow.rttDropped > 0) entry["rtt_dropped"] = flow.rttDropped;
     flows.push_back(std::move(entry));
     ++byState[endStateName(flow.endState)];
     if (flow.backend >= 0) ++byBackend[backends_[static_cast<std::size_t>(flow.backend)]];
@@ -1456,6 +1560,8 @@ int runClient(ClientOptions options) {
   if (!(options.openRate > 0)) return usageError("--open-rate must be above 0");
   if (!(options.probeRate >= 0)) return usageError("--probe-rate must be 0 or more");
   if (options.timelineMs < 10) return usageError("--timeline-ms must be at least 10");
+  if (options.rttMs < 10 || options.rttMs > 3'600'000)
+    return usageError("--rtt-ms must be 10..3600000");
   if (options.durationS < 0) return usageError("--duration-s must not be negative");
   for (const std::string* path : {&options.timeline, &options.report, &options.ready}) {
     if (!path->empty() && !parentDirectoryExists(*path)) {
@@ -1494,6 +1600,10 @@ int flowCheckMain(int argc, char** argv) {
   clientCmd->add_option("--probe-target", client.probeTarget, "ADDR:PORT (default: --target)");
   clientCmd->add_option("--timeline", client.timeline, "JSON Lines file, one object per period");
   clientCmd->add_option("--timeline-ms", client.timelineMs, "timeline period")
+      ->capture_default_str();
+  clientCmd
+      ->add_option("--rtt-ms", client.rttMs,
+                   "echo round-trip interval: one median per flow per interval in the report")
       ->capture_default_str();
   clientCmd->add_option("--report", client.report, "JSON report written at exit");
   clientCmd->add_option("--duration-s", client.durationS, "stop after this many seconds");
