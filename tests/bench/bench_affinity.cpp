@@ -3,7 +3,8 @@
 // its durable write, and the restore at start (decode + ExceptionTable).
 // Flows are placed by one table and judged against another whose weights
 // moved, so about a fifth of them are exceptions; the encode/write/restore
-// cases take every flow as an exception (the worst case).
+// cases take every flow as an exception (the worst case). The slot history
+// cases: second chance's history.bin, every slot moved.
 #include <benchmark/benchmark.h>
 #include <stdlib.h>
 
@@ -225,6 +226,50 @@ BENCHMARK(BM_CheckpointRestore)
     ->Arg(10'000'000)
     ->Unit(benchmark::kMillisecond)
     ->Iterations(3);
+
+// Second chance's slot history (history.bin) written with each checkpoint
+// and read at start: every slot of a table moved (the worst case), eight
+// backends.
+SlotHistory movedHistory(std::uint32_t slots) {
+  SlotHistory h;
+  VipSlotHistory& v = h["v"];
+  v.tableSize = slots;
+  v.slots.reserve(slots);
+  for (std::uint32_t s = 0; s < slots; ++s) {
+    v.slots.push_back({s, 1000 + s % kBackends, 1000 + (s + 3) % kBackends, s % 60'000});
+  }
+  return h;
+}
+
+void BM_SlotHistoryEncode(benchmark::State& state) {
+  const SlotHistory h = movedHistory(static_cast<std::uint32_t>(state.range(0)));
+  std::size_t bytes = 0;
+  for (auto _ : state) {
+    const std::string s = encodeSlotHistory(kSeed, 1, h);
+    bytes = s.size();
+    benchmark::DoNotOptimize(s.data());
+  }
+  state.counters["bytes"] = static_cast<double>(bytes);
+}
+BENCHMARK(BM_SlotHistoryEncode)
+    ->Arg(65'537)
+    ->Arg(1'048'573)
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(5);
+
+void BM_SlotHistoryDecode(benchmark::State& state) {
+  const std::string bytes =
+      encodeSlotHistory(kSeed, 1, movedHistory(static_cast<std::uint32_t>(state.range(0))));
+  for (auto _ : state) {
+    auto parsed = decodeSlotHistory(bytes, kSeed, 2);
+    benchmark::DoNotOptimize(std::get<SlotHistory>(parsed).size());
+  }
+}
+BENCHMARK(BM_SlotHistoryDecode)
+    ->Arg(65'537)
+    ->Arg(1'048'573)
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(5);
 
 }  // namespace
 }  // namespace spillway

@@ -500,6 +500,8 @@ SlotHistory SnapshotBuilder::slotHistory(Millis now) const {
     VipSlotHistory& v = out[name];
     v.tableSize = p.tableSize;
     const std::vector<std::uint32_t>& prev = *p.previousOwner;
+    v.slots.reserve(static_cast<std::size_t>(
+        prev.size() - static_cast<std::size_t>(std::count(prev.begin(), prev.end(), 0u))));
     for (std::size_t slot = 0; slot < prev.size(); ++slot) {
       if (prev[slot] == 0) continue;
       const auto age =

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <unordered_map>
 
 #include "control/config/config.hpp"
 #include "control/sys/durable_file.hpp"
@@ -131,18 +132,39 @@ constexpr std::size_t kHistoryRecordBytes = 16;
 
 std::string encodeSlotHistory(std::uint64_t hashSeed, std::uint64_t writtenUnixMs,
                               const SlotHistory& history) {
+  std::size_t size = kHistoryHeaderBytes + 4;
+  for (const auto& [name, vip] : history) {
+    size += 2 + name.size() + 12 + vip.slots.size() * kHistoryRecordBytes + 8 * 64;
+  }
   std::string out;
+  out.reserve(size);
   out.append(kHistoryMagic, sizeof kHistoryMagic);
   put<std::uint32_t>(out, kVersion);
   put<std::uint32_t>(out, static_cast<std::uint32_t>(history.size()));
   put<std::uint64_t>(out, hashSeedTag(hashSeed));
   put<std::uint64_t>(out, writtenUnixMs);
+  std::vector<std::uint32_t> rows;  // per record: previous, origin ordinals
   for (const auto& [name, vip] : history) {
-    std::map<std::uint64_t, std::uint32_t> ordinal{{0, 0}};
+    // Backend ids by ordinal (0: none); a table names a few dozen backends,
+    // so the last one looked up is almost always the next.
+    std::unordered_map<std::uint64_t, std::uint32_t> ordinal{{0, 0}};
     std::vector<std::uint64_t> ids{0};
-    for (const SlotHistoryRecord& r : vip.slots) {
-      for (const std::uint64_t id : {r.previousId, r.originId}) {
-        if (ordinal.emplace(id, static_cast<std::uint32_t>(ids.size())).second) ids.push_back(id);
+    const auto ordinalOf = [&](std::uint64_t id) {
+      auto [it, fresh] = ordinal.try_emplace(id, static_cast<std::uint32_t>(ids.size()));
+      if (fresh) ids.push_back(id);
+      return it->second;
+    };
+    rows.resize(vip.slots.size() * 2);
+    std::uint64_t lastId[2] = {0, 0};
+    std::uint32_t lastOrd[2] = {0, 0};
+    for (std::size_t i = 0; i < vip.slots.size(); ++i) {
+      const std::uint64_t id[2] = {vip.slots[i].previousId, vip.slots[i].originId};
+      for (int k = 0; k < 2; ++k) {
+        if (id[k] != lastId[k]) {
+          lastId[k] = id[k];
+          lastOrd[k] = ordinalOf(id[k]);
+        }
+        rows[i * 2 + static_cast<std::size_t>(k)] = lastOrd[k];
       }
     }
     put<std::uint16_t>(out, static_cast<std::uint16_t>(name.size()));
@@ -151,11 +173,13 @@ std::string encodeSlotHistory(std::uint64_t hashSeed, std::uint64_t writtenUnixM
     put<std::uint32_t>(out, static_cast<std::uint32_t>(ids.size()));
     for (const std::uint64_t id : ids) put<std::uint64_t>(out, id);
     put<std::uint32_t>(out, static_cast<std::uint32_t>(vip.slots.size()));
-    for (const SlotHistoryRecord& r : vip.slots) {
-      put<std::uint32_t>(out, r.slot);
-      put<std::uint32_t>(out, ordinal.at(r.previousId));
-      put<std::uint32_t>(out, ordinal.at(r.originId));
-      put<std::uint32_t>(out, r.ageMs);
+    const std::size_t at = out.size();
+    out.resize(at + vip.slots.size() * kHistoryRecordBytes);
+    char* w = out.data() + at;
+    for (std::size_t i = 0; i < vip.slots.size(); ++i, w += kHistoryRecordBytes) {
+      const std::uint32_t rec[4] = {vip.slots[i].slot, rows[i * 2], rows[i * 2 + 1],
+                                    vip.slots[i].ageMs};
+      std::memcpy(w, rec, sizeof rec);
     }
   }
   put<std::uint32_t>(out, crc32c(out));
