@@ -16,6 +16,9 @@ Semantics (README, "Failover drills"; issue #10 for reload):
   * `reload` with an edit: backends the new file adds are in, backends it no
     longer names retire (drain, then removed) unless the operator added them
     at run time; the file's weights apply where the operator set none;
+  * `discovery-write`: a discovery pool's file lists `listed` (in, as if
+    the configuration file named them) and no longer `unlisted` (they retire
+    like a reload's removal); the operator's overlay stays;
   * `restart-lb` changes no intent at all.
 
 Intended states: "active", "draining", "disabled", "failed", "removed"
@@ -26,7 +29,7 @@ Intended states: "active", "draining", "disabled", "failed", "removed"
 NO_NEW_FLOWS = {"draining", "disabled", "failed", "removed", None}
 
 INTENT_ACTIONS = {"add", "remove", "drain", "undrain", "disable", "enable", "weight", "kill",
-                  "link-down", "start-servers", "link-up", "reload"}
+                  "link-down", "start-servers", "link-up", "reload", "discovery-write"}
 
 
 class Backend:
@@ -105,6 +108,14 @@ class Intent:
                     bs[n].in_file = False
                 for n, w in a.get("weights", {}).items():
                     bs[n].file_weight = w
+            elif do == "discovery-write":
+                # A discovery pool's file: its listed backends are in (as
+                # the configuration file's are), the others retire; an
+                # operator's removal is not undone by a listing.
+                for n in a.get("listed", []):
+                    bs[n].in_file, bs[n].ever = True, True
+                for n in a.get("unlisted", []):
+                    bs[n].in_file = False
         return bs
 
     def states(self, t):
@@ -123,7 +134,8 @@ class Intent:
         for a in self.actions:
             if a["t"] > t:
                 break
-            if a.get("target") == name or a["do"] == "reload":
+            if a.get("target") == name or a["do"] == "reload" or \
+                    name in a.get("changed", []):
                 last = a["t"]
         return last
 
@@ -131,7 +143,8 @@ class Intent:
         """[(from, to, state)] of the backend's intended state over
         [t_start, t_end], split at every action that changed it."""
         cuts = [t_start] + [a["t"] for a in self.actions if t_start < a["t"] < t_end and
-                            (a.get("target") == name or a["do"] == "reload")] + [t_end]
+                            (a.get("target") == name or a["do"] == "reload" or
+                             name in a.get("changed", []))] + [t_end]
         out = []
         for lo, hi in zip(cuts, cuts[1:]):
             s = self.states(lo)[name]

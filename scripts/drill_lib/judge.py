@@ -24,6 +24,7 @@ restart's outage).
 import math
 
 import attribution
+import discovery
 import hop_cost
 import intent as intent_mod
 import tier as tier_mod
@@ -656,6 +657,9 @@ def judge(d):
                   f"{n} {round(t - t0, 2)} s {a}->{b}" for n, t, a, b in changes)))
     if inv.get("intent_kept"):
         judge_intent(d, intended, check, rel)
+    for name in inv.get("stays_draining", []):
+        judge_stays_draining(d, name, returns_at, check, rel)
+    m["discovery"] = discovery.judge(d, check, rel)
     judge_latency(d, inv, check, rel, probes)
     tol = inv.get("share_tolerance", 0.12)
     for s in m["shares"]:
@@ -836,6 +840,43 @@ def judge_intent(d, intended, check, rel, grace_s=1.0):
             restarts = [r for r in d.restarts if r.get("t_ready", 0) <= t]
             after = (f" (after the restart at {restarts[-1]['at']} s)" if restarts else "")
             check(f"intent_kept[{name}]", False, f"at {rel(t)} s{after}: {what}")
+
+
+def judge_stays_draining(d, name, returns_at, check, rel, grace_s=1.0):
+    """An operator's drain holds: from grace_s after the (first) drain of
+    `name` until an action returns it, every control sample says "draining"
+    (not active, not removed, not gone: a drain that a discovery refresh, a
+    reload or a restart undid or turned into a removal). The drill proves
+    nothing unless samples were taken after each restart, reload and
+    discovery write in that window; a missing one fails the check."""
+    drains = [a for a in d.actions if a["do"] == "drain" and a.get("target") == name]
+    if not drains:
+        check(f"stays_draining[{name}]", False, f"no drain of {name} in the drill")
+        return
+    a = drains[0]
+    lo, hi = a["t"] + grace_s, returns_at(name, a["t"], "drain")
+    window = [s for s in d.monitor.samples if lo <= s["t"] < hi and not s.get("down")]
+    bad = next(((s["t"], (s["backends"].get(name) or {}).get("state")) for s in window
+                if (s["backends"].get(name) or {}).get("state") != "draining"), None)
+    events = [(b["t"], f"{b['do']} at {b['at']} s") for b in d.actions
+              if lo <= b["t"] < hi and b["do"] in ("reload", "discovery-write",
+                                                    "discovery-torn-write")]
+    events += [(r["t_ready"], f"restart at {r['at']} s") for r in d.restarts
+               if lo <= r.get("t_ready", 0) < hi]
+    unseen = [what for t, what in sorted(events) if not any(s["t"] > t for s in window)]
+    through = ", ".join(what for _, what in sorted(events)) or "nothing"
+    if bad is not None:
+        check(f"stays_draining[{name}]", False,
+              f"drained at {a['at']} s; at {rel(bad[0])} s the control plane says "
+              f"{bad[1]} (through {through})")
+    elif not window or unseen:
+        check(f"stays_draining[{name}]", False,
+              f"drained at {a['at']} s: no control sample " +
+              (f"after {', '.join(unseen)}" if unseen else "after the drain"))
+    else:
+        check(f"stays_draining[{name}]", True,
+              f"drained at {a['at']} s: draining in all {len(window)} control samples from "
+              f"{rel(lo)} s to {rel(hi)} s, through {through}")
 
 
 def judge_latency(d, inv, check, rel, probes):

@@ -41,6 +41,7 @@ def build(d, measurements, verdicts):
         "placement": measurements.get("placement"),
         "byte_balance": measurements.get("byte_balance"),
         "syn_floods": measurements.get("syn_floods", []),
+        "discovery": measurements.get("discovery", []),
         "second_chance": getattr(d, "second_chance", None),
         "attribution": measurements.get("attribution"),
         "second_chance_cost": measurements.get("second_chance_cost"),
@@ -110,7 +111,7 @@ def summary(rep, out_dir):
                  f"{', '.join(rep['victims']) or 'no victim'}), {rep['broken']['others']} others'"
                  f" (stall threshold {rep['stall_ms']} ms); longest pause of a surviving flow "
                  f"{round(f['longest_stall_ms'])} ms")
-    skip = {"at", "t", "do", "target", "result"}
+    skip = {"at", "t", "do", "target", "result", "source"}
     lines.append("  actions: " + "; ".join(
         f"{a['at']} s {a['do']}" + (f" {a['target']}" if a.get("target") else "") +
         "".join(f" {k}={v}" for k, v in a.items() if k not in skip)

@@ -13,6 +13,7 @@ import time
 
 import attack
 import attribution
+import discovery
 import scenario
 from estate import (HEALTH_PORT, VIP_FLOWS, VIP_GRPC, DrillError, Estate, log, wait_until)
 from monitor import Monitor
@@ -86,11 +87,14 @@ class Drill:
         e.topology_up()
         # The configuration file as the drill's reload actions edit it.
         self.file_members = list(sc["start_members"])
+        # The discovery pools' watched files, before spillwayd reads them.
+        discovery.setup(self)
         self.file_weights = dict(sc["weights"])
         e.write_config(only=self.file_members)
         # The starting file, for the placement model (reloads edit e.config).
         e.config_at_start = os.path.join(self.work, "spillway-start.toml")
         shutil.copyfile(e.config, e.config_at_start)
+        discovery.add_to_model_config(self, e.config_at_start)
         traffic = sc["traffic"]
         ends = {}
         for a in sc["action"]:
@@ -322,6 +326,8 @@ class Drill:
                 raise DrillError("forge-rst is for one gateway (not a tier)")
             sent = attack.forge(self.e, tuple(a.get("flags", ["R"])))
             rec["sent"] = sent
+        elif do in ("discovery-write", "discovery-torn-write"):
+            result = discovery.act(self, a, rec)
         elif do == "pause-flows":
             self.flows.command(f"pause {a['for']}")
             rec["for"] = a["for"]
@@ -394,7 +400,8 @@ class Drill:
                 rec.update({"gpu_high": a.get("gpu_high", 98), "gpu_low": a.get("gpu_low", 20)})
         rec["result"] = result
         detail = " ".join(f"{k}={v}" for k, v in rec.items()
-                          if k not in ("at", "t", "do", "target", "result", "targets", "reply"))
+                          if k not in ("at", "t", "do", "target", "result", "targets", "reply",
+                                       "source"))
         log(f"   t={rec['at']:6.2f}s {do} {target or rec.get('pool', '')} {detail} "
             f"{'' if result == 'ok' else result}")
         self.actions.append(rec)

@@ -11,6 +11,8 @@ import copy
 import os
 import tomllib
 
+import discovery
+
 ACTIONS = {
     # name: (needs target, breaks the target's flows)
     "kill": (True, True),            # every server process of the backend SIGKILLed
@@ -60,6 +62,11 @@ ACTIONS = {
     "forge-rst": (False, False),   # one forged segment per long-lived flow, `flags`
                                    # cycling (["R"] default; "F", "FA"), random sequence
     "pause-flows": (False, False),  # the long-lived flows send nothing for `for` s
+    # A pool's watched file_sd file (pools.NAME.discovery; discovery.py):
+    "discovery-write": (False, False),       # the file lists `targets` from now on
+                                             # (replaced atomically)
+    "discovery-torn-write": (False, False),  # a torn write in place: half, then the
+                                             # rest `for` s later
 }
 INSTANCE_ACTIONS = ("kill-instance", "stop-instance", "lb-drain", "lb-undrain",
                     "start-instance", "freeze-instance", "thaw-instance")
@@ -93,7 +100,10 @@ INVARIANTS = {"others_broken_max", "victims_broken_min", "victims", "detection_m
               "bytes_balance_max",
               # Which layer kept each surviving flow (attribution.py): at
               # most this many kept by no layer the drill can see.
-              "layers_unknown_max"}
+              "layers_unknown_max",
+              # An operator's drain of these backends holds ("draining" in
+              # every control sample) until the drill undoes it.
+              "stays_draining"}
 
 # A new flow (probe or long-lived flow) whose connect + hello takes longer
 # than this is slow: a lost SYN costs TCP's 1 s initial retransmission
@@ -337,6 +347,19 @@ def validate(sc, path):
                 sc["duration"] - 2:
             bad(f"traffic.elephants[{i}]: at = {el.get('at')!r} must leave at least 2 s of "
                 f"the drill's duration")
+    names_by_pool = {}
+    region_of = {}
+    i = 0
+    for r in regions:
+        for _ in range(r["cloud"]):
+            i += 1
+            region_of[f"cloud{i}"] = r["name"]
+    for n in names:
+        names_by_pool.setdefault(region_of.get(n, n.rstrip("0123456789")), []).append(n)
+    discovery.validate(sc, names_by_pool, bad)
+    for n in sc.get("invariants", {}).get("stays_draining", []):
+        if n not in names:
+            bad(f"invariants.stays_draining has {n!r}, not a backend of the estate")
     if "new_flows_failed_max" in sc.get("invariants", {}) and not isinstance(
             sc["invariants"]["new_flows_failed_max"], int):
         bad("invariants.new_flows_failed_max must be an integer")
@@ -345,6 +368,12 @@ def validate(sc, path):
             bad(f"invariants.{k} is not a known invariant ({', '.join(sorted(INVARIANTS))})")
     sc["backend_names"] = sorted(names)
     sc["start_members"] = start_members(sc, names)
+    # A discovery pool's backends are in at start when its file lists them.
+    for p in discovery.pools(sc):
+        members = [n for n in names_by_pool.get(p, []) if n in sc["start_members"]]
+        listed = discovery.listed_at_start(sc, p, members)
+        sc["start_members"] = sorted(n for n in sc["start_members"]
+                                     if n not in names_by_pool.get(p, []) or n in listed)
 
 
 def start_members(sc, names):

@@ -620,6 +620,117 @@ class LatencyJudgeTest(unittest.TestCase):
             self.assertIn(msg, str(e.exception))
 
 
+class DiscoveryJudgeTest(unittest.TestCase):
+    """A pool whose backends come from a watched file (discovery.py): the
+    torn write's verdicts and the drain that must hold through the file's
+    refreshes, a reload and a restart (stays_draining)."""
+    POOLS = {"onprem": {"priority": 0}, "cloud": {"priority": 1, "discovery": {"hold": 0.5}}}
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="judge-test-")
+
+    def status(self, **kw):
+        st = {"refreshes": 3, "errors": 0, "joined": 1, "left": 0, "damped": 0,
+              "last_error": None, "listed": ["cloud1"]}
+        st.update(kw)
+        return st
+
+    def torn_drill(self, torn=True, after=None, mid_listed=None):
+        d = Drill(self.tmp, [{"at": 8, "do": "discovery-torn-write", "for": 1}],
+                  extra={"pools": self.POOLS})
+        src = {"before": self.status(), "t_torn": T0 + 8, "t_completed": T0 + 9,
+               "t_after": T0 + 9.01,
+               "torn": (self.status(refreshes=4, errors=1,
+                                    listed=["cloud1"] if mid_listed is None else mid_listed,
+                                    last_error="cloud.json: not JSON at line 2, column 30")
+                        if torn else None),
+               "completed": self.status(refreshes=5, errors=1),
+               "after": after or self.status(refreshes=5, errors=1)}
+        d.actions[0].update(pool="cloud", source=src)
+        return d
+
+    def test_torn_write_refused_and_nothing_moves(self):
+        v = self.torn_drill().verdicts()
+        self.assertTrue(v["torn_write_refused[cloud 8 s]"]["ok"], v)
+        self.assertIn("line 2, column 30", v["torn_write_refused[cloud 8 s]"]["detail"])
+        self.assertTrue(v["torn_write_kept[cloud 8 s]"]["ok"], v)
+        # No error reported for the torn half: the daemon may have taken it.
+        v = self.torn_drill(torn=False).verdicts()
+        self.assertFalse(v["torn_write_refused[cloud 8 s]"]["ok"])
+        self.assertIn("no error reported", v["torn_write_refused[cloud 8 s]"]["detail"])
+        # The source drained a backend because of it (its counter moved).
+        v = self.torn_drill(after=self.status(refreshes=5, errors=1, left=1, listed=[]))
+        v = v.verdicts()["torn_write_kept[cloud 8 s]"]
+        self.assertFalse(v["ok"])
+        self.assertIn("left 0 -> 1", v["detail"])
+        # While torn, the source listed something else (the half was taken).
+        v = self.torn_drill(mid_listed=[]).verdicts()["torn_write_kept[cloud 8 s]"]
+        self.assertFalse(v["ok"])
+        self.assertIn("while torn", v["detail"])
+        # The counters agree but the control plane drained cloud1 meanwhile.
+        d = self.torn_drill()
+        d.set_samples(lambda t: sample(t, states={"cloud1": "draining"}), lo=8.5)
+        v = d.verdicts()["torn_write_kept[cloud 8 s]"]
+        self.assertFalse(v["ok"])
+        self.assertIn("cloud1 left at 8.5 s", v["detail"])
+
+    def operator_drill(self):
+        acts = [{"at": 4, "do": "drain", "target": "cloud1"},
+                {"at": 6, "do": "discovery-write", "targets": ["cloud1"]},
+                {"at": 8, "do": "reload", "weights": {"onprem1": 150}},
+                {"at": 13, "do": "discovery-write", "targets": ["cloud1"]}]
+        d = Drill(self.tmp, acts, {"stays_draining": ["cloud1"], "intent_kept": True},
+                  extra={"pools": self.POOLS})
+        for a in d.actions:
+            if a["do"] == "discovery-write":
+                a.update(pool="cloud", listed=["cloud1"], unlisted=[], changed=[])
+        d.restarts = [{"at": 10, "signal": "TERM", "t_stop": T0 + 10, "t_ready": T0 + 10.8,
+                       "outage_s": 0.8}]
+        weights = {"onprem1": 150}
+        d.set_samples(lambda t: sample(t, states={"cloud1": "draining"}), lo=4.1)
+        d.set_samples(lambda t: sample(t, states={"cloud1": "draining"}, weights=weights),
+                      lo=8.1)
+        d.set_samples(lambda t: sample(t, down=True), lo=10, hi=10.8)
+        return d
+
+    def test_drain_stays_through_refreshes_reload_and_restart(self):
+        d = self.operator_drill()
+        v = d.verdicts()
+        self.assertTrue(v["stays_draining[cloud1]"]["ok"], v["stays_draining[cloud1]"])
+        self.assertIn("restart at 10 s", v["stays_draining[cloud1]"]["detail"])
+        self.assertTrue(v["intent_kept[cloud1]"]["ok"], v["intent_kept[cloud1]"])
+        # A refresh turned the drain into a removal: intent_kept cannot tell
+        # (a drain may end removed), stays_draining does.
+        d.set_samples(lambda t: sample(t, states={"cloud1": "removed"}, weights={"onprem1": 150}),
+                      lo=13.2)
+        v = d.verdicts()
+        self.assertTrue(v["intent_kept[cloud1]"]["ok"])
+        self.assertFalse(v["stays_draining[cloud1]"]["ok"])
+        self.assertIn("says removed", v["stays_draining[cloud1]"]["detail"])
+        # The restarted daemon forgot the drain.
+        d = self.operator_drill()
+        d.set_samples(lambda t: sample(t, weights={"onprem1": 150}), lo=10.8)
+        v = d.verdicts()["stays_draining[cloud1]"]
+        self.assertFalse(v["ok"])
+        self.assertIn("the control plane says active", v["detail"])
+        self.assertIn("restart at 10 s", v["detail"])
+        # No sample after the restart: nothing proven about it.
+        d = self.operator_drill()
+        d.set_samples(lambda t: sample(t, down=True), lo=10)
+        v = d.verdicts()["stays_draining[cloud1]"]
+        self.assertFalse(v["ok"])
+        self.assertIn("no control sample after restart at 10 s", v["detail"])
+        # No drain at all.
+        d = Drill(self.tmp, [], {"stays_draining": ["cloud1"]}, extra={"pools": self.POOLS})
+        self.assertFalse(d.verdicts()["stays_draining[cloud1]"]["ok"])
+
+    def test_discovery_pool_backends_listed_at_start(self):
+        sc = {"duration": 10, "estate": {"onprem": 1, "cloud": 3},
+              "pools": {"onprem": {}, "cloud": {"discovery": {"listed": ["cloud2"]}}}}
+        scenario.validate(sc, "x")
+        self.assertEqual(sc["start_members"], ["cloud2", "onprem1"])
+
+
 class AttributionTest(unittest.TestCase):
     """Which layer kept each surviving flow (attribution.py), from synthetic
     evidence: each layer from its own evidence, their order, and what does
@@ -991,6 +1102,19 @@ class IntentTest(unittest.TestCase):
         self.assertIsNone(it.states(0.5)["c"])
         self.assertEqual([x[2] for x in it.intervals("a", 0, 6)], ["active", "draining"])
 
+    def test_discovery_write_lists_and_retires(self):
+        acts = [{"t": 1, "do": "discovery-write", "listed": ["b"], "unlisted": ["a"],
+                 "changed": ["a"]},
+                {"t": 2, "do": "remove", "target": "b"},
+                {"t": 3, "do": "discovery-write", "listed": ["a", "b"], "unlisted": [],
+                 "changed": ["a"]}]
+        it = intent.Intent(["a", "b", "c"], ["a", "b", "c"], {}, acts)
+        self.assertEqual(it.states(1.5), {"a": "removed", "b": "active", "c": "active"})
+        # Listed again: back; the operator's removal of b is not undone.
+        self.assertEqual(it.states(3.5), {"a": "active", "b": "removed", "c": "active"})
+        self.assertEqual(it.last_change("a", 3.5), 3)
+        self.assertEqual(it.last_change("c", 3.5), None)
+
     def test_start_members_leave_out_first_added(self):
         sc = {"duration": 10, "estate": {"onprem": 3, "cloud": 1},
               "action": [{"at": 1, "do": "remove", "target": "onprem1"},
@@ -1047,6 +1171,44 @@ class ScenarioFormatTest(unittest.TestCase):
             sc = copy.deepcopy(base)
             sc["action"] = [dict(action, at=1)]
             with self.assertRaises(scenario.ScenarioError) as e:
+                scenario.validate(sc, "x")
+            self.assertIn(msg, str(e.exception))
+        # The discovery actions and pools (discovery.py).
+        disc = {"duration": 10, "estate": {"onprem": 1, "cloud": 2},
+                "pools": {"onprem": {}, "cloud": {"discovery": {"hold": 1}}}}
+        for action, pools, inv, msg in [
+                ({"do": "discovery-write", "targets": ["cloud1"]}, {"onprem": {}, "cloud": {}},
+                 {}, "needs a pool with `discovery`"),
+                ({"do": "discovery-write"}, None, {}, "needs targets"),
+                ({"do": "discovery-write", "targets": ["onprem1"]}, None, {},
+                 "not a backend of pool cloud"),
+                ({"do": "discovery-write", "targets": ["cloud1", "cloud1"]}, None, {},
+                 "twice"),
+                ({"do": "discovery-write", "targets": [], "pool": "onprem"}, None, {},
+                 "pool = 'onprem' has no discovery"),
+                ({"do": "discovery-torn-write", "for": 0}, None, {}, "for = 0"),
+                ({"do": "discovery-torn-write", "for": 61}, None, {}, "for = 61"),
+                ({"do": "discovery-torn-write", "targets": []}, None, {}, "no targets"),
+                ({"do": "probe-rate", "rate": 5}, {"onprem": {}, "cloud": {"discovery": 5}},
+                 {}, "must be a table"),
+                ({"do": "probe-rate", "rate": 5},
+                 {"onprem": {}, "cloud": {"discovery": {"hold": -1}}}, {}, "hold = -1"),
+                ({"do": "probe-rate", "rate": 5},
+                 {"onprem": {}, "cloud": {"discovery": {"hold": "5s"}}}, {}, "hold = '5s'"),
+                ({"do": "probe-rate", "rate": 5},
+                 {"onprem": {}, "cloud": {"discovery": {"path": "/x"}}}, {},
+                 "discovery.path is not a key"),
+                ({"do": "probe-rate", "rate": 5},
+                 {"onprem": {}, "cloud": {"discovery": {"listed": ["onprem1"]}}}, {},
+                 "listed = ['onprem1']"),
+                ({"do": "probe-rate", "rate": 5}, None, {"stays_draining": ["cloud9"]},
+                 "stays_draining has 'cloud9'")]:
+            sc = copy.deepcopy(disc)
+            sc["action"] = [dict(action, at=1)]
+            if pools is not None:
+                sc["pools"] = pools
+            sc["invariants"] = inv
+            with self.assertRaises(scenario.ScenarioError, msg=msg) as e:
                 scenario.validate(sc, "x")
             self.assertIn(msg, str(e.exception))
 

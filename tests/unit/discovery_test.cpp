@@ -1,9 +1,11 @@
 // Discovery: the file_sd parser (good, malformed with line and column, bad
-// entries left out, caps), the membership's hold (damping), the watched
-// file (inotify: writes, atomic renames, a malformed or oversized file keeps
-// the last good set), and the control plane's rules on a fake clock: join
-// with `backend add`'s checks, drain after the hold, operator intent wins,
-// pool cap, reload keeps discovered backends, origin in config dump.
+// entries left out, caps, the encap and metrics labels), the membership's
+// hold (damping), the watched file (inotify: writes, atomic renames, a
+// malformed or oversized file keeps the last good set), and the control
+// plane's rules on a fake clock: join with `backend add`'s checks, drain
+// after the hold, operator intent wins, pool cap, reload keeps discovered
+// backends, origin in config dump, an encap that is not the pool's refused,
+// a metrics URL read by the load scrape.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -122,6 +124,62 @@ TEST(FileSd, BadEntriesLeftOutAndCounted) {
   // another entry has.
   EXPECT_EQ(p.invalid.size(), 10u);
   for (const std::string& why : p.invalid) EXPECT_FALSE(why.empty());
+}
+
+TEST(FileSd, EncapAndMetricsLabels) {
+  const FileSdParse p = parseFileSd(R"([
+  {"targets": ["10.1.0.5:8000"], "labels": {"encap": "gue", "metrics": "http://10.1.0.5:9500/gpu"}},
+  {"targets": ["10.1.0.6"], "labels": {"encap": "ipip", "metrics": "http://10.1.0.6"}},
+  {"targets": ["[2001:db8::7]:443"], "labels": {"metrics": "http://[2001:db8::7]:9400/metrics?x=1"}},
+  {"targets": ["10.1.0.8"]}
+])",
+                                    100);
+  ASSERT_FALSE(p.error) << *p.error;
+  EXPECT_TRUE(p.invalid.empty()) << p.invalid.front();
+  ASSERT_EQ(p.backends.size(), 4u);
+  EXPECT_EQ(p.backends[0].encap, PoolEncap::Gue);
+  EXPECT_EQ(p.backends[0].metricsPort, 9500);
+  EXPECT_EQ(p.backends[0].metricsPath, "/gpu");
+  EXPECT_EQ(p.backends[1].encap, PoolEncap::IpIp);
+  EXPECT_EQ(p.backends[1].metricsPort, 80);  // http's port and "/" by default
+  EXPECT_EQ(p.backends[1].metricsPath, "/");
+  EXPECT_FALSE(p.backends[2].encap);
+  EXPECT_EQ(p.backends[2].metricsPort, 9400);
+  EXPECT_EQ(p.backends[2].metricsPath, "/metrics?x=1");
+  EXPECT_FALSE(p.backends[3].encap);  // no label: the pool's, the pool's load source
+  EXPECT_FALSE(p.backends[3].metricsPort);
+  EXPECT_EQ(formatMetricsUrl(p.backends[2].address, 9400, "/m"), "http://[2001:db8::7]:9400/m");
+
+  // Each left out with its reason; the good entry beside them stands.
+  const char* bad[] = {
+      R"({"encap": "vxlan"})",
+      R"({"metrics": "https://10.1.0.9/metrics"})",
+      R"({"metrics": "http://10.9.9.9:9400/metrics"})",  // another host
+      R"({"metrics": "http://10.1.0.9:0/"})",
+      R"({"metrics": "http://10.1.0.9:70000/"})",
+      R"({"metrics": "http://10.1.0.9:/metrics"})",
+      R"({"metrics": "http://[10.1.0.9]/"})",
+      R"({"metrics": "http://exporter.example:9400/"})",
+      R"({"metrics": "http://10.1.0.9/a b"})",
+      R"({"metrics": "http://10.1.0.9/#frag"})",
+      R"({"metrics": "http://10.1.0.9x/"})",
+      R"({"metrics": ""})",
+  };
+  for (const char* labels : bad) {
+    const std::string text = "[" + std::string(R"({"targets": ["10.1.0.9"], "labels": )") + labels +
+                             R"(}, {"targets": ["10.1.0.10"]}])";
+    const FileSdParse r = parseFileSd(text, 100);
+    ASSERT_FALSE(r.error) << labels << ": " << *r.error;
+    ASSERT_EQ(r.backends.size(), 1u) << labels;
+    EXPECT_EQ(r.backends[0].address, parseIpAddress("10.1.0.10").value());
+    ASSERT_EQ(r.invalid.size(), 1u) << labels;
+    EXPECT_NE(r.invalid[0].find("10.1.0.9"), std::string::npos) << r.invalid[0];
+  }
+  std::string why;
+  EXPECT_FALSE(parseMetricsUrl("http://10.1.0.9/" + std::string(kMaxMetricsPathBytes, 'a'), why));
+  EXPECT_NE(why.find("longer"), std::string::npos) << why;
+  // Another host parses as a URL; the entry that names it is refused above.
+  EXPECT_TRUE(parseMetricsUrl("http://10.9.9.9:9400/metrics", why));
 }
 
 TEST(FileSd, EntriesCapped) {
@@ -382,6 +440,57 @@ TEST(ControlDiscovery, JoinsWithBackendAddChecksAndShowsOrigin) {
       EXPECT_EQ(b.id, discoveredBackendId(b.address));
       EXPECT_EQ(b.weight, 50u);
     }
+  }
+}
+
+TEST(ControlDiscovery, EncapMustBeThePoolsAndMetricsUrlIsWhereLoadIsRead) {
+  TempDir dir;
+  const std::string sd = dir / "cloud.json";
+  Daemon probe(dir, configText(dir / "state0", dir / "none.json"));
+  PoolEncap encap = PoolEncap::IpIp;
+  for (const PoolConfig& p : probe.cp().config().pools) {
+    if (p.name == "cloud") encap = p.encap;
+  }
+  const std::string same(toString(encap));
+  const std::string other(toString(encap == PoolEncap::Gue ? PoolEncap::IpIp : PoolEncap::Gue));
+  writeAll(sd, "[{\"targets\": [\"10.3.0.5\"], \"labels\": {\"encap\": \"" + same +
+                   "\", \"metrics\": \"http://10.3.0.5:9500/gpu\"}},\n"
+                   " {\"targets\": [\"10.3.0.6\"], \"labels\": {\"encap\": \"" +
+                   other + "\"}},\n {\"targets\": [\"10.3.0.7\"]}]\n");
+  Daemon d(dir, configText(dir / "state", sd));
+  Millis now = 1000;
+  d.run(now, 200);
+  EXPECT_TRUE(d.state("d-10-3-0-5"));
+  EXPECT_TRUE(d.state("d-10-3-0-7"));
+  EXPECT_FALSE(d.state("d-10-3-0-6"));  // decapsulates what its pool does not send
+  const Json s = d.source();
+  EXPECT_EQ(s["joined"], 2);
+  EXPECT_EQ(s["invalid"], 1);
+  ASSERT_EQ(s["last_invalid"].size(), 1u);
+  const std::string why = s["last_invalid"][0].get<std::string>();
+  EXPECT_NE(why.find("encap " + other + " is not pool cloud's " + same), std::string::npos) << why;
+  // The metrics URL: shown in the dump, and where the pool's load scrape
+  // reads that backend; the others keep the pool's port and path.
+  const Json dump = std::get<Json>(d.cp().configDump(true));
+  LoadSourceConfig pool;
+  pool.enabled = true;
+  pool.port = 9400;
+  pool.path = "/metrics";
+  int seen = 0;
+  for (const Json& b : dump["backends"]) {
+    if (b["name"] == "d-10-3-0-5") {
+      EXPECT_EQ(b["metrics"], "http://10.3.0.5:9500/gpu");
+      ++seen;
+    } else {
+      EXPECT_FALSE(b.contains("metrics")) << b.dump();
+    }
+  }
+  EXPECT_EQ(seen, 1);
+  for (const BackendConfig& b : d.cp().config().backends) {
+    const LoadSourceConfig l = loadSourceFor(pool, b);
+    EXPECT_TRUE(l.enabled);
+    EXPECT_EQ(l.port, b.name == "d-10-3-0-5" ? 9500 : 9400) << b.name;
+    EXPECT_EQ(l.path, b.name == "d-10-3-0-5" ? "/gpu" : "/metrics") << b.name;
   }
 }
 

@@ -359,6 +359,10 @@ struct BackendConfig {
   std::string port;
   std::uint32_t portIndex = 0;                       // into Config::ports
   BackendState initialState = BackendState::Active;  // Active or Disabled
+  // Where its pool's load scrape ([pool.load]) reads it, when not at the
+  // pool's port and path: a discovered backend's "metrics" label.
+  std::optional<std::uint16_t> metricsPort;
+  std::string metricsPath;
 };
 
 struct Config {

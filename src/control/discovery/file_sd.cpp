@@ -60,6 +60,75 @@ std::optional<IpAddress> targetAddress(std::string_view t) {
 
 }  // namespace
 
+std::optional<MetricsUrl> parseMetricsUrl(std::string_view url, std::string& error) {
+  constexpr std::string_view kScheme = "http://";
+  if (url.substr(0, kScheme.size()) != kScheme) {
+    error = "not an http:// URL (the load scrape speaks plain HTTP)";
+    return std::nullopt;
+  }
+  std::string_view rest = url.substr(kScheme.size());
+  const auto slash = rest.find('/');
+  std::string_view authority = rest.substr(0, slash);
+  MetricsUrl out;
+  if (slash != std::string_view::npos) out.path = std::string(rest.substr(slash));
+  const bool bracketed = !authority.empty() && authority.front() == '[';
+  std::string_view host = authority;
+  std::optional<std::string_view> port;  // after a ':', empty or not
+  if (bracketed) {
+    const auto close = authority.find(']');
+    if (close == std::string_view::npos) {
+      error = "an IPv6 host without its closing ']'";
+      return std::nullopt;
+    }
+    host = authority.substr(1, close - 1);
+    const std::string_view after = authority.substr(close + 1);
+    if (!after.empty() && after.front() != ':') {
+      error = "'" + clip(after) + "' after the host";
+      return std::nullopt;
+    }
+    if (!after.empty()) port = after.substr(1);
+  } else if (const auto colon = authority.find(':'); colon != std::string_view::npos) {
+    host = authority.substr(0, colon);
+    port = authority.substr(colon + 1);
+  }
+  auto address = parseIpAddress(host);
+  if (!address || bracketed != (address->version == IpVersion::V6)) {
+    error = "the host '" + clip(host) + "' is not an address (IPv6 in brackets)";
+    return std::nullopt;
+  }
+  out.host = *address;
+  if (port) {
+    std::uint32_t p = 0;
+    bool ok = !port->empty() && port->size() <= 5;
+    for (char c : *port) {
+      ok = ok && c >= '0' && c <= '9';
+      if (ok) p = p * 10 + static_cast<std::uint32_t>(c - '0');
+    }
+    if (!ok || p == 0 || p > 65535) {
+      error = "the port '" + clip(*port) + "' is not 1..65535";
+      return std::nullopt;
+    }
+    out.port = static_cast<std::uint16_t>(p);
+  }
+  if (out.path.size() > kMaxMetricsPathBytes) {
+    error = "the path is longer than " + std::to_string(kMaxMetricsPathBytes) + " bytes";
+    return std::nullopt;
+  }
+  for (char c : out.path) {
+    if (c <= ' ' || c > '~' || c == '#') {
+      error = "the path has a character an HTTP request line cannot carry";
+      return std::nullopt;
+    }
+  }
+  return out;
+}
+
+std::string formatMetricsUrl(const IpAddress& host, std::uint16_t port, std::string_view path) {
+  const std::string h = formatIpAddress(host);
+  return "http://" + (host.version == IpVersion::V6 ? "[" + h + "]" : h) + ":" +
+         std::to_string(port) + std::string(path);
+}
+
 std::uint64_t discoveredBackendId(const IpAddress& address) {
   return backendIdFromName("discovered " + formatIpAddress(address));
 }
@@ -110,6 +179,8 @@ FileSdParse parseFileSd(std::string_view text, std::uint32_t maxEntries) {
     std::optional<std::string> name;
     std::uint32_t weight = kDefaultBackendWeight;
     std::optional<MacAddress> mac;
+    std::optional<PoolEncap> encap;
+    std::optional<MetricsUrl> metrics;
     std::optional<std::string> groupProblem;
     for (auto it = labels.begin(); it != labels.end(); ++it) {
       if (!it.value().is_string()) {
@@ -140,6 +211,18 @@ FileSdParse parseFileSd(std::string_view text, std::uint32_t maxEntries) {
         } else {
           mac = m;
         }
+      } else if (it.key() == "encap") {
+        if (v == "ipip") {
+          encap = PoolEncap::IpIp;
+        } else if (v == "gue") {
+          encap = PoolEncap::Gue;
+        } else {
+          groupProblem = "encap '" + clip(v) + "' is not ipip or gue";
+        }
+      } else if (it.key() == "metrics") {
+        std::string why;
+        metrics = parseMetricsUrl(v, why);
+        if (!metrics) groupProblem = "metrics '" + clip(v) + "': " + why;
       }  // other labels (Prometheus's own, __meta_*) are someone else's
     }
     const Json& targets = group["targets"];
@@ -169,6 +252,17 @@ FileSdParse parseFileSd(std::string_view text, std::uint32_t maxEntries) {
       b.name = name.value_or(discoveredBackendName(*address));
       b.weight = weight;
       b.mac = mac;
+      b.encap = encap;
+      if (metrics) {
+        if (metrics->host != *address) {
+          out.invalid.push_back(at + ": metrics URL's host " + formatIpAddress(metrics->host) +
+                                " is not the target's address " + formatIpAddress(*address) +
+                                " (a source points the load scrape at its own backends only)");
+          continue;
+        }
+        b.metricsPort = metrics->port;
+        b.metricsPath = metrics->path;
+      }
       if (!seen.insert(b.id).second) {
         out.invalid.push_back(at + ": " + formatIpAddress(*address) + " is listed twice");
         continue;

@@ -1,6 +1,7 @@
 // The Prometheus file_sd format as a backend list: a JSON array of target
 // groups, each {"targets": ["addr" | "addr:port" | "[v6]:port", ...],
-// "labels": {"name": ..., "weight": ..., "mac": ...}}. What any tool can
+// "labels": {"name": ..., "weight": ..., "mac": ..., "encap": ..., "metrics": ...}}.
+// What any tool can
 // write (a Kubernetes or Consul controller, a cloud's autoscaling hook);
 // file_source.hpp watches the file, membership.hpp damps what it says.
 //
@@ -30,6 +31,15 @@ struct DiscoveredBackend {
   IpAddress address;
   std::uint32_t weight = kDefaultBackendWeight;
   std::optional<MacAddress> mac;
+  // The "encap" label ("ipip", "gue"): what the backend decapsulates. The
+  // encapsulation is its pool's; the plane refuses an entry that differs.
+  std::optional<PoolEncap> encap;
+  // The "metrics" label, http://ADDRESS[:PORT][/PATH] at the target's own
+  // address: where the pool's load scrape reads this backend (instead of
+  // [pool.load]'s port and path). A URL at another host is refused: a
+  // source points scrapes at its own backends only.
+  std::optional<std::uint16_t> metricsPort;
+  std::string metricsPath;
   bool operator==(const DiscoveredBackend&) const = default;
 };
 
@@ -48,5 +58,18 @@ struct FileSdParse {
 
 // maxEntries: targets beyond it are left out (each reported once as a count).
 [[nodiscard]] FileSdParse parseFileSd(std::string_view text, std::uint32_t maxEntries);
+
+// A "metrics" label: http://HOST[:PORT][/PATH] (port 80 and path "/" by
+// default; HOST an address, IPv6 in brackets; the path printable, at most
+// kMaxMetricsPathBytes). nullopt and why in `error` when it is not one.
+struct MetricsUrl {
+  IpAddress host;
+  std::uint16_t port = 80;
+  std::string path = "/";
+};
+inline constexpr std::size_t kMaxMetricsPathBytes = 256;
+[[nodiscard]] std::optional<MetricsUrl> parseMetricsUrl(std::string_view url, std::string& error);
+[[nodiscard]] std::string formatMetricsUrl(const IpAddress& host, std::uint16_t port,
+                                           std::string_view path);
 
 }  // namespace spillway

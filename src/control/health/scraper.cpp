@@ -127,6 +127,15 @@ std::optional<LoadStatus> LoadScraper::status(std::uint64_t id) const {
   return s;
 }
 
+LoadSourceConfig loadSourceFor(const LoadSourceConfig& pool, const BackendConfig& b) {
+  LoadSourceConfig out = pool;
+  if (b.metricsPort) {
+    out.port = *b.metricsPort;
+    out.path = b.metricsPath;
+  }
+  return out;
+}
+
 ScrapeRounds::Timing LoadScraper::timing(const Slot& slot) const noexcept {
   const Entry& e = static_cast<const Entry&>(slot);
   const LoadSourceConfig& c = e.target.config;

@@ -52,6 +52,11 @@ struct ScrapeTarget {
   LoadSourceConfig config;  // a target with enabled == false is never scraped
 };
 
+// What the load scrape of backend `b` in a pool with [pool.load] `pool`
+// reads: the pool's source, at the backend's own metrics port and path
+// where it has them (a discovered backend's "metrics" label).
+[[nodiscard]] LoadSourceConfig loadSourceFor(const LoadSourceConfig& pool, const BackendConfig& b);
+
 // The smoothed signals of a backend at a given time; std::nullopt for a
 // signal that is unknown (never scraped, not configured) or stale.
 struct ScrapedLoad {

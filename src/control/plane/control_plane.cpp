@@ -242,7 +242,7 @@ void ControlPlane::applyTargets() {
       if (!h.encap) h.config.kind = HealthCheckKind::None;
     }
     checks.push_back(h);
-    scrapes.push_back(ScrapeTarget{b.id, b.name, b.address, pool.load});
+    scrapes.push_back(ScrapeTarget{b.id, b.name, b.address, loadSourceFor(pool.load, b)});
   }
   health_.setTargets(std::move(checks));
   scraper_.setTargets(std::move(scrapes));

@@ -25,6 +25,8 @@ BackendConfig backendOf(std::uint64_t id, const DiscoveredBackend& d, const std:
   b.address = d.address;
   b.weight = d.weight;
   b.mac = d.mac;
+  b.metricsPort = d.metricsPort;
+  b.metricsPath = d.metricsPath;
   b.pool = pool;
   b.poolIndex = poolIndex;
   return b;
@@ -260,6 +262,12 @@ void ControlPlane::reconcileDiscovery(DiscoverySource& s, Millis now, bool start
     const std::string at = d.name + " (" + formatIpAddress(d.address) + ")";
     if (auto bad = backendAddressProblem(config_, d.address)) {
       invalid.push_back(at + ": " + *bad);
+      continue;
+    }
+    if (d.encap && *d.encap != pool->encap) {
+      invalid.push_back(at + ": encap " + std::string(toString(*d.encap)) + " is not pool " +
+                        s.pool + "'s " + std::string(toString(pool->encap)) +
+                        " (the encapsulation is the pool's)");
       continue;
     }
     std::optional<std::string> clash;

@@ -465,6 +465,7 @@ ApiResult ControlPlane::configDump(bool effective) {
   for (const BackendConfig& b : config_.backends) {
     Json j{{"name", b.name}, {"id", b.id},         {"address", ipJson(b.address)},
            {"pool", b.pool}, {"weight", b.weight}, {"port", b.port}};
+    if (b.metricsPort) j["metrics"] = formatMetricsUrl(b.address, *b.metricsPort, b.metricsPath);
     if (effective) {
       // Where each value comes from: the file, or a journaled command.
       const BackendOverride* o = journal_.overlay().find(b.name);
