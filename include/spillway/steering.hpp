@@ -135,6 +135,11 @@ class Steering {
   void encapsulateTo(const FrameRef& frame, const PacketView& view, std::uint64_t hash,
                      std::uint32_t backendIndex, SteerResult& r, const ForwardingSnapshot& snapshot,
                      const IpBytes* secondChance = nullptr) noexcept;
+  // A packet too big once encapsulated: the ICMP error for its client, or a
+  // drop (rare: kept out of encapsulateTo's registers and stack).
+  [[gnu::cold, gnu::noinline]] void replyMtuExceeded(const FrameRef& frame, const PacketView& view,
+                                                     std::uint16_t icmpMtu,
+                                                     SteerResult& r) noexcept;
   void drop(SteerResult& r, DropReason reason) noexcept;
 
   FlowHasher hasher_;

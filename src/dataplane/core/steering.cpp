@@ -123,8 +123,9 @@ void Steering::encapsulateTo(const FrameRef& frame, const PacketView& view, std:
     drop(r, DropReason::NextHopUnresolved);
     return;
   }
-  const EncapResult e = encapsulateAny(frame.buffer, frame.dataOffset, frame.length, view,
-                                       backend->encap, hash, secondChance);
+  // The snapshot built the backend's headers and chose their writer.
+  const EncapResult e = backend->encapTemplate.write(frame.buffer, frame.dataOffset, frame.length,
+                                                     view, hash, secondChance);
   if (e.ok()) [[likely]] {
     r.secondChance = e.hopWritten;
     r.verdict = Verdict::Forward;
@@ -140,6 +141,11 @@ void Steering::encapsulateTo(const FrameRef& frame, const PacketView& view, std:
     drop(r, e.drop);
     return;
   }
+  replyMtuExceeded(frame, view, e.icmpMtu, r);
+}
+
+void Steering::replyMtuExceeded(const FrameRef& frame, const PacketView& view,
+                                std::uint16_t icmpMtu, SteerResult& r) noexcept {
   // Too big once encapsulated: tell the client its path MTU, within the
   // ICMP rate limits. The reply is built aside (it quotes the frame), then
   // copied over the frame's buffer.
@@ -150,8 +156,8 @@ void Steering::encapsulateTo(const FrameRef& frame, const PacketView& view, std:
   const std::span<const std::byte> original = frame.buffer.subspan(frame.dataOffset, frame.length);
   std::array<std::byte, 1536> reply;
   const std::size_t n = view.key.version == IpVersion::V4
-                            ? buildFragmentationNeeded(original, view, e.icmpMtu, reply)
-                            : buildPacketTooBig(original, view, e.icmpMtu, reply);
+                            ? buildFragmentationNeeded(original, view, icmpMtu, reply)
+                            : buildPacketTooBig(original, view, icmpMtu, reply);
   if (n == 0) {  // nothing may be sent about this packet (RFC 1812 / 4443)
     drop(r, DropReason::MtuExceeded);
     return;
