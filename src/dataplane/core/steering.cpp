@@ -59,6 +59,40 @@ Steering::Steering(const FlowTableConfig& flowTable, std::uint64_t hashSeed,
       icmpLimiter_(icmpLimits, hasher_),
       ledger_(kBackendSlots) {}
 
+inline void Steering::encapsulateTo(const FrameRef& frame, const PacketView& view,
+                                    std::uint64_t hash, std::uint32_t backendIndex, SteerResult& r,
+                                    const ForwardingSnapshot& snapshot,
+                                    const IpBytes* secondChance) noexcept {
+  const SnapshotBackend* backend = snapshot.backend(backendIndex);
+  if (backend == nullptr) {
+    drop(r, DropReason::NoBackend);
+    return;
+  }
+  if (!backend->nextHopResolved) [[unlikely]] {
+    drop(r, DropReason::NextHopUnresolved);
+    return;
+  }
+  // The snapshot built the backend's headers and chose their writer.
+  const EncapResult e = backend->encapTemplate.write(frame.buffer, frame.dataOffset, frame.length,
+                                                     view, hash, secondChance);
+  if (e.ok()) [[likely]] {
+    r.secondChance = e.hopWritten;
+    r.verdict = Verdict::Forward;
+    r.backend = backendIndex;
+    r.egressPort = backend->egressPort;
+    r.dataOffset = e.dataOffset;
+    r.length = e.frameLength;
+    counters_.forwarded.add();
+    counters_.forwardedBytes.add(e.frameLength);
+    return;
+  }
+  if (e.drop != DropReason::MtuExceeded) {
+    drop(r, e.drop);
+    return;
+  }
+  replyMtuExceeded(frame, view, e.icmpMtu, r);
+}
+
 void Steering::placeAndForward(const FrameRef& frame, Pending& p, SteerResult& r,
                                const ForwardingSnapshot& snapshot, Millis now) noexcept {
   const SnapshotVip& vip = snapshot.vips[p.vip];
@@ -108,40 +142,6 @@ void Steering::drop(SteerResult& r, DropReason reason) noexcept {
   r.verdict = Verdict::Drop;
   r.drop = reason;
   counters_.drops.add(reason);
-}
-
-void Steering::encapsulateTo(const FrameRef& frame, const PacketView& view, std::uint64_t hash,
-                             std::uint32_t backendIndex, SteerResult& r,
-                             const ForwardingSnapshot& snapshot,
-                             const IpBytes* secondChance) noexcept {
-  const SnapshotBackend* backend = snapshot.backend(backendIndex);
-  if (backend == nullptr) {
-    drop(r, DropReason::NoBackend);
-    return;
-  }
-  if (!backend->nextHopResolved) [[unlikely]] {
-    drop(r, DropReason::NextHopUnresolved);
-    return;
-  }
-  // The snapshot built the backend's headers and chose their writer.
-  const EncapResult e = backend->encapTemplate.write(frame.buffer, frame.dataOffset, frame.length,
-                                                     view, hash, secondChance);
-  if (e.ok()) [[likely]] {
-    r.secondChance = e.hopWritten;
-    r.verdict = Verdict::Forward;
-    r.backend = backendIndex;
-    r.egressPort = backend->egressPort;
-    r.dataOffset = e.dataOffset;
-    r.length = e.frameLength;
-    counters_.forwarded.add();
-    counters_.forwardedBytes.add(e.frameLength);
-    return;
-  }
-  if (e.drop != DropReason::MtuExceeded) {
-    drop(r, e.drop);
-    return;
-  }
-  replyMtuExceeded(frame, view, e.icmpMtu, r);
 }
 
 void Steering::replyMtuExceeded(const FrameRef& frame, const PacketView& view,
