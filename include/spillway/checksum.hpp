@@ -56,6 +56,15 @@ namespace spillway {
   return checksumFinish(sum);
 }
 
+// The IPv4 header checksum after the TTL (the high byte of its 16-bit word)
+// drops by one, for a TTL of at least 2: RFC 1624 eqn. 3 for that change
+// (checksumUpdate16(c, ttl << 8 | p, (ttl - 1) << 8 | p) for every c, ttl >=
+// 2 and p; checksum_test checks all of them), as one add and a carry.
+[[nodiscard]] constexpr std::uint16_t checksumAfterTtlDecrement(std::uint16_t checksum) noexcept {
+  const std::uint32_t sum = std::uint32_t{checksum} + 0x0100;
+  return static_cast<std::uint16_t>(sum + (sum >= 0xffff ? 1 : 0));
+}
+
 // Pseudo-header sums for TCP/UDP/ICMPv6 checksums (RFC 793, RFC 8200 §8.1).
 [[nodiscard]] std::uint32_t pseudoHeaderSumV4(std::span<const std::uint8_t, 4> src,
                                               std::span<const std::uint8_t, 4> dst,

@@ -209,4 +209,62 @@ SPILLWAY_ENCAP_EXTERN(EncapKind::Gue6, IpVersion::V6);
                                          const EncapTarget& target, std::uint64_t flowHash,
                                          const IpBytes* secondChance = nullptr) noexcept;
 
+// The encapsulation as a template (issue #25; Katran's and VPP lb's design):
+// built once per backend and snapshot from its EncapTarget, it holds the
+// outer headers (Ethernet, the egress tag, the outer IP header and, for GUE,
+// UDP + GUE) with every field that does not depend on the packet filled in,
+// the partial checksums of those fields, the MTU limits, and the writer for
+// the target's kind and tagging. Per packet the writer copies the headers
+// (a fixed size per writer), then sets only the lengths, the traffic class,
+// the inner family's protocol, the IPv6 flow label, the UDP source port, and
+// the checksums from the partial sums; the identification stays 0 (DF, RFC
+// 6864). The one choice left per packet is the inner family (which of two
+// writers); the kind and the tag were decided when the template was built.
+//
+// Its output is byte for byte encapsulate<Kind, Inner>()'s for the same
+// target, view, hash and hop, drops and icmpMtu included (the reference
+// builder above stays for control code and as the tests' oracle:
+// encap_test EncapTemplate*).
+struct EncapTemplate;
+using EncapWriter = EncapResult (*)(const EncapTemplate&, std::span<std::byte> buffer,
+                                    std::size_t dataOffset, std::size_t frameLength,
+                                    const PacketView& view, std::uint64_t flowHash,
+                                    const IpBytes* secondChance) noexcept;
+
+struct EncapTemplate {
+  // Ethernet (14) + tag (4) + IPv6 (40) + UDP (8) + GUE (4) at most.
+  static constexpr std::size_t kMaxHeader = encapHeaderBytes(EncapKind::Gue6, true);
+
+  // The headers, from the new frame's first byte; lengths, traffic class,
+  // flow label, source port, checksums and the inner protocol are 0 here.
+  std::array<std::byte, kMaxHeader> header{};
+  // The largest inner IP packet under the egress MTU (mtu - overhead; may be
+  // negative), and what an ICMP error says when a packet is larger.
+  std::int32_t maxInner = 0;
+  std::uint16_t icmpMtuV4 = 0;
+  std::uint16_t icmpMtuV6 = 0;
+  // Outer IPv4: the 16-bit one's complement sum of the header's words as
+  // built (length, traffic class, checksum and an IPIP protocol 0).
+  std::uint32_t ipSum = 0;
+  // GUE: the UDP checksum's fixed part: pseudo-header addresses and protocol,
+  // and the destination port.
+  std::uint32_t udpSum = 0;
+  // By inner family: [0] IPv4, [1] IPv6. A template never built drops every
+  // packet (Truncated), as encapsulateAny() does for an unknown kind.
+  std::array<EncapWriter, 2> writers{};
+
+  EncapTemplate() noexcept;
+  [[nodiscard]] static EncapTemplate build(const EncapTarget& target) noexcept;
+
+  // encapsulateAny(buffer, dataOffset, frameLength, view, target, flowHash,
+  // secondChance) for the target it was built from.
+  [[nodiscard]] EncapResult write(std::span<std::byte> buffer, std::size_t dataOffset,
+                                  std::size_t frameLength, const PacketView& view,
+                                  std::uint64_t flowHash,
+                                  const IpBytes* secondChance = nullptr) const noexcept {
+    return writers[view.key.version == IpVersion::V6](*this, buffer, dataOffset, frameLength, view,
+                                                      flowHash, secondChance);
+  }
+};
+
 }  // namespace spillway

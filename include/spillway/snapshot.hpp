@@ -68,6 +68,9 @@ struct SnapshotBackend {
   std::uint16_t egressPort = 0;  // the port it leaves by: index into the configured ports
   bool nextHopResolved = true;   // false: the next-hop MAC is not known yet
   EncapTarget encap{};
+  // encap's outer headers ready to copy (encap.hpp), built by
+  // ForwardingSnapshot::indexVips(): what the lcores write per packet.
+  EncapTemplate encapTemplate{};
 };
 
 // What a VIP answers: an address, a protocol (TCP or UDP) and a port, or all
@@ -237,8 +240,13 @@ struct ForwardingSnapshot {
   // successive snapshots; null when there is none.
   std::shared_ptr<const ExceptionTable> exceptions;
 
-  // Call after vips and gatewayAddresses are final, before publish.
-  void indexVips() { vipIndex = VipIndex(vips, gatewayAddresses); }
+  // Call after vips, backends and gatewayAddresses are final, before
+  // publish (and again after any of them changes): indexes the VIPs and
+  // builds each backend's encapsulation template from its EncapTarget.
+  void indexVips() {
+    vipIndex = VipIndex(vips, gatewayAddresses);
+    for (SnapshotBackend& b : backends) b.encapTemplate = EncapTemplate::build(b.encap);
+  }
 
   [[nodiscard]] const SnapshotBackend* backend(std::uint32_t index) const noexcept {
     return index != 0 && index < backends.size() ? &backends[index] : nullptr;

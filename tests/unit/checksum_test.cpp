@@ -10,6 +10,24 @@ namespace spillway {
 namespace {
 
 // RFC 1071 §3 example: words 0001 f203 f4f5 f6f7 sum to ddf2 (folded).
+// The TTL decrement's one-add update equals RFC 1624 eqn. 3 for every
+// checksum, every TTL the encapsulation decrements (>= 2) and every protocol.
+TEST(Checksum, TtlDecrementMatchesRfc1624ForEveryChecksumTtlAndProtocol) {
+  std::uint64_t mismatches = 0;
+  for (std::uint32_t c = 0; c <= 0xffff; ++c) {
+    const auto expected = checksumAfterTtlDecrement(static_cast<std::uint16_t>(c));
+    for (std::uint32_t ttl = 2; ttl <= 255; ++ttl) {
+      for (const std::uint32_t proto : {0u, 4u, 6u, 17u, 41u, 255u}) {
+        mismatches +=
+            checksumUpdate16(static_cast<std::uint16_t>(c),
+                             static_cast<std::uint16_t>(ttl << 8 | proto),
+                             static_cast<std::uint16_t>((ttl - 1) << 8 | proto)) != expected;
+      }
+    }
+  }
+  EXPECT_EQ(mismatches, 0u);
+}
+
 TEST(Checksum, Rfc1071Example) {
   std::vector<std::byte> data;
   for (int b : {0x00, 0x01, 0xf2, 0x03, 0xf4, 0xf5, 0xf6, 0xf7}) data.push_back(std::byte(b));

@@ -18,6 +18,7 @@
 #include "packet_builder.hpp"
 #include "spillway/checksum.hpp"
 #include "spillway/packet.hpp"
+#include "spillway/snapshot.hpp"
 #include "spillway/wire.hpp"
 
 namespace spillway {
@@ -800,6 +801,315 @@ TEST(EncapSecondChance, HopThatDoesNotFitTheHeadroomIsLeftOut) {
     ASSERT_TRUE(r.ok()) << dropReasonName(r.drop);
     EXPECT_EQ(r.hopWritten, headroom == plainHeadroom + 20) << "headroom " << headroom;
   }
+}
+
+// ---- the encapsulation template (issue #25) ---------------------------------
+// EncapTemplate::build(target).write() must give encapsulate<Kind, Inner>()'s
+// result and bytes exactly: the old builder is the oracle. Each comparison
+// runs both on copies of one buffer and compares the results and the whole
+// buffers (headroom and tailroom included, so nothing else is written, and a
+// drop leaves the buffer as it was in both).
+
+PacketView viewOf(const Buffer& b) {
+  return parsePacket(std::span<const std::byte>(b.bytes.data() + b.dataOffset, b.frameLength));
+}
+
+struct Compared {
+  EncapResult reference;
+  EncapResult fromTemplate;
+};
+
+void expectSameResult(const EncapResult& a, const EncapResult& b, const std::string& what) {
+  EXPECT_EQ(a.drop, b.drop) << what << ": " << dropReasonName(a.drop) << " vs "
+                            << dropReasonName(b.drop);
+  EXPECT_EQ(a.hopWritten, b.hopWritten) << what;
+  EXPECT_EQ(a.icmpMtu, b.icmpMtu) << what;
+  EXPECT_EQ(a.dataOffset, b.dataOffset) << what;
+  EXPECT_EQ(a.frameLength, b.frameLength) << what;
+}
+
+Compared compareWithReference(const Buffer& input, const PacketView& view,
+                              const EncapTarget& target, std::uint64_t hash, const IpBytes* hop,
+                              const std::string& what, std::size_t frameLength = SIZE_MAX) {
+  Buffer a = input;
+  Buffer b = input;
+  const std::size_t length = frameLength == SIZE_MAX ? input.frameLength : frameLength;
+  Compared c;
+  c.reference = encapsulateAny(a.bytes, a.dataOffset, length, view, target, hash, hop);
+  const EncapTemplate t = EncapTemplate::build(target);
+  c.fromTemplate = t.write(b.bytes, b.dataOffset, length, view, hash, hop);
+  expectSameResult(c.reference, c.fromTemplate, what);
+  EXPECT_TRUE(a.bytes == b.bytes) << what << ": the buffers differ";
+  if (a.bytes != b.bytes) {
+    for (std::size_t i = 0; i < a.bytes.size(); ++i) {
+      if (a.bytes[i] != b.bytes[i]) {
+        ADD_FAILURE() << what << ": first difference at byte " << i << " (frame starts at "
+                      << c.reference.dataOffset << "): " << std::to_integer<int>(a.bytes[i])
+                      << " vs " << std::to_integer<int>(b.bytes[i]);
+        break;
+      }
+    }
+  }
+  return c;
+}
+
+TEST(EncapTemplate, MatchesTheBuilderForEveryKindFamilyTagHopLengthAndDf) {
+  const std::array<std::optional<std::uint16_t>, 2> tags = {std::nullopt, 200};
+  const std::array<std::size_t, 9> payloads = {0, 1, 2, 3, 5, 31, 64, 333, 1001};
+  const std::array<std::uint64_t, 4> hashes = {kGoldenHash, 0, ~std::uint64_t{0},
+                                               0x0000'0000'3fff'ffffULL};  // flow label 0 -> 1
+  int forwarded = 0, withHop = 0;
+  for (const EncapKind kind : kKinds) {
+    for (const IpVersion inner : kInnerVersions) {
+      for (const auto& egress : tags) {
+        for (const auto& ingress : tags) {
+          for (const bool udp : {false, true}) {
+            for (const bool df : {true, false}) {
+              if (!df && inner == IpVersion::V6) continue;
+              for (const std::size_t payload : payloads) {
+                for (const std::uint64_t hash : hashes) {
+                  for (const bool hop : {false, true}) {
+                    EncapTarget target = targetFor(kind, egress);
+                    target.gueDstPort = 6081;
+                    target.outerTtl = 17;
+                    const IpBytes previous =
+                        ipBytes(outerIpVersion(kind) == IpVersion::V4 ? "10.2.0.33" : "fd00:2::33");
+                    const auto frame = clientPacket(inner, udp, payload, ingress, df).build();
+                    const Buffer input = withHeadroom(frame);
+                    const PacketView view = viewOf(input);
+                    const std::string what =
+                        std::string(kindName(kind)) + " inner v" +
+                        std::to_string(static_cast<int>(inner)) + (egress ? " tagged" : "") +
+                        (ingress ? " in-tag" : "") + (udp ? " udp" : " tcp") +
+                        (df ? " df" : " nodf") + " payload " + std::to_string(payload) + " hash " +
+                        std::to_string(hash) + (hop ? " hop" : "");
+                    const Compared c = compareWithReference(input, view, target, hash,
+                                                            hop ? &previous : nullptr, what);
+                    forwarded += c.reference.ok();
+                    withHop += c.reference.hopWritten;
+                  }
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  // Every case forwards (MTU 1500); the GUE kinds write the hop when asked.
+  EXPECT_EQ(forwarded, 4 * (2 * 2 * 2 * 2 + 2 * 2 * 2) * 9 * 4 * 2);
+  EXPECT_EQ(withHop, 2 * (2 * 2 * 2 * 2 + 2 * 2 * 2) * 9 * 4);
+}
+
+// At and around the MTU (with and without the hop's bytes), with DF and
+// without, the TTL at its edges, and the headroom at its edges: the same
+// drops, icmpMtu and hop decisions.
+TEST(EncapTemplate, MatchesTheBuilderAtTheEdgesOfMtuTtlAndHeadroom) {
+  int drops = 0, hopsLeftOut = 0;
+  for (const EncapKind kind : kKinds) {
+    for (const IpVersion inner : kInnerVersions) {
+      for (const bool tagged : {false, true}) {
+        const std::optional<std::uint16_t> egress =
+            tagged ? std::optional<std::uint16_t>(7) : std::nullopt;
+        const IpBytes previous =
+            ipBytes(outerIpVersion(kind) == IpVersion::V4 ? "10.2.0.34" : "fd00:2::34");
+        const std::size_t innerHeader = inner == IpVersion::V4 ? 20 : 40;
+        const std::size_t innerLength = innerHeader + 20 + 101;  // TCP + an odd payload
+        const std::size_t overhead = encapOverhead(kind);
+        const std::size_t hopBytes = usesGue(kind) ? secondChanceBytes(outerIpVersion(kind)) : 0;
+        for (const std::size_t mtu :
+             {innerLength + overhead - 1, innerLength + overhead, innerLength + overhead + 1,
+              innerLength + overhead + hopBytes - 1, innerLength + overhead + hopBytes,
+              std::size_t{60}, std::size_t{1}, std::size_t{65535}}) {
+          for (const bool df : {true, false}) {
+            if (!df && inner == IpVersion::V6) continue;
+            for (const std::uint8_t ttl :
+                 {std::uint8_t{0}, std::uint8_t{1}, std::uint8_t{2}, std::uint8_t{255}}) {
+              const std::size_t needed = encapHeaderBytes(kind, tagged) - 14;
+              for (const std::size_t headroom :
+                   {std::size_t{0}, needed - 1, needed, needed + hopBytes - 1, needed + hopBytes,
+                    std::size_t{128}}) {
+                for (const bool hop : {false, true}) {
+                  EncapTarget target = targetFor(kind, egress);
+                  target.mtu = static_cast<std::uint16_t>(mtu);
+                  const auto frame = clientPacket(inner, false, 101, std::nullopt, df, ttl).build();
+                  ASSERT_EQ(frame.size(), 14 + innerLength);
+                  const Buffer input = withHeadroom(frame, headroom);
+                  const PacketView view = viewOf(input);
+                  const std::string what = std::string(kindName(kind)) + " inner v" +
+                                           std::to_string(static_cast<int>(inner)) +
+                                           (tagged ? " tagged" : "") + " mtu " +
+                                           std::to_string(mtu) + (df ? " df" : " nodf") + " ttl " +
+                                           std::to_string(ttl) + " headroom " +
+                                           std::to_string(headroom) + (hop ? " hop" : "");
+                  const Compared c = compareWithReference(input, view, target, 0x1234'5678'9abcULL,
+                                                          hop ? &previous : nullptr, what);
+                  drops += !c.reference.ok();
+                  hopsLeftOut +=
+                      hop && usesGue(kind) && c.reference.ok() && !c.reference.hopWritten;
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  // The edges were reached: drops of every kind, and hops left out for room.
+  EXPECT_GT(drops, 0);
+  EXPECT_GT(hopsLeftOut, 0);
+}
+
+// Views and frames a caller can get wrong: the same drops as the builder.
+TEST(EncapTemplate, MatchesTheBuilderOnBadViews) {
+  for (const EncapKind kind : kKinds) {
+    const EncapTarget target = targetFor(kind);
+    const auto frame = clientPacket(IpVersion::V4, false, 10).build();
+    const Buffer input = withHeadroom(frame);
+    const PacketView view = viewOf(input);
+    PacketView notOk = view;
+    notOk.drop = DropReason::Truncated;
+    PacketView nonIp = view;
+    nonIp.kind = PacketKind::NonIp;
+    PacketView v6 = view;
+    v6.key.version = IpVersion::V6;
+    PacketView longer = view;
+    longer.l3Length = view.l3Length + 100;
+    PacketView shortIp = view;
+    shortIp.l3Length = 19;
+    PacketView farL3 = view;
+    farL3.l3Offset = frame.size() + 1;
+    int n = 0;
+    for (const PacketView* v : {&notOk, &nonIp, &v6, &longer, &shortIp, &farL3}) {
+      const Compared c =
+          compareWithReference(input, *v, target, 3, nullptr,
+                               std::string(kindName(kind)) + " bad view " + std::to_string(n++));
+      EXPECT_FALSE(c.fromTemplate.ok());
+    }
+    const Compared shorter =
+        compareWithReference(input, view, target, 3, nullptr,
+                             std::string(kindName(kind)) + " short frame", frame.size() - 1);
+    EXPECT_EQ(shorter.fromTemplate.drop, DropReason::Truncated);
+  }
+}
+
+// Random targets (addresses, MACs, ports, TTLs, MTUs, tags) and packets
+// (family, length, TOS, TTL, DF, hash, hop): 3000 comparisons, seeded.
+TEST(EncapTemplate, MatchesTheBuilderOnRandomTargetsAndPackets) {
+  std::mt19937_64 rng(0x25);
+  const auto pick = [&](std::uint64_t n) { return static_cast<std::uint64_t>(rng() % n); };
+  int forwarded = 0;
+  for (int i = 0; i < 3000; ++i) {
+    const EncapKind kind = kKinds[pick(4)];
+    const IpVersion inner = kInnerVersions[pick(2)];
+    EncapTarget target;
+    target.kind = kind;
+    for (auto& b : target.source) b = std::byte(rng() & 0xff);
+    for (auto& b : target.backend) b = std::byte(rng() & 0xff);
+    if (outerIpVersion(kind) == IpVersion::V4) {
+      std::fill(target.source.begin() + 4, target.source.end(), std::byte{0});
+      std::fill(target.backend.begin() + 4, target.backend.end(), std::byte{0});
+    }
+    for (auto& b : target.nextHopMac) b = static_cast<std::uint8_t>(rng());
+    for (auto& b : target.ourMac) b = static_cast<std::uint8_t>(rng());
+    if (pick(2) == 0) target.vlanTci = static_cast<std::uint16_t>(rng());
+    target.gueDstPort = static_cast<std::uint16_t>(rng());
+    target.outerTtl = static_cast<std::uint8_t>(rng());
+    target.mtu = static_cast<std::uint16_t>(pick(4) == 0 ? pick(1600) : 1500 + pick(8000));
+    IpBytes previous{};
+    for (auto& b : previous) b = std::byte(rng() & 0xff);
+    const auto tos = static_cast<std::uint8_t>(rng());
+    const auto ttl = static_cast<std::uint8_t>(rng());
+    const bool df = pick(2) == 0;
+    PacketBuilder builder;
+    builder.eth(kOurMac, kRouterMac);
+    if (inner == IpVersion::V4) {
+      builder.ipv4(kClient4, kVip4, ttl, tos, df);
+    } else {
+      builder.ipv6(kClient6, kVip6, ttl, tos, static_cast<std::uint32_t>(rng() & 0xfffff));
+    }
+    if (pick(2) == 0) {
+      builder.udp(static_cast<std::uint16_t>(rng()), 53);
+    } else {
+      builder.tcp(static_cast<std::uint16_t>(rng()), 443, kTcpAck,
+                  static_cast<std::uint32_t>(rng()));
+    }
+    builder.payload(pick(1400), static_cast<std::uint8_t>(rng()));
+    const auto frame = builder.build();
+    const Buffer input = withHeadroom(frame, pick(4) == 0 ? pick(100) : kHeadroom);
+    const PacketView view = viewOf(input);
+    const Compared c =
+        compareWithReference(input, view, target, rng(), pick(2) == 0 ? &previous : nullptr,
+                             "random case " + std::to_string(i));
+    forwarded += c.reference.ok();
+    if (HasFailure()) break;
+  }
+  EXPECT_GT(forwarded, 1000);
+}
+
+// A UDP checksum that sums to 0 is sent as 0xffff (RFC 768) by both: found
+// by trying source ports (the hash's top bits) until the builder writes one.
+TEST(EncapTemplate, MatchesTheBuilderWhereTheUdpChecksumWouldBeZero) {
+  for (const EncapKind kind : {EncapKind::Gue4, EncapKind::Gue6}) {
+    const EncapTarget target = targetFor(kind);
+    const auto frame = clientPacket(IpVersion::V4, true, 21).build();
+    const Buffer input = withHeadroom(frame);
+    const PacketView view = viewOf(input);
+    const std::size_t udpAt = 14 + (kind == EncapKind::Gue4 ? 20 : 40);
+    bool found = false;
+    for (std::uint64_t port = 0; port < 0x4000 && !found; ++port) {
+      Buffer a = input;
+      const std::uint64_t hash = port << 50;
+      const auto r = encapsulateAny(a.bytes, a.dataOffset, a.frameLength, view, target, hash);
+      ASSERT_TRUE(r.ok());
+      if (loadAt<Be16>(a.bytes, r.dataOffset + udpAt + 6).host() != 0xffff) continue;
+      found = true;
+      compareWithReference(input, view, target, hash, nullptr,
+                           std::string(kindName(kind)) + " checksum 0xffff");
+    }
+    EXPECT_TRUE(found) << kindName(kind) << ": no source port gave a zero checksum";
+  }
+}
+
+// A template never built drops every packet and writes nothing.
+TEST(EncapTemplate, UnbuiltTemplateDropsAndWritesNothing) {
+  const auto frame = clientPacket(IpVersion::V4, false, 10).build();
+  Buffer b = withHeadroom(frame);
+  const Buffer before = b;
+  const PacketView view = viewOf(b);
+  const EncapTemplate t;
+  EXPECT_EQ(t.write(b.bytes, b.dataOffset, b.frameLength, view, 1).drop, DropReason::Truncated);
+  EXPECT_TRUE(b.bytes == before.bytes);
+}
+
+// The snapshot builds each backend's template from its target (indexVips),
+// and rebuilds it when called again after the target changed.
+TEST(EncapTemplate, SnapshotIndexBuildsEveryBackendsTemplate) {
+  ForwardingSnapshot s;
+  s.backends.resize(3);
+  s.backends[1].encap = targetFor(EncapKind::IpInIp4);
+  s.backends[2].encap = targetFor(EncapKind::Gue6, 300);
+  s.indexVips();
+  const auto frame = clientPacket(IpVersion::V6, false, 10).build();
+  const Buffer input = withHeadroom(frame);
+  const PacketView view = viewOf(input);
+  for (std::size_t i = 1; i <= 2; ++i) {
+    Buffer a = input;
+    Buffer b = input;
+    const auto ra =
+        encapsulateAny(a.bytes, a.dataOffset, a.frameLength, view, s.backends[i].encap, 9);
+    const auto rb =
+        s.backends[i].encapTemplate.write(b.bytes, b.dataOffset, b.frameLength, view, 9);
+    ASSERT_TRUE(ra.ok() && rb.ok()) << i;
+    expectSameResult(ra, rb, "backend " + std::to_string(i));
+    EXPECT_TRUE(a.bytes == b.bytes) << i;
+  }
+  s.backends[1].encap.kind = EncapKind::Gue4;
+  s.indexVips();
+  Buffer b = input;
+  const auto r = s.backends[1].encapTemplate.write(b.bytes, b.dataOffset, b.frameLength, view, 9);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r.frameLength, encapHeaderBytes(EncapKind::Gue4, false) + view.l3Length);
 }
 
 }  // namespace

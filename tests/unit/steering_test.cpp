@@ -740,6 +740,7 @@ class SteeringSecondChanceTest : public SteeringExceptionTest {
       (*owners)[slot] = entries[slot] % 4 + 1;
     }
     snapshot_->vips[0].previousOwner = std::move(owners);
+    snapshot_->indexVips();  // the backends changed: their encapsulation templates too
   }
   // The hop address in a GUE frame, if it carries one.
   static std::optional<IpBytes> hopOf(std::span<const std::byte> out) {

@@ -25,17 +25,15 @@ std::array<std::uint8_t, N> addressPrefix(const IpBytes& address) noexcept {
 // class (DSCP + ECN) to copy outward. Only the changed fields are written: a
 // whole header stored back and then reloaded wider stalls store forwarding.
 template <IpVersion Inner>
-std::uint8_t forwardInner(std::span<std::byte> buffer, std::size_t l3) noexcept {
+[[gnu::always_inline]] inline std::uint8_t forwardInner(std::span<std::byte> buffer,
+                                                        std::size_t l3) noexcept {
   if constexpr (Inner == IpVersion::V4) {
+    // The caller checked the TTL is at least 2 (checksumAfterTtlDecrement).
     const auto ttl = loadAt<std::uint8_t>(buffer, l3 + offsetof(Ipv4Header, ttl));
-    const auto proto = loadAt<std::uint8_t>(buffer, l3 + offsetof(Ipv4Header, protocol));
     const auto checksum = loadAt<Be16>(buffer, l3 + offsetof(Ipv4Header, checksum));
-    const auto newTtl = static_cast<std::uint8_t>(ttl - 1);
-    const auto oldWord = static_cast<std::uint16_t>((ttl << 8) | proto);
-    const auto newWord = static_cast<std::uint16_t>((newTtl << 8) | proto);
-    storeAt(buffer, l3 + offsetof(Ipv4Header, ttl), newTtl);
+    storeAt(buffer, l3 + offsetof(Ipv4Header, ttl), static_cast<std::uint8_t>(ttl - 1));
     storeAt(buffer, l3 + offsetof(Ipv4Header, checksum),
-            Be16::fromHost(checksumUpdate16(checksum.host(), oldWord, newWord)));
+            Be16::fromHost(checksumAfterTtlDecrement(checksum.host())));
     return loadAt<std::uint8_t>(buffer, l3 + offsetof(Ipv4Header, tos));
   } else {
     const auto hopLimit = loadAt<std::uint8_t>(buffer, l3 + offsetof(Ipv6Header, hopLimit));
@@ -288,6 +286,256 @@ EncapResult encapsulateAny(std::span<std::byte> buffer, std::size_t dataOffset,
   EncapResult bad;
   bad.drop = DropReason::Truncated;
   return bad;
+}
+
+// ---- the template (issue #25) ----------------------------------------------
+
+namespace {
+
+EncapResult unbuiltWriter(const EncapTemplate&, std::span<std::byte>, std::size_t, std::size_t,
+                          const PacketView&, std::uint64_t, const IpBytes*) noexcept {
+  EncapResult bad;
+  bad.drop = DropReason::Truncated;
+  return bad;
+}
+
+// Copies N (>= 16) bytes as 16-byte blocks, the last one overlapping its
+// neighbour: a few vector moves for every header length, never a byte loop.
+template <std::size_t N>
+[[gnu::always_inline]] inline void copyHeader(std::byte* to, const std::byte* from) noexcept {
+  static_assert(N >= 16);
+  for (std::size_t i = 0; i + 16 <= N; i += 16) std::memcpy(to + i, from + i, 16);
+  if constexpr (N % 16 != 0) std::memcpy(to + N - 16, from + N - 16, 16);
+}
+
+// One's complement fold of a 32-bit sum to 16 bits.
+[[gnu::always_inline]] inline std::uint32_t fold16(std::uint32_t sum) noexcept {
+  sum = (sum & 0xffff) + (sum >> 16);
+  return (sum & 0xffff) + (sum >> 16);
+}
+
+// The checks of encapsulate<Kind, Inner>() in its order (so the drops and
+// icmpMtu are its own), then the headers copied and patched.
+template <EncapKind Kind, IpVersion Inner, bool Tagged>
+EncapResult writeFromTemplate(const EncapTemplate& t, std::span<std::byte> buffer,
+                              std::size_t dataOffset, std::size_t frameLength,
+                              const PacketView& view, std::uint64_t flowHash,
+                              const IpBytes* secondChance) noexcept {
+  constexpr IpVersion kOuter = outerIpVersion(Kind);
+  constexpr bool kGue = usesGue(Kind);
+  constexpr std::size_t kHeader = encapHeaderBytes(Kind, Tagged);
+  constexpr std::size_t kIpAt = sizeof(EthernetHeader) + (Tagged ? sizeof(VlanTag) : 0);
+  constexpr std::size_t kOuterIp =
+      kOuter == IpVersion::V4 ? sizeof(Ipv4Header) : sizeof(Ipv6Header);
+  constexpr std::size_t kUdpAt = kIpAt + kOuterIp;
+  constexpr std::size_t kGueAt = kUdpAt + sizeof(UdpHeader);
+  constexpr std::size_t kHopBytes = kGue ? secondChanceBytes(kOuter) : 0;
+  constexpr std::size_t kInnerHeader =
+      Inner == IpVersion::V4 ? sizeof(Ipv4Header) : sizeof(Ipv6Header);
+  constexpr std::uint8_t kInnerProto = Inner == IpVersion::V4 ? kProtoIpv4 : kProtoIpv6;
+  static_assert(kHeader <= EncapTemplate::kMaxHeader);
+
+  EncapResult result;
+  const std::size_t innerLength = view.l3Length;
+  if (!view.ok()) {
+    result.drop = view.drop;
+    return result;
+  }
+  if (view.kind != PacketKind::Ip || view.key.version != Inner) {
+    result.drop = DropReason::BadIpVersion;
+    return result;
+  }
+  if (dataOffset > buffer.size() || frameLength > buffer.size() - dataOffset ||
+      innerLength < kInnerHeader || view.l3Offset > frameLength ||
+      innerLength > frameLength - view.l3Offset) {
+    result.drop = DropReason::Truncated;
+    return result;
+  }
+  const std::size_t l3 = dataOffset + view.l3Offset;
+  if (innerTtl<Inner>(buffer, l3) <= 1) {
+    result.drop = DropReason::TtlExhausted;
+    return result;
+  }
+  // innerLength <= buffer.size(): no overflow in the signed comparisons.
+  const auto inner = static_cast<std::int64_t>(innerLength);
+  if (inner > t.maxInner) {
+    if constexpr (Inner == IpVersion::V4) {
+      if (!view.dontFragment) {
+        result.drop = DropReason::MtuExceededNoDf;
+        return result;
+      }
+      result.icmpMtu = t.icmpMtuV4;
+    } else {
+      result.icmpMtu = t.icmpMtuV6;
+    }
+    result.drop = DropReason::MtuExceeded;
+    return result;
+  }
+  // A hop is written only where its bytes fit both the MTU and the headroom.
+  const bool hop = kGue && secondChance != nullptr &&
+                   inner + static_cast<std::int64_t>(kHopBytes) <= t.maxInner &&
+                   l3 >= kHeader + kHopBytes;
+  const std::size_t hopBytes = hop ? kHopBytes : 0;
+  if (l3 < kHeader + hopBytes) {
+    result.drop = DropReason::NoHeadroom;
+    return result;
+  }
+
+  const std::uint8_t trafficClass = forwardInner<Inner>(buffer, l3);
+  const std::size_t start = l3 - kHeader - hopBytes;
+  copyHeader<kHeader>(buffer.data() + start, t.header.data());
+  const std::size_t ip = start + kIpAt;
+  // Length of what follows the outer IP header (UDP + GUE + hop + inner).
+  const auto outerPayload = static_cast<std::uint32_t>(
+      (kGue ? sizeof(UdpHeader) + sizeof(GueHeader) : 0) + hopBytes + innerLength);
+  if constexpr (kOuter == IpVersion::V4) {
+    const auto totalLength = static_cast<std::uint32_t>(sizeof(Ipv4Header) + outerPayload);
+    // The template's sum has tos, length, checksum and an IPIP protocol 0:
+    // add them (tos and the protocol are the low bytes of their words).
+    const std::uint8_t proto = kGue ? 0 : kInnerProto;
+    const std::uint32_t sum = fold16(t.ipSum + trafficClass + totalLength + proto);
+    storeAt(buffer, ip + offsetof(Ipv4Header, tos), trafficClass);
+    storeAt(buffer, ip + offsetof(Ipv4Header, totalLength),
+            Be16::fromHost(static_cast<std::uint16_t>(totalLength)));
+    if constexpr (!kGue) storeAt(buffer, ip + offsetof(Ipv4Header, protocol), kInnerProto);
+    storeAt(buffer, ip + offsetof(Ipv4Header, checksum),
+            Be16::fromHost(static_cast<std::uint16_t>(~sum & 0xffffu)));
+  } else {
+    storeAt(buffer, ip + offsetof(Ipv6Header, versionClassLabel),
+            Be32::fromHost((6u << 28) | (std::uint32_t{trafficClass} << 20) |
+                           outerFlowLabel(flowHash)));
+    storeAt(buffer, ip + offsetof(Ipv6Header, payloadLength),
+            Be16::fromHost(static_cast<std::uint16_t>(outerPayload)));
+    if constexpr (!kGue) storeAt(buffer, ip + offsetof(Ipv6Header, nextHeader), kInnerProto);
+  }
+  if constexpr (kGue) {
+    const std::size_t udp = start + kUdpAt;
+    const std::uint16_t sourcePort = gueSourcePort(flowHash);
+    const auto hlen = static_cast<std::uint8_t>(hopBytes / 4);
+    storeAt(buffer, udp + offsetof(UdpHeader, srcPort), Be16::fromHost(sourcePort));
+    storeAt(buffer, udp + offsetof(UdpHeader, length),
+            Be16::fromHost(static_cast<std::uint16_t>(outerPayload)));
+    storeAt(buffer, start + kGueAt + offsetof(GueHeader, versionControlHlen), hlen);
+    storeAt(buffer, start + kGueAt + offsetof(GueHeader, protocol), kInnerProto);
+    // Pseudo-header length and UDP length (the same value), source port and
+    // the GUE word; the rest of the header's words are in the template's sum.
+    std::uint32_t sum =
+        t.udpSum + 2 * outerPayload + sourcePort + ((std::uint32_t{hlen} << 8) | kInnerProto);
+    if (hop) {
+      const std::size_t at = start + kGueAt + sizeof(GueHeader);
+      storeAt(buffer, at, SecondChanceData{});
+      std::memcpy(buffer.data() + at + sizeof(SecondChanceData), secondChance->data(),
+                  kHopBytes - sizeof(SecondChanceData));
+      sum = checksumPartial(buffer.subspan(at, kHopBytes), sum);
+      result.hopWritten = true;
+    }
+    // Everything before the inner packet is a multiple of 4 bytes long, so
+    // the inner words line up as in one pass over the UDP payload.
+    auto checksum = checksumFinish(checksumPartial(buffer.subspan(l3, innerLength), sum));
+    if (checksum == 0) checksum = 0xffff;  // 0 means "no checksum" (RFC 768)
+    storeAt(buffer, udp + offsetof(UdpHeader, checksum), Be16::fromHost(checksum));
+  }
+  result.dataOffset = start;
+  result.frameLength = kHeader + hopBytes + innerLength;
+  return result;
+}
+
+template <EncapKind Kind, bool Tagged>
+constexpr std::array<EncapWriter, 2> writersFor() noexcept {
+  return {&writeFromTemplate<Kind, IpVersion::V4, Tagged>,
+          &writeFromTemplate<Kind, IpVersion::V6, Tagged>};
+}
+
+template <bool Tagged>
+std::array<EncapWriter, 2> writersFor(EncapKind kind) noexcept {
+  switch (kind) {
+    case EncapKind::IpInIp4:
+      return writersFor<EncapKind::IpInIp4, Tagged>();
+    case EncapKind::IpInIp6:
+      return writersFor<EncapKind::IpInIp6, Tagged>();
+    case EncapKind::Gue4:
+      return writersFor<EncapKind::Gue4, Tagged>();
+    case EncapKind::Gue6:
+      return writersFor<EncapKind::Gue6, Tagged>();
+  }
+  return {&unbuiltWriter, &unbuiltWriter};
+}
+
+}  // namespace
+
+EncapTemplate::EncapTemplate() noexcept : writers{&unbuiltWriter, &unbuiltWriter} {}
+
+EncapTemplate EncapTemplate::build(const EncapTarget& target) noexcept {
+  EncapTemplate t;
+  const EncapKind kind = target.kind;
+  if (kind != EncapKind::IpInIp4 && kind != EncapKind::IpInIp6 && kind != EncapKind::Gue4 &&
+      kind != EncapKind::Gue6) {
+    return t;  // not a kind: every packet dropped, as encapsulateAny() does
+  }
+  const IpVersion outer = outerIpVersion(kind);
+  const bool gue = usesGue(kind);
+  const bool tagged = target.vlanTci.has_value();
+  const std::span<std::byte> out(t.header);
+  std::size_t at = 0;
+
+  EthernetHeader eth{};
+  eth.dst = target.nextHopMac;
+  eth.src = target.ourMac;
+  const std::uint16_t outerEtherType = outer == IpVersion::V4 ? kEtherTypeIpv4 : kEtherTypeIpv6;
+  eth.etherType = Be16::fromHost(tagged ? kEtherTypeVlan : outerEtherType);
+  storeAt(out, at, eth);
+  at += sizeof eth;
+  if (tagged) {
+    VlanTag tag{};
+    tag.tci = Be16::fromHost(*target.vlanTci);
+    tag.etherType = Be16::fromHost(outerEtherType);
+    storeAt(out, at, tag);
+    at += sizeof tag;
+  }
+  // An IPIP header's protocol is the inner family's, set per packet (0 here).
+  const std::uint8_t outerProto = gue ? kProtoUdp : 0;
+  if (outer == IpVersion::V4) {
+    Ipv4Header ip{};
+    ip.versionIhl = 0x45;
+    ip.flagsFragment = Be16::fromHost(kIpv4FlagDf);  // id 0
+    ip.ttl = target.outerTtl;
+    ip.protocol = outerProto;
+    ip.src = addressPrefix<4>(target.source);
+    ip.dst = addressPrefix<4>(target.backend);
+    storeAt(out, at, ip);
+    t.ipSum = checksumPartial(out.subspan(at, sizeof ip));
+    if (gue) {
+      t.udpSum = pseudoHeaderSumV4(ip.src, ip.dst, kProtoUdp, 0);
+    }
+    at += sizeof ip;
+  } else {
+    Ipv6Header ip{};
+    ip.nextHeader = outerProto;
+    ip.hopLimit = target.outerTtl;
+    ip.src = addressPrefix<16>(target.source);
+    ip.dst = addressPrefix<16>(target.backend);
+    storeAt(out, at, ip);
+    if (gue) {
+      t.udpSum = pseudoHeaderSumV6(ip.src, ip.dst, kProtoUdp, 0);
+    }
+    at += sizeof ip;
+  }
+  if (gue) {
+    UdpHeader udp{};
+    udp.dstPort = Be16::fromHost(target.gueDstPort);
+    storeAt(out, at, udp);
+    at += sizeof udp;
+    storeAt(out, at, GueHeader{});
+    at += sizeof(GueHeader);
+    t.udpSum += target.gueDstPort;
+  }
+  const std::size_t overhead = encapOverhead(kind);
+  t.maxInner = static_cast<std::int32_t>(target.mtu) - static_cast<std::int32_t>(overhead);
+  const std::size_t room = target.mtu > overhead ? target.mtu - overhead : 0;
+  t.icmpMtuV4 = static_cast<std::uint16_t>(std::max<std::size_t>(room, kIpv4MinMtu));
+  t.icmpMtuV6 = static_cast<std::uint16_t>(std::max<std::size_t>(room, kIpv6MinMtu));
+  t.writers = tagged ? writersFor<true>(kind) : writersFor<false>(kind);
+  return t;
 }
 
 }  // namespace spillway

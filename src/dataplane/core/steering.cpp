@@ -59,6 +59,40 @@ Steering::Steering(const FlowTableConfig& flowTable, std::uint64_t hashSeed,
       icmpLimiter_(icmpLimits, hasher_),
       ledger_(kBackendSlots) {}
 
+inline void Steering::encapsulateTo(const FrameRef& frame, const PacketView& view,
+                                    std::uint64_t hash, std::uint32_t backendIndex, SteerResult& r,
+                                    const ForwardingSnapshot& snapshot,
+                                    const IpBytes* secondChance) noexcept {
+  const SnapshotBackend* backend = snapshot.backend(backendIndex);
+  if (backend == nullptr) {
+    drop(r, DropReason::NoBackend);
+    return;
+  }
+  if (!backend->nextHopResolved) [[unlikely]] {
+    drop(r, DropReason::NextHopUnresolved);
+    return;
+  }
+  // The snapshot built the backend's headers and chose their writer.
+  const EncapResult e = backend->encapTemplate.write(frame.buffer, frame.dataOffset, frame.length,
+                                                     view, hash, secondChance);
+  if (e.ok()) [[likely]] {
+    r.secondChance = e.hopWritten;
+    r.verdict = Verdict::Forward;
+    r.backend = backendIndex;
+    r.egressPort = backend->egressPort;
+    r.dataOffset = e.dataOffset;
+    r.length = e.frameLength;
+    counters_.forwarded.add();
+    counters_.forwardedBytes.add(e.frameLength);
+    return;
+  }
+  if (e.drop != DropReason::MtuExceeded) {
+    drop(r, e.drop);
+    return;
+  }
+  replyMtuExceeded(frame, view, e.icmpMtu, r);
+}
+
 void Steering::placeAndForward(const FrameRef& frame, Pending& p, SteerResult& r,
                                const ForwardingSnapshot& snapshot, Millis now) noexcept {
   const SnapshotVip& vip = snapshot.vips[p.vip];
@@ -110,36 +144,8 @@ void Steering::drop(SteerResult& r, DropReason reason) noexcept {
   counters_.drops.add(reason);
 }
 
-void Steering::encapsulateTo(const FrameRef& frame, const PacketView& view, std::uint64_t hash,
-                             std::uint32_t backendIndex, SteerResult& r,
-                             const ForwardingSnapshot& snapshot,
-                             const IpBytes* secondChance) noexcept {
-  const SnapshotBackend* backend = snapshot.backend(backendIndex);
-  if (backend == nullptr) {
-    drop(r, DropReason::NoBackend);
-    return;
-  }
-  if (!backend->nextHopResolved) [[unlikely]] {
-    drop(r, DropReason::NextHopUnresolved);
-    return;
-  }
-  const EncapResult e = encapsulateAny(frame.buffer, frame.dataOffset, frame.length, view,
-                                       backend->encap, hash, secondChance);
-  if (e.ok()) [[likely]] {
-    r.secondChance = e.hopWritten;
-    r.verdict = Verdict::Forward;
-    r.backend = backendIndex;
-    r.egressPort = backend->egressPort;
-    r.dataOffset = e.dataOffset;
-    r.length = e.frameLength;
-    counters_.forwarded.add();
-    counters_.forwardedBytes.add(e.frameLength);
-    return;
-  }
-  if (e.drop != DropReason::MtuExceeded) {
-    drop(r, e.drop);
-    return;
-  }
+void Steering::replyMtuExceeded(const FrameRef& frame, const PacketView& view,
+                                std::uint16_t icmpMtu, SteerResult& r) noexcept {
   // Too big once encapsulated: tell the client its path MTU, within the
   // ICMP rate limits. The reply is built aside (it quotes the frame), then
   // copied over the frame's buffer.
@@ -150,8 +156,8 @@ void Steering::encapsulateTo(const FrameRef& frame, const PacketView& view, std:
   const std::span<const std::byte> original = frame.buffer.subspan(frame.dataOffset, frame.length);
   std::array<std::byte, 1536> reply;
   const std::size_t n = view.key.version == IpVersion::V4
-                            ? buildFragmentationNeeded(original, view, e.icmpMtu, reply)
-                            : buildPacketTooBig(original, view, e.icmpMtu, reply);
+                            ? buildFragmentationNeeded(original, view, icmpMtu, reply)
+                            : buildPacketTooBig(original, view, icmpMtu, reply);
   if (n == 0) {  // nothing may be sent about this packet (RFC 1812 / 4443)
     drop(r, DropReason::MtuExceeded);
     return;
