@@ -755,6 +755,48 @@ TEST(DnsDiscoveryReal, PoolGrowsAndShrinksWithTheAnswer) {
   EXPECT_NE(d->cloud().at("d-10-9-0-1"), "draining");
 }
 
+// A target that does not exist is left out every round (the source asks
+// every TTL): counted each time, said once in the events, and the pool keeps
+// the targets that resolve.
+TEST(DnsDiscoveryReal, AnEntryLeftOutEveryRoundIsSaidOnce) {
+  const auto program = findProgram("dnsmasq");
+  if (!program) GTEST_SKIP() << "dnsmasq is not installed (scripts/bootstrap installs it)";
+  TempDir dir;
+  const std::string hosts = dir / "hosts";
+  writeAll(hosts, "10.9.3.1 gpu1.cloud.test\n");
+  const std::uint16_t port = freeUdpPort();
+  Dnsmasq dns(*program, hosts, port,
+              {"--srv-host=_gpu._tcp.cloud.test,gpu1.cloud.test,8000,0,30",
+               "--srv-host=_gpu._tcp.cloud.test,gpu9.cloud.test,8000,0,70"});
+  ASSERT_TRUE(dns.running());
+  const std::string discovery =
+      R"(kind = "dns", name = "_gpu._tcp.cloud.test", type = "SRV", server = "127.0.0.1:)" +
+      std::to_string(port) + R"(", min_ttl = 1, timeout = 1, hold = 3)";
+  std::unique_ptr<Daemon> d;
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    d.reset();
+    d = std::make_unique<Daemon>(dir, configText(dir / "state", discovery));
+    if (d->cloud().size() == 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_EQ(d->cloud().size(), 1u) << d->source().dump();
+  Millis now = 1000;
+  d->run(now, 5000);  // five more rounds
+  const Json s = d->source();
+  EXPECT_GE(s["refreshes"].get<std::uint64_t>(), 6u) << s.dump();
+  EXPECT_EQ(s["invalid"], s["refreshes"]) << s.dump();  // one left out per round
+  ASSERT_FALSE(s["last_invalid"].empty());
+  EXPECT_NE(s["last_invalid"][0].get<std::string>().find("gpu9.cloud.test"), std::string::npos);
+  EXPECT_EQ(s["errors"], 0);
+  const ApiResult page = d->cp().events(0, 1000);
+  int said = 0;
+  for (const Json& e : std::get<Json>(page)["events"]) {
+    said += e["cause"].get<std::string>().find("gpu9.cloud.test") != std::string::npos ? 1 : 0;
+  }
+  EXPECT_EQ(said, 1);
+  EXPECT_EQ(d->cloud().count("d-10-9-3-1"), 1u);
+}
+
 TEST(DnsDiscoveryReal, SrvWeightsFromARealServer) {
   const auto program = findProgram("dnsmasq");
   if (!program) GTEST_SKIP() << "dnsmasq is not installed (scripts/bootstrap installs it)";

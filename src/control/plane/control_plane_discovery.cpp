@@ -155,6 +155,11 @@ void ControlPlane::primeDiscovery(Millis now) {
     s.invalid += r.invalid.size();
     s.lastInvalid = std::move(r.invalid);
     if (s.lastInvalid.size() > kInvalidKept) s.lastInvalid.resize(kInvalidKept);
+    if (!s.lastInvalid.empty()) {
+      events_.append(now, "", kEventDiscovery,
+                     "pool " + s.pool + ": " + std::to_string(s.lastInvalid.size()) +
+                         " entries left out, first: " + s.lastInvalid.front());
+    }
     s.membership.update(s.feed->backends(), now);
     reconcileDiscovery(s, now, true);
     report("discovery: pool " + s.pool + ": " + std::to_string(s.joined) + " backend(s) from " +
@@ -194,9 +199,13 @@ void ControlPlane::tickDiscovery(Millis now, const std::vector<std::uint64_t>& g
         }
         s.lastError.reset();
         s.invalid += r.invalid.size();
+        if (r.invalid.size() > kInvalidKept) r.invalid.resize(kInvalidKept);
+        // The same entries left out again (a DNS source asks every TTL): counted
+        // each time, said once.
+        const bool again = !r.invalid.empty() && s.lastInvalid.size() >= r.invalid.size() &&
+                           std::equal(r.invalid.begin(), r.invalid.end(), s.lastInvalid.begin());
         s.lastInvalid = std::move(r.invalid);
-        if (s.lastInvalid.size() > kInvalidKept) s.lastInvalid.resize(kInvalidKept);
-        if (!s.lastInvalid.empty()) {
+        if (!s.lastInvalid.empty() && !again) {
           events_.append(now, "", kEventDiscovery,
                          "pool " + s.pool + ": " + std::to_string(s.lastInvalid.size()) +
                              " entries left out, first: " + s.lastInvalid.front());
