@@ -648,6 +648,97 @@ def test_discovery(e, ctl_exe):
     return None
 
 
+@checks(9)
+def test_discovery_dns(e, ctl_exe):
+    """The cloud pool's backends from a DNS name (README "Discovery"):
+    dnsmasq in spillwayd's namespace, on loopback, answering from a hosts
+    file the test rewrites (SIGHUP: dnsmasq reads it again); TTL 1 s."""
+    dnsmasq = shutil.which("dnsmasq") or "/usr/sbin/dnsmasq"
+    if not os.access(dnsmasq, os.X_OK):
+        raise Fail("dnsmasq is not installed (scripts/bootstrap installs dnsmasq-base)")
+    dns_dir = os.path.join(e.work, "dns")
+    os.makedirs(dns_dir, exist_ok=True)
+    hosts = os.path.join(dns_dir, "hosts")
+    e.topology_up(onprem=2, cloud=2)
+    e.start_servers(ports=(8000,))
+    addr = {n: a for n, _, a in e.backends}
+    dname = {n: "d-" + a.replace(".", "-") for n, a in addr.items()}
+
+    def publish(names):
+        with open(hosts, "w") as f:
+            f.writelines(f"{addr[n]} gpu.cloud.test\n" for n in names)
+
+    def start_dns(tag):
+        log_path = os.path.join(dns_dir, f"dnsmasq-{tag}.log")
+        p = e.spawn([dnsmasq, "--keep-in-foreground", "--conf-file=/dev/null", "--no-resolv",
+                     "--no-hosts", f"--addn-hosts={hosts}", "--local=/cloud.test/",
+                     "--listen-address=127.0.0.1", "--bind-interfaces", "--port=5353",
+                     "--local-ttl=1", "--pid-file=", "--user=root", "--log-facility=-"],
+                    ns=e.ns("lb"), stderr=log_path)
+        wait_until("dnsmasq reading its hosts file",
+                   lambda: "read " + hosts in open(log_path).read(), 10)
+        return p
+
+    publish(["cloud1"])
+    dns = start_dns("first")
+    line = ('discovery = { kind = "dns", name = "gpu.cloud.test", server = "127.0.0.1:5353", '
+            'min_ttl = 1, max_ttl = 30, timeout = 0.5, hold = 1 }')
+    e.write_config(only={"onprem1", "onprem2"}, pool_tables={"cloud": [line]})
+    lb = e.start_lb("dns")
+    ctl = Ctl(ctl_exe, os.path.join(e.work, "spillway.sock"))
+    e.wait_ready(lb)
+    wait_until("the CLI socket answering", lambda: ctl.raw("status").returncode == 0, 10)
+
+    def state(name):
+        return ctl.backends().get(dname[name], {}).get("state")
+
+    def active(name):
+        b = ctl.backends().get(dname[name])
+        return bool(b) and b.get("state") == "active" and b.get("next_hop_resolved")
+
+    wait_until("cloud1 resolved and active", lambda: active("cloud1"), 20)
+    dump = ctl("config", "dump", "--effective")
+    origin = {b["name"]: b.get("origin") for b in dump.get("backends", [])}
+    src = ctl("discovery")["sources"][0]
+    e.check("the answer's address is a backend: origin discovered:cloud, kind dns, TTL 1 s",
+            origin.get(dname["cloud1"]) == "discovered:cloud" and src.get("kind") == "dns" and
+            src.get("ttl_ms") == 1000 and src.get("server") == "127.0.0.1:5353", json.dumps(src))
+    publish(["cloud1", "cloud2"])
+    dns.send_signal(signal.SIGHUP)
+    t0 = time.monotonic()
+    ok = soon(lambda: active("cloud2"), timeout=20.0)
+    log(f"cloud2 active {time.monotonic() - t0:.2f} s after the answer grew (TTL 1 s)")
+    e.check("the answer grows: cloud2 joins and is active", ok, str(state("cloud2")))
+    r = e.fanout(VIP_NCCL, 8000, 60, "dns-grown")
+    e.check("new connections reach the new instance",
+            r["ok"] == 60 and r["per_backend"].get("cloud2", 0) > 0, str(r["per_backend"]))
+    e.stop(dns)
+    ok = soon(lambda: ctl("discovery")["sources"][0].get("last_error") is not None, timeout=10.0)
+    src = ctl("discovery")["sources"][0]
+    e.check("the server gone: the failure is said and counted",
+            ok and "the last good set stays" in str(src.get("last_error")) and
+            src.get("errors", 0) >= 1, json.dumps(src)[:600])
+    time.sleep(3.0)  # TTL, hold and more: a failing server must change nothing
+    e.check("... and the last good set stays", active("cloud1") and active("cloud2"),
+            f"{state('cloud1')} {state('cloud2')}")
+    publish(["cloud2"])
+    dns = start_dns("second")
+    t0 = time.monotonic()
+    ok = soon(lambda: state("cloud1") in (None, "draining", "removed"), timeout=15.0)
+    log(f"cloud1 left {time.monotonic() - t0:.2f} s after the answer shrank (TTL 1 s + hold 1 s)")
+    e.check("the answer shrinks: cloud1 drains after TTL and hold", ok, str(state("cloud1")))
+    r = e.fanout(VIP_NCCL, 8000, 60, "dns-shrunk")
+    e.check("new connections avoid cloud1", r["ok"] == 60 and "cloud1" not in r["per_backend"],
+            str(r["per_backend"]))
+    src = ctl("discovery")["sources"][0]
+    e.check("spillwayctl discovery: 2 joined, 1 left, the source reads again",
+            (src.get("joined"), src.get("left")) == (2, 1) and src.get("last_error") is None,
+            json.dumps(src)[:600])
+    rc, _, _ = e.stop_lb(lb)
+    e.check("spillwayd exited cleanly", rc == 0, f"exit {rc}")
+    return None
+
+
 HELD = 60
 HOLD = 20.0
 ECHO_TIMEOUT = 10.0
@@ -963,7 +1054,8 @@ TESTS = {"health": ("e2e-control-health", test_health),
          "affinity-crash": ("e2e-affinity-crash", checks(affinity.min_checks)(
              lambda e, ctl: affinity(e, ctl, kill=True))),
          "privileges": ("e2e-privileges", test_privileges),
-         "discovery": ("e2e-discovery", test_discovery)}
+         "discovery": ("e2e-discovery", test_discovery),
+         "discovery-dns": ("e2e-discovery-dns", test_discovery_dns)}
 
 
 def main():

@@ -41,6 +41,58 @@ std::optional<IpAddress> parseIpAddress(std::string_view text) {
   return a;
 }
 
+bool isDnsName(std::string_view text) {
+  if (!text.empty() && text.back() == '.') text.remove_suffix(1);
+  if (text.empty() || text.size() > 253) return false;
+  std::size_t label = 0;
+  for (const char c : text) {
+    if (c == '.') {
+      if (label == 0) return false;
+      label = 0;
+      continue;
+    }
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '-' || c == '_';
+    if (!ok || ++label > 63) return false;
+  }
+  return label != 0;
+}
+
+std::optional<std::pair<IpAddress, std::uint16_t>> parseDnsServer(std::string_view text) {
+  std::string_view host = text;
+  std::string_view port;
+  if (!text.empty() && text.front() == '[') {
+    const auto close = text.find(']');
+    if (close == std::string_view::npos) return std::nullopt;
+    host = text.substr(1, close - 1);
+    const std::string_view rest = text.substr(close + 1);
+    if (!rest.empty()) {
+      if (rest.front() != ':') return std::nullopt;
+      port = rest.substr(1);
+      if (port.empty()) return std::nullopt;
+    }
+    if (host.find(':') == std::string_view::npos) return std::nullopt;  // [v4] is not a form
+  } else if (std::count(text.begin(), text.end(), ':') == 1) {
+    const auto colon = text.find(':');
+    host = text.substr(0, colon);
+    port = text.substr(colon + 1);
+    if (port.empty()) return std::nullopt;
+  }
+  auto address = parseIpAddress(host);
+  if (!address) return std::nullopt;
+  std::uint32_t p = 53;
+  if (!port.empty()) {
+    if (port.size() > 5) return std::nullopt;
+    p = 0;
+    for (const char c : port) {
+      if (c < '0' || c > '9') return std::nullopt;
+      p = p * 10 + static_cast<std::uint32_t>(c - '0');
+    }
+    if (p == 0 || p > 65535) return std::nullopt;
+  }
+  return std::pair{*address, static_cast<std::uint16_t>(p)};
+}
+
 std::string formatIpAddress(const IpAddress& address) {
   char buf[INET6_ADDRSTRLEN] = {};
   std::uint8_t b[16];
@@ -1324,14 +1376,67 @@ void Loader::loadDiscovery(Section& pool, PoolConfig& p) {
   const toml::table* t = pool.table("discovery");
   if (t == nullptr) return;  // no discovery: backends from the file and the CLI only
   Section s(*this, *t, pool.field("discovery"));
-  if (auto v = s.choice<DiscoveryKind>("kind", {{"file", DiscoveryKind::File}}, true)) d.kind = *v;
-  if (auto v = s.string("path", true)) {
+  if (auto v = s.choice<DiscoveryKind>(
+          "kind", {{"file", DiscoveryKind::File}, {"dns", DiscoveryKind::Dns}}, true)) {
+    d.kind = *v;
+  }
+  // Keys of the other kind are refused, not ignored.
+  const auto only = [&](DiscoveryKind kind, std::initializer_list<const char*> keys) {
+    if (d.kind == DiscoveryKind::None || d.kind == kind) return;
+    for (const char* key : keys) {
+      if (t->get(key) != nullptr) {
+        s.fail(key, std::string("set, but kind is \"") +
+                        (d.kind == DiscoveryKind::File ? "file" : "dns") + "\"");
+      }
+    }
+  };
+  only(DiscoveryKind::File, {"path", "max_file_bytes"});
+  only(DiscoveryKind::Dns,
+       {"name", "type", "target_type", "server", "min_ttl", "max_ttl", "timeout"});
+  if (auto v = s.string("path", d.kind == DiscoveryKind::File)) {
     if (v->empty() || v->front() != '/' || v->back() == '/') {
       s.fail("path", "must be an absolute path to a file (its directory is watched)");
     } else {
       d.path = *v;
     }
   }
+  if (auto v = s.string("name", d.kind == DiscoveryKind::Dns)) {
+    if (!isDnsName(*v)) {
+      s.fail("name",
+             "not a DNS name (labels of letters, digits, '-' and '_', 1..63 characters each, "
+             "253 in all)");
+    } else {
+      d.dnsName = *v;
+    }
+  }
+  const std::initializer_list<std::pair<const char*, DnsRecordType>> types = {
+      {"A", DnsRecordType::A}, {"AAAA", DnsRecordType::Aaaa}, {"SRV", DnsRecordType::Srv}};
+  if (auto v = s.choice<DnsRecordType>("type", types)) d.dnsType = *v;
+  if (auto v = s.choice<DnsRecordType>("target_type",
+                                       {{"A", DnsRecordType::A}, {"AAAA", DnsRecordType::Aaaa}})) {
+    d.targetType = *v;
+    if (d.dnsType != DnsRecordType::Srv) {
+      s.fail("target_type", "set, but type is not \"SRV\" (only SRV targets are resolved)");
+    }
+  }
+  if (auto v = s.string("server")) {
+    if (auto server = parseDnsServer(*v)) {
+      d.server = server->first;
+      d.serverPort = server->second;
+    } else {
+      s.fail("server",
+             "not an address with an optional port (\"192.0.2.53\", "
+             "\"192.0.2.53:5353\", \"[2001:db8::53]:53\")");
+    }
+  }
+  const bool ttlOk = s.secondsInto("min_ttl", 100, 86'400'000, d.minTtl) &&
+                     s.secondsInto("max_ttl", 100, 86'400'000, d.maxTtl);
+  if (ttlOk && d.minTtl > d.maxTtl) {
+    s.fail(t->get("max_ttl") != nullptr ? "max_ttl" : "min_ttl",
+           "min_ttl (" + secondsText(d.minTtl) + " s) is above max_ttl (" + secondsText(d.maxTtl) +
+               " s)");
+  }
+  (void)s.secondsInto("timeout", 100, 30'000, d.timeout);
   (void)s.secondsInto("hold", 0, 3'600'000, d.hold);
   if (auto v = s.integer("max_entries", 1, kMaxDiscoveryEntries)) {
     d.maxEntries = static_cast<std::uint32_t>(*v);

@@ -46,6 +46,13 @@ struct IpAddress {
 
 // Dotted quad or RFC 4291 text (inet_pton); std::nullopt when neither.
 [[nodiscard]] std::optional<IpAddress> parseIpAddress(std::string_view text);
+// A DNS name: dot-separated labels of letters, digits, '-' and '_' (1..63
+// characters each, 253 in all), with or without the final dot.
+[[nodiscard]] bool isDnsName(std::string_view text);
+// A DNS server: "192.0.2.53", "192.0.2.53:5353", "2001:db8::53" or
+// "[2001:db8::53]:5353" (port 53 when none).
+[[nodiscard]] std::optional<std::pair<IpAddress, std::uint16_t>> parseDnsServer(
+    std::string_view text);
 [[nodiscard]] std::string formatIpAddress(const IpAddress& address);
 // "aa:bb:cc:dd:ee:ff" (hex digits in either case, colons only).
 [[nodiscard]] std::optional<MacAddress> parseMacAddress(std::string_view text);
@@ -199,17 +206,30 @@ struct ConnSourceConfig {
 // long unanswering backends delay the announcement.
 inline constexpr Millis kConnRebuildLimit = 10'000;
 // Backends that a source publishes for a pool ([[pool]] discovery = {...};
-// control/discovery/): today a Prometheus file_sd JSON file watched with
-// inotify. A backend absent from the source for `hold` drains like a
-// `backend remove`; the operator's drain, disable and remove win.
-enum class DiscoveryKind : std::uint8_t { None, File };
+// control/discovery/): a Prometheus file_sd JSON file watched with inotify,
+// or a DNS name (A, AAAA or SRV) re-resolved by its TTL. A backend absent
+// from the source for `hold` drains like a `backend remove`; the operator's
+// drain, disable and remove win.
+enum class DiscoveryKind : std::uint8_t { None, File, Dns };
+enum class DnsRecordType : std::uint8_t { A, Aaaa, Srv };
 struct DiscoveryConfig {
   DiscoveryKind kind = DiscoveryKind::None;
-  std::string path;                     // the file_sd JSON file
+  std::string path;                     // file: the file_sd JSON file
   Millis hold = 5000;                   // absent this long before it drains
   std::uint32_t maxEntries = 256;       // entries read from the source, at most
   std::uint32_t maxPoolBackends = 512;  // backends of the pool (all origins) it may grow to
   std::uint64_t maxFileBytes = 1U << 20;
+  // dns: the name, its record type (SRV targets are resolved with
+  // targetType), the server (none: the system's resolvers), and the bounds
+  // the answer's TTL is clamped to; a query unanswered for `timeout` fails.
+  std::string dnsName;
+  DnsRecordType dnsType = DnsRecordType::A;
+  DnsRecordType targetType = DnsRecordType::A;
+  std::optional<IpAddress> server;
+  std::uint16_t serverPort = 53;
+  Millis minTtl = 5000;
+  Millis maxTtl = 300'000;
+  Millis timeout = 2000;
   bool operator==(const DiscoveryConfig&) const = default;
 };
 inline constexpr std::uint32_t kMaxDiscoveryEntries = 4096;

@@ -69,6 +69,10 @@ FileSdSource::Refresh FileSdSource::poll(Millis now) {
   return readFile();
 }
 
+nlohmann::json FileSdSource::describe(Millis /*now*/) const {
+  return nlohmann::json{{"kind", "file"}, {"path", config_.path}};
+}
+
 FileSdSource::Refresh FileSdSource::readFile() {
   Refresh r;
   r.read = true;

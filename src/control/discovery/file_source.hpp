@@ -18,10 +18,11 @@
 
 #include "control/config/config.hpp"
 #include "control/discovery/file_sd.hpp"
+#include "control/discovery/source.hpp"
 
 namespace spillway {
 
-class FileSdSource {
+class FileSdSource final : public DiscoveryFeed {
  public:
   static constexpr Millis kRetryMs = 1000;
 
@@ -30,18 +31,18 @@ class FileSdSource {
   FileSdSource(const FileSdSource&) = delete;
   FileSdSource& operator=(const FileSdSource&) = delete;
 
-  // What poll() found.
-  struct Refresh {
-    bool read = false;                 // the file was read (a new answer, good or bad)
-    std::optional<std::string> error;  // refused: why (the last good set stays)
-    std::vector<std::string> invalid;  // entries left out
-  };
-  Refresh poll(Millis now);
+  // What poll() found (read: the file was read).
+  using Refresh = DiscoveryRefresh;
+  Refresh poll(Millis now) override;
 
   [[nodiscard]] int fd() const noexcept { return inotify_; }
-  [[nodiscard]] const DiscoveryConfig& config() const noexcept { return config_; }
+  [[nodiscard]] const DiscoveryConfig& config() const noexcept override { return config_; }
   // The last good set (empty before the first good read).
-  [[nodiscard]] const std::vector<DiscoveredBackend>& backends() const noexcept { return good_; }
+  [[nodiscard]] const std::vector<DiscoveredBackend>& backends() const noexcept override {
+    return good_;
+  }
+  [[nodiscard]] nlohmann::json describe(Millis now) const override;
+  [[nodiscard]] std::string origin() const override { return "file " + config_.path; }
   [[nodiscard]] bool everGood() const noexcept { return everGood_; }
 
  private:

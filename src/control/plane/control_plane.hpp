@@ -37,6 +37,7 @@
 #include "control/config/config.hpp"
 #include "control/discovery/file_source.hpp"
 #include "control/discovery/membership.hpp"
+#include "control/discovery/source.hpp"
 #include "control/health/conn_rebuild.hpp"
 #include "control/health/conn_scraper.hpp"
 #include "control/health/health.hpp"
@@ -247,7 +248,7 @@ class ControlPlane final : public ControlApi {
   // operator removed is not added back while the source lists it.
   struct DiscoverySource {
     std::string pool;
-    std::unique_ptr<FileSdSource> file;
+    std::unique_ptr<DiscoveryFeed> feed;  // a watched file or a DNS name
     DiscoveryMembership membership{0};
     std::uint64_t reconciled = ~0ULL;  // membership generation last reconciled
     std::optional<Millis> lastRefresh;

@@ -39,7 +39,7 @@ void ControlPlane::syncDiscoverySources() {
   for (const PoolConfig& p : config_.pools) {
     if (p.discovery.kind == DiscoveryKind::None) continue;
     auto same = std::find_if(discovery_.begin(), discovery_.end(), [&](const DiscoverySource& s) {
-      return s.pool == p.name && s.file->config() == p.discovery;
+      return s.pool == p.name && s.feed->config() == p.discovery;
     });
     if (same != discovery_.end()) {
       next.push_back(std::move(*same));
@@ -47,7 +47,7 @@ void ControlPlane::syncDiscoverySources() {
     }
     DiscoverySource s;
     s.pool = p.name;
-    s.file = std::make_unique<FileSdSource>(p.discovery);
+    s.feed = makeDiscoveryFeed(p.discovery);
     s.membership.setHold(p.discovery.hold);
     // A source that replaces one of the same pool keeps what it wanted, so
     // its backends do not drain while the new one reads its first answer.
@@ -145,7 +145,7 @@ void ControlPlane::refreshOperatorRemoved() {
 void ControlPlane::primeDiscovery(Millis now) {
   syncDiscoverySources();
   for (DiscoverySource& s : discovery_) {
-    FileSdSource::Refresh r = s.file->poll(now);
+    DiscoveryRefresh r = s.feed->prime(now);
     s.lastRefresh = now;
     ++s.refreshes;
     if (r.error) {
@@ -157,10 +157,15 @@ void ControlPlane::primeDiscovery(Millis now) {
     s.invalid += r.invalid.size();
     s.lastInvalid = std::move(r.invalid);
     if (s.lastInvalid.size() > kInvalidKept) s.lastInvalid.resize(kInvalidKept);
-    s.membership.update(s.file->backends(), now);
+    if (!s.lastInvalid.empty()) {
+      events_.append(now, "", kEventDiscovery,
+                     "pool " + s.pool + ": " + std::to_string(s.lastInvalid.size()) +
+                         " entries left out, first: " + s.lastInvalid.front());
+    }
+    s.membership.update(s.feed->backends(), now);
     reconcileDiscovery(s, now, true);
     report("discovery: pool " + s.pool + ": " + std::to_string(s.joined) + " backend(s) from " +
-           s.file->config().path);
+           s.feed->origin());
   }
 }
 
@@ -179,7 +184,7 @@ void ControlPlane::tickDiscovery(Millis now, const std::vector<std::uint64_t>& g
     removalsCompleted = discovered_.erase(id) != 0 || removalsCompleted;
   }
   for (DiscoverySource& s : discovery_) {
-    FileSdSource::Refresh r = s.file->poll(now);
+    DiscoveryRefresh r = s.feed->poll(now);
     if (r.read) {
       s.lastRefresh = now;
       ++s.refreshes;
@@ -196,14 +201,18 @@ void ControlPlane::tickDiscovery(Millis now, const std::vector<std::uint64_t>& g
         }
         s.lastError.reset();
         s.invalid += r.invalid.size();
+        if (r.invalid.size() > kInvalidKept) r.invalid.resize(kInvalidKept);
+        // The same entries left out again (a DNS source asks every TTL): counted
+        // each time, said once.
+        const bool again = !r.invalid.empty() && s.lastInvalid.size() >= r.invalid.size() &&
+                           std::equal(r.invalid.begin(), r.invalid.end(), s.lastInvalid.begin());
         s.lastInvalid = std::move(r.invalid);
-        if (s.lastInvalid.size() > kInvalidKept) s.lastInvalid.resize(kInvalidKept);
-        if (!s.lastInvalid.empty()) {
+        if (!s.lastInvalid.empty() && !again) {
           events_.append(now, "", kEventDiscovery,
                          "pool " + s.pool + ": " + std::to_string(s.lastInvalid.size()) +
                              " entries left out, first: " + s.lastInvalid.front());
         }
-        s.membership.update(s.file->backends(), now);
+        s.membership.update(s.feed->backends(), now);
       }
     }
     (void)s.membership.expire(now);
@@ -354,16 +363,15 @@ void ControlPlane::reconcileDiscovery(DiscoverySource& s, Millis now, bool start
 ApiResult ControlPlane::discovery() {
   Json sources = Json::array();
   for (const DiscoverySource& s : discovery_) {
-    Json j{{"pool", s.pool},
-           {"kind", "file"},
-           {"path", s.file->config().path},
-           {"hold_ms", s.file->config().hold},
-           {"refreshes", s.refreshes},
-           {"errors", s.errors},
-           {"invalid", s.invalid},
-           {"joined", s.joined},
-           {"left", s.left},
-           {"damped", s.membership.damped()}};
+    Json j = s.feed->describe(now_);
+    j.update(Json{{"pool", s.pool},
+                  {"hold_ms", s.feed->config().hold},
+                  {"refreshes", s.refreshes},
+                  {"errors", s.errors},
+                  {"invalid", s.invalid},
+                  {"joined", s.joined},
+                  {"left", s.left},
+                  {"damped", s.membership.damped()}});
     j["last_refresh_ms_ago"] = s.lastRefresh ? Json(now_ - *s.lastRefresh) : Json(nullptr);
     j["last_error"] = s.lastError ? Json(*s.lastError) : Json(nullptr);
     j["last_invalid"] = s.lastInvalid;
