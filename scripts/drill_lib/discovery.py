@@ -1,7 +1,17 @@
-"""Backends that a drill pool discovers from a watched file (spillwayd's
-`[[pool]] discovery = { kind = "file", ... }`, README "Discovery: backends
-that come and go by themselves"), and what the drill does and judges about
-them.
+"""Backends that a drill pool discovers from a watched file or from a DNS
+name (spillwayd's `[[pool]] discovery = { kind = "file" | "dns", ... }`,
+README "Discovery: backends that come and go by themselves"), and what the
+drill does and judges about them.
+
+`discovery = { kind = "dns", ttl = S, hold = S, listed = [...] }`: the
+estate runs dnsmasq in spillwayd's namespace (127.0.0.1:5353) answering
+POOL.drill.test with the listed backends' addresses from a hosts file
+(work/discovery/POOL.hosts), TTL `ttl` (default 1 s); spillwayd resolves the
+name (min_ttl = ttl). spillwayd names such a backend after its address
+(d-10-2-0-5): the monitor maps it back to the estate's name (aliases).
+discovery-write then rewrites the hosts file and SIGHUPs dnsmasq, and waits
+until spillwayd's `discovery` answer lists exactly the new set (within
+READ_WITHIN_S). A torn write is a file's matter: refused for dns.
 
 A scenario's pool with `discovery = { hold = S, listed = [...] }` takes its
 backends from a file_sd file the estate writes (work/discovery/POOL.json,
@@ -24,6 +34,7 @@ they are left out of spillwayd's [[backend]] list, and the file lists
 """
 import json
 import os
+import signal
 import time
 
 from estate_harness import maglev_model
@@ -34,13 +45,26 @@ READ_WITHIN_S = 5.0
 TORN_FOR_DEFAULT_S = 1.0
 TORN_FOR_MAX_S = 60.0
 HOLD_MAX_S = 3600
-POOL_KEYS = ("hold", "listed")
+POOL_KEYS = ("kind", "ttl", "hold", "listed")
+KINDS = ("file", "dns")
+TTL_MAX_S = 30
+DNS_LISTEN = "127.0.0.1"
+DNS_PORT = 5353
+DNSMASQ = "/usr/sbin/dnsmasq"
 
 
 # -- the scenario ----------------------------------------------------------------------
 def pools(sc):
     """Pool names whose backends the drill's spillwayd discovers."""
     return [p for p, conf in sc.get("pools", {}).items() if "discovery" in conf]
+
+
+def kind(sc, pool):
+    return sc["pools"][pool]["discovery"].get("kind", "file")
+
+
+def dns_name(pool):
+    return f"{pool}.drill.test"
 
 
 def listed_at_start(sc, pool, members):
@@ -60,6 +84,19 @@ def validate(sc, names_by_pool, bad):
             if k not in POOL_KEYS:
                 bad(f"pools.{p}.discovery.{k} is not a key the drill knows "
                     f"({', '.join(POOL_KEYS)})")
+        k = conf.get("kind", "file")
+        if k not in KINDS:
+            bad(f"pools.{p}.discovery.kind = {k!r} must be one of {', '.join(KINDS)}")
+        if "ttl" in conf:
+            ttl = conf["ttl"]
+            if k != "dns":
+                bad(f"pools.{p}.discovery.ttl is the DNS answer's TTL: only with kind = \"dns\"")
+            if not isinstance(ttl, int) or isinstance(ttl, bool) or not 1 <= ttl <= TTL_MAX_S:
+                bad(f"pools.{p}.discovery.ttl = {ttl!r} must be a whole number of seconds, "
+                    f"1..{TTL_MAX_S}")
+        if k == "dns" and sc.get("estate", {}).get("instances"):
+            bad(f"pools.{p}.discovery: kind = \"dns\" runs its server in the one gateway's "
+                f"namespace: not in a tier (estate.instances)")
         hold = conf.get("hold", 5)
         if not isinstance(hold, (int, float)) or isinstance(hold, bool) or \
                 not 0 <= hold <= HOLD_MAX_S:
@@ -69,6 +106,15 @@ def validate(sc, names_by_pool, bad):
                                                    for n in listed):
             bad(f"pools.{p}.discovery.listed = {listed!r} must be a list of the pool's "
                 f"backends ({', '.join(sorted(names_by_pool.get(p, [])))})")
+    for k in ("discovered_reached_max_s", "unlisted_avoid_after_s"):
+        v = sc.get("invariants", {}).get(k)
+        if v is None:
+            continue
+        if not found:
+            bad(f"invariants.{k} judges discovery-write actions: it needs a pool with "
+                f"`discovery`")
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v <= 60:
+            bad(f"invariants.{k} = {v!r} must be 0..60 seconds")
     for i, a in enumerate(sc.get("action", [])):
         if a.get("do") not in ("discovery-write", "discovery-torn-write"):
             continue
@@ -94,6 +140,9 @@ def validate(sc, names_by_pool, bad):
             if len(set(targets)) != len(targets):
                 bad(f"{where}: targets lists a backend twice: {targets}")
         else:
+            if kind(sc, pool) == "dns":
+                bad(f"{where}: discovery-torn-write tears a file: pool {pool} discovers "
+                    f"from DNS")
             if "targets" in a:
                 bad(f"{where}: discovery-torn-write rewrites the list the file has "
                     f"(no targets)")
@@ -111,6 +160,66 @@ def folder(work):
 
 def path(work, pool):
     return os.path.join(folder(work), f"{pool}.json")
+
+
+def hosts_path(work, pool):
+    return os.path.join(folder(work), f"{pool}.hosts")
+
+
+def spillwayd_keys(work, pool, conf):
+    """The pool's `discovery` table in spillwayd's configuration."""
+    hold = conf.get("hold", 5)
+    if conf.get("kind", "file") == "dns":
+        ttl = conf.get("ttl", 1)
+        return {"kind": "dns", "name": dns_name(pool), "server": f"{DNS_LISTEN}:{DNS_PORT}",
+                "min_ttl": ttl, "max_ttl": TTL_MAX_S, "timeout": 0.5, "hold": hold}
+    return {"kind": "file", "path": path(work, pool), "hold": hold}
+
+
+def write_hosts(estate, pool, names):
+    """dnsmasq's hosts file: the pool's name resolves to `names`' addresses."""
+    os.makedirs(folder(estate.work), exist_ok=True)
+    target = hosts_path(estate.work, pool)
+    with open(target + ".tmp", "w") as f:
+        f.writelines(f"{estate.backends[n]['address']} {dns_name(pool)}\n" for n in names)
+    os.replace(target + ".tmp", target)
+
+
+def start_dns(drill, pool, ttl):
+    """dnsmasq in spillwayd's namespace, authoritative for the pool's name
+    (--local: never forwarded), answering from its hosts file with TTL
+    `ttl`; SIGHUP reads the file again."""
+    e = drill.e
+    if not os.access(DNSMASQ, os.X_OK):
+        raise DrillError(f"{DNSMASQ} is not installed (scripts/bootstrap installs "
+                         "dnsmasq-base)")
+    log_name = f"dnsmasq-{pool}.log"
+    hosts = hosts_path(e.work, pool)
+    proc = e.spawn([DNSMASQ, "--keep-in-foreground", "--conf-file=/dev/null", "--no-resolv",
+                    "--no-hosts", f"--addn-hosts={hosts}", "--local=/drill.test/",
+                    f"--listen-address={DNS_LISTEN}", "--bind-interfaces", f"--port={DNS_PORT}",
+                    f"--local-ttl={ttl}", "--pid-file=", "--user=root", "--log-facility=-"],
+                   ns=e.instances[e.primary].ns, log_name=log_name)
+    log_path = os.path.join(e.work, log_name)
+    end = time.time() + 10
+    while "read " + hosts not in open(log_path).read():
+        if proc.poll() is not None or time.time() > end:
+            raise DrillError(f"dnsmasq did not read {hosts} within 10 s: "
+                             f"{open(log_path).read()[-600:]}")
+        time.sleep(0.05)
+    return proc
+
+
+def aliases(estate, sc):
+    """spillwayd's names of the DNS pools' backends (d-ADDRESS, dashes for
+    dots) -> the estate's names."""
+    out = {}
+    for p in pools(sc):
+        if kind(sc, p) == "dns":
+            for n, b in estate.backends.items():
+                if b["pool"] == p:
+                    out["d-" + b["address"].replace(".", "-").replace(":", "-")] = n
+    return out
 
 
 def render(estate, names):
@@ -140,11 +249,16 @@ def setup(drill):
     listed backends."""
     sc, e = drill.sc, drill.e
     drill.discovery_listed = {}
+    drill.dns_servers = {}
     for p in pools(sc):
         members = [n for n, b in e.backends.items() if b["pool"] == p]
         names = listed_at_start(sc, p, [n for n in members if n in sc["start_members"]])
         drill.discovery_listed[p] = list(names)
-        write_atomic(e, p, names)
+        if kind(sc, p) == "dns":
+            write_hosts(e, p, names)
+            drill.dns_servers[p] = start_dns(drill, p, sc["pools"][p]["discovery"].get("ttl", 1))
+        else:
+            write_atomic(e, p, names)
 
 
 def backend_id(address):
@@ -176,7 +290,9 @@ def source_status(estate, pool):
         return None
     for s in answer.get("sources", []):
         if s.get("pool") == pool:
-            listed = sorted(x["name"] for x in s.get("entries", []) if x.get("listed"))
+            alias = aliases(estate, estate.sc)
+            listed = sorted(alias.get(x["name"], x["name"]) for x in s.get("entries", [])
+                            if x.get("listed"))
             return {k: s.get(k) for k in ("refreshes", "errors", "joined", "left", "damped",
                                           "last_error")} | {"listed": listed}
     return None
@@ -211,11 +327,24 @@ def act(drill, a, rec):
         old = drill.discovery_listed[pool]
         names = list(a["targets"])
         t = time.time()
-        write_atomic(e, pool, names)
-        drill.discovery_listed[pool] = names
         rec["listed"] = names
         rec["unlisted"] = [n for n in members if n not in names]
         rec["changed"] = sorted(set(old) ^ set(names))
+        rec["joined"] = [n for n in names if n not in old]
+        rec["left"] = [n for n in old if n not in names]
+        drill.discovery_listed[pool] = names
+        if kind(sc, pool) == "dns":
+            write_hosts(e, pool, names)
+            drill.dns_servers[pool].send_signal(signal.SIGHUP)
+            # Read once spillwayd's answer lists exactly the new set (the
+            # query after the TTL).
+            got = wait_status(e, pool, lambda s: s["listed"] == sorted(names))
+            if got is None:
+                return (f"error: spillwayd's answer did not list {sorted(names)} within "
+                        f"{READ_WITHIN_S:g} s (now {(source_status(e, pool) or {}).get('listed')})")
+            rec["read_s"] = round(time.time() - t, 3)
+            return "ok"
+        write_atomic(e, pool, names)
         got = wait_status(e, pool, lambda s: s["refreshes"] > before["refreshes"])
         if got is None:
             return (f"error: spillwayd did not read the file within {READ_WITHIN_S:g} s "
@@ -263,6 +392,46 @@ def leaving(s, name):
     new flows for good), rather than in (active, failed, disabled)."""
     row = s["backends"].get(name)
     return row is None or row.get("state") in ("removed", "draining", None)
+
+
+def judge_answers(d, check, rel):
+    """Per discovery-write, by the new flows (probes, served by the
+    estate's names): `discovered_reached_max_s` (each backend the write
+    listed anew is reached by a new flow within that many seconds of the
+    write: TTL plus readiness) and `unlisted_avoid_after_s` (no new flow
+    reaches a backend the write dropped from that many seconds after it, until
+    a later write lists it again). Returns the report's rows."""
+    inv = d.sc["invariants"]
+    reach, avoid = inv.get("discovered_reached_max_s"), inv.get("unlisted_avoid_after_s")
+    if reach is None and avoid is None:
+        return []
+    probes = [p for p in d.flow_report["probes"] if p.get("ok") and p.get("backend")]
+    writes = [a for a in d.actions if a["do"] == "discovery-write" and a["result"] == "ok"]
+    rows = []
+    for i, a in enumerate(writes):
+        label = f"{a['pool']} {a['at']} s"
+        row = {"at": a["at"], "pool": a["pool"], "joined": {}, "left": {}}
+        if reach is not None:
+            for n in a.get("joined", []):
+                first = next((p["t"] for p in sorted(probes, key=lambda p: p["t"])
+                              if p["t"] >= a["t"] and p["backend"] == n), None)
+                v = round(first - a["t"], 3) if first is not None else None
+                row["joined"][n] = v
+                check(f"discovered_reached[{n} {label}]", v is not None and v <= reach,
+                      f"listed at {rel(a['t'])} s: first new flow on {n} " +
+                      (f"{v} s after (at most {reach})" if v is not None else "never"))
+        if avoid is not None:
+            for n in a.get("left", []):
+                back = [b["t"] for b in writes[i + 1:] if n in b.get("listed", [])]
+                lo, hi = a["t"] + avoid, min(back) if back else float("inf")
+                hit = [p for p in probes if lo <= p["t"] < hi and p["backend"] == n]
+                row["left"][n] = len(hit)
+                check(f"unlisted_avoid[{n} {label}]", not hit,
+                      f"dropped at {rel(a['t'])} s: {len(hit)} new flows reached {n} from "
+                      f"{avoid} s after" + ("" if not hit else "; at " + ", ".join(
+                          f"{rel(p['t'])} s" for p in hit[:6])))
+        rows.append(row)
+    return rows
 
 
 def judge(d, check, rel):
@@ -327,4 +496,4 @@ def judge(d, check, rel):
               f"{before.get('damped')}): " + ("; ".join(moved[:8]) if moved else
                                               "no backend joined, left or was damped"))
         rows.append(row)
-    return rows
+    return rows + judge_answers(d, check, rel)

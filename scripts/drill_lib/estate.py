@@ -477,10 +477,10 @@ class Estate:
                 if conf["connections"].get("list"):
                     keys["connections"]["token_file"] = self.agent_token()
             if conf.get("discovery") is not None:
-                # Its backends come from the watched file the drill writes
-                # (discovery.py), not from [[backend]].
-                keys["discovery"] = {"kind": "file", "path": discovery.path(self.work, pool),
-                                     "hold": conf["discovery"].get("hold", 5)}
+                # Its backends come from the watched file the drill writes,
+                # or from the DNS server it runs (discovery.py), not from
+                # [[backend]].
+                keys["discovery"] = discovery.spillwayd_keys(self.work, pool, conf["discovery"])
             pools.append(keys)
         # [estate] nccl_placement = "bytes": the flows' VIP places new
         # connections by bytes (spillway/placement.hpp); [placement] tunes it.

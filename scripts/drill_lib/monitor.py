@@ -39,11 +39,14 @@ class Sampler:
 
 
 class Monitor(Sampler):
-    def __init__(self, ctl, vips, period=0.1):
+    def __init__(self, ctl, vips, period=0.1, aliases=None):
         super().__init__(period)
         self.ctl = ctl
         self.vips = vips
         self.samples = []
+        # spillwayd's name -> the estate's (a backend discovered from DNS is
+        # named after its address, d-10-2-0-5: discovery.aliases).
+        self.aliases = aliases or {}
 
     def _take(self):
         t = time.time()
@@ -70,12 +73,13 @@ class Monitor(Sampler):
         entries = {}
         for table in tables["tables"]:
             for b in table["backends"]:
-                entries.setdefault(b["backend"], {})[table["vip"]] = b["entries"]
+                name = self.aliases.get(b["backend"], b["backend"])
+                entries.setdefault(name, {})[table["vip"]] = b["entries"]
         return {
             "t": t,
             "t_states": t_states,
             "generation": tables["generation"],
-            "backends": {b["name"]: {"state": b.get("state"), "health": b.get("health"),
+            "backends": {self.aliases.get(b["name"], b["name"]): {"state": b.get("state"), "health": b.get("health"),
                                      "live_flows": b.get("live_flows"),
                                      "drain_complete": (b.get("drain") or {}).get("complete"),
                                      "admin": b.get("admin"),

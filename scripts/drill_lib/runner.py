@@ -110,7 +110,8 @@ class Drill:
         else:
             e.start_lb()
             e.wait_ready(settle_s=0.5)
-        self.monitor = Monitor(e.ctl, ["nccl", "grpc"], period=0.1)
+        self.monitor = Monitor(e.ctl, ["nccl", "grpc"], period=0.1,
+                               aliases=discovery.aliases(e, sc))
         self.monitor.start()
         self.t0 = time.time()
         self.flows = FlowCheck(e, traffic, sc["stall_ms"])

@@ -103,7 +103,11 @@ INVARIANTS = {"others_broken_max", "victims_broken_min", "victims", "detection_m
               "layers_unknown_max",
               # An operator's drain of these backends holds ("draining" in
               # every control sample) until the drill undoes it.
-              "stays_draining"}
+              "stays_draining",
+              # Discovery (discovery.py): a backend a discovery-write lists
+              # anew gets new flows within this; one it drops gets none from
+              # this after it.
+              "discovered_reached_max_s", "unlisted_avoid_after_s"}
 
 # A new flow (probe or long-lived flow) whose connect + hello takes longer
 # than this is slow: a lost SYN costs TCP's 1 s initial retransmission

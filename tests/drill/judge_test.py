@@ -724,6 +724,42 @@ class DiscoveryJudgeTest(unittest.TestCase):
         d = Drill(self.tmp, [], {"stays_draining": ["cloud1"]}, extra={"pools": self.POOLS})
         self.assertFalse(d.verdicts()["stays_draining[cloud1]"]["ok"])
 
+    def answer_drill(self, probes_on_cloud1):
+        """cloud1 dropped from the DNS answer at 6 s, listed again at 12 s;
+        probes_on_cloud1: the drill seconds of new flows that reached it."""
+        pools = {"onprem": {"priority": 0},
+                 "cloud": {"priority": 1, "discovery": {"kind": "dns", "ttl": 1, "hold": 0.5}}}
+        acts = [{"at": 6, "do": "discovery-write", "targets": []},
+                {"at": 12, "do": "discovery-write", "targets": ["cloud1"]}]
+        d = Drill(self.tmp, acts, {"discovered_reached_max_s": 3, "unlisted_avoid_after_s": 2},
+                  extra={"pools": pools})
+        d.actions[0].update(pool="cloud", listed=[], joined=[], left=["cloud1"])
+        d.actions[1].update(pool="cloud", listed=["cloud1"], joined=["cloud1"], left=[])
+        for p in d.flow_report["probes"]:
+            if any(abs(p["t"] - T0 - x) < 0.025 for x in probes_on_cloud1):
+                p["backend"] = "cloud1"
+        return d
+
+    def test_dns_answer_grows_and_shrinks_judged_by_new_flows(self):
+        # Reached until 7 s (within the 2 s after the drop), again at 13.5 s.
+        v = self.answer_drill([1, 3, 5, 7, 13.5, 15]).verdicts()
+        self.assertTrue(v["unlisted_avoid[cloud1 cloud 6 s]"]["ok"], v)
+        self.assertTrue(v["discovered_reached[cloud1 cloud 12 s]"]["ok"], v)
+        self.assertIn("1.5 s after", v["discovered_reached[cloud1 cloud 12 s]"]["detail"])
+        # A new flow on it 2.5 s after the drop: still in the tables.
+        v = self.answer_drill([1, 8.5, 13.5]).verdicts()["unlisted_avoid[cloud1 cloud 6 s]"]
+        self.assertFalse(v["ok"])
+        self.assertIn("1 new flows reached cloud1", v["detail"])
+        self.assertIn("8.5 s", v["detail"])
+        # Listed again at 12 s but first reached 4 s later: too slow.
+        v = self.answer_drill([1, 16]).verdicts()["discovered_reached[cloud1 cloud 12 s]"]
+        self.assertFalse(v["ok"])
+        self.assertIn("4.0 s after (at most 3)", v["detail"])
+        # Never reached once listed again.
+        v = self.answer_drill([1]).verdicts()["discovered_reached[cloud1 cloud 12 s]"]
+        self.assertFalse(v["ok"])
+        self.assertIn("never", v["detail"])
+
     def test_discovery_pool_backends_listed_at_start(self):
         sc = {"duration": 10, "estate": {"onprem": 1, "cloud": 3},
               "pools": {"onprem": {}, "cloud": {"discovery": {"listed": ["cloud2"]}}}}
@@ -1202,7 +1238,23 @@ class ScenarioFormatTest(unittest.TestCase):
                  {"onprem": {}, "cloud": {"discovery": {"listed": ["onprem1"]}}}, {},
                  "listed = ['onprem1']"),
                 ({"do": "probe-rate", "rate": 5}, None, {"stays_draining": ["cloud9"]},
-                 "stays_draining has 'cloud9'")]:
+                 "stays_draining has 'cloud9'"),
+                ({"do": "probe-rate", "rate": 5},
+                 {"onprem": {}, "cloud": {"discovery": {"kind": "consul"}}}, {},
+                 "kind = 'consul' must be one of file, dns"),
+                ({"do": "probe-rate", "rate": 5},
+                 {"onprem": {}, "cloud": {"discovery": {"ttl": 1}}}, {},
+                 "only with kind = \"dns\""),
+                ({"do": "probe-rate", "rate": 5},
+                 {"onprem": {}, "cloud": {"discovery": {"kind": "dns", "ttl": 0.5}}}, {},
+                 "ttl = 0.5 must be a whole number"),
+                ({"do": "discovery-torn-write"},
+                 {"onprem": {}, "cloud": {"discovery": {"kind": "dns"}}}, {},
+                 "pool cloud discovers from DNS"),
+                ({"do": "probe-rate", "rate": 5}, None, {"discovered_reached_max_s": -1},
+                 "discovered_reached_max_s = -1"),
+                ({"do": "probe-rate", "rate": 5}, {"onprem": {}, "cloud": {}},
+                 {"unlisted_avoid_after_s": 2}, "needs a pool with `discovery`")]:
             sc = copy.deepcopy(disc)
             sc["action"] = [dict(action, at=1)]
             if pools is not None:
