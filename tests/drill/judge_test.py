@@ -1263,6 +1263,14 @@ class ScenarioFormatTest(unittest.TestCase):
             with self.assertRaises(scenario.ScenarioError, msg=msg) as e:
                 scenario.validate(sc, "x")
             self.assertIn(msg, str(e.exception))
+        # A DNS pool's server runs in the one gateway's namespace.
+        sc = copy.deepcopy(disc)
+        sc["estate"]["instances"] = 2
+        sc["pools"]["cloud"]["discovery"] = {"kind": "dns"}
+        sc["action"] = [{"at": 1, "do": "probe-rate", "rate": 5}]
+        with self.assertRaises(scenario.ScenarioError) as e:
+            scenario.validate(sc, "x")
+        self.assertIn("not in a tier", str(e.exception))
 
 
 
