@@ -45,14 +45,19 @@ class PollDriver {
   Millis now() const { return now_; }
 
   // Polls until `done` holds (true), or injected time would pass `until` or
-  // 20 s of real time pass (false).
+  // 20 s of real time pass (false). Injected time moves to the poller's next
+  // deadline only after kQuietMs of real time without an event: a loopback
+  // server thread that a loaded machine schedules late must still answer
+  // before the probe's injected timeout (50 ms was seen to be too short at
+  // load average 6-10).
+  static constexpr int kQuietMs = 250;
   bool runUntil(const std::function<bool()>& done, Millis until) {
     const auto realDeadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
     pollOnce();
     while (!done()) {
       if (std::chrono::steady_clock::now() > realDeadline) return false;
       pollfd p{poller_.pollFd(), POLLIN, 0};
-      if (::poll(&p, 1, 50) <= 0) {
+      if (::poll(&p, 1, kQuietMs) <= 0) {
         const auto next = poller_.nextDeadline();
         if (!next) return false;
         const Millis to = std::max(now_, *next);
