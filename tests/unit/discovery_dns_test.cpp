@@ -7,6 +7,7 @@
 // (dnsmasq on loopback, started here) whose answer grows from 2 to 4
 // addresses and shrinks back: the pool follows after the TTL, and the hold
 // for leaving.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -578,7 +579,8 @@ std::uint16_t freeUdpPort() {
 class Dnsmasq {
  public:
   Dnsmasq(const std::string& program, const std::string& hosts, std::uint16_t port,
-          const std::vector<std::string>& extra) {
+          const std::vector<std::string>& extra)
+      : hosts_(hosts), log_(hosts + ".dnsmasq.log") {
     std::vector<std::string> args = {program,
                                      "--keep-in-foreground",
                                      "--conf-file=/dev/null",
@@ -597,9 +599,16 @@ class Dnsmasq {
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
-    if (::posix_spawn(&pid_, program.c_str(), nullptr, nullptr, argv.data(), environ) != 0) {
+    // Its log (stderr) in a file beside the hosts file: reread() waits for
+    // the line that says the hosts file was read again.
+    posix_spawn_file_actions_t actions;
+    ::posix_spawn_file_actions_init(&actions);
+    ::posix_spawn_file_actions_addopen(&actions, 2, log_.c_str(), O_WRONLY | O_CREAT | O_APPEND,
+                                       0600);
+    if (::posix_spawn(&pid_, program.c_str(), &actions, nullptr, argv.data(), environ) != 0) {
       pid_ = -1;
     }
+    ::posix_spawn_file_actions_destroy(&actions);
   }
   ~Dnsmasq() { stop(); }
   void stop() {
@@ -610,9 +619,30 @@ class Dnsmasq {
     }
   }
   [[nodiscard]] bool running() const { return pid_ > 0 && ::waitpid(pid_, nullptr, WNOHANG) == 0; }
-  void reread() const { ::kill(pid_, SIGHUP); }
+  // SIGHUP, then waits (10 s at most) until the log says the hosts file was
+  // read again; false if it never does.
+  bool reread() const {
+    const std::size_t before = readsLogged();
+    ::kill(pid_, SIGHUP);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (readsLogged() <= before) {
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return true;
+  }
 
  private:
+  // Lines "read HOSTS - N names" (dnsmasq's log of an addn-hosts read).
+  [[nodiscard]] std::size_t readsLogged() const {
+    std::ifstream in(log_);
+    std::size_t n = 0;
+    for (std::string line; std::getline(in, line);)
+      n += line.find("read " + hosts_) != std::string::npos;
+    return n;
+  }
+  std::string hosts_;
+  std::string log_;
   pid_t pid_ = -1;
 };
 
@@ -705,8 +735,7 @@ TEST(DnsDiscoveryReal, PoolGrowsAndShrinksWithTheAnswer) {
   // Grows to 4: nothing before the TTL runs out (the plane's clock), the 4
   // after it.
   writeAll(hosts, hostsOf({"10.9.0.1", "10.9.0.2", "10.9.0.3", "10.9.0.4"}));
-  dns.reread();
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // dnsmasq rereads on SIGHUP
+  ASSERT_TRUE(dns.reread()) << "dnsmasq did not read the hosts file again";
   const Millis grown = now;
   std::printf("answer grew at t=%lld ms (next query in %lld ms)\n", static_cast<long long>(now),
               static_cast<long long>(d->source()["next_query_in_ms"].get<Millis>()));
@@ -720,8 +749,7 @@ TEST(DnsDiscoveryReal, PoolGrowsAndShrinksWithTheAnswer) {
 
   // Shrinks back to 2: the 2 that went stay for the hold (3 s), then drain.
   writeAll(hosts, hostsOf({"10.9.0.1", "10.9.0.2"}));
-  dns.reread();
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ASSERT_TRUE(dns.reread()) << "dnsmasq did not read the hosts file again";
   const Millis shrunk = now;
   d->run(now, 1500);  // the new answer is read; still within the hold
   s = d->source();
