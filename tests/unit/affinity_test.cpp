@@ -161,6 +161,59 @@ TEST(TablesStateFile, RoundTripAndMalformed) {
   }
 }
 
+TEST(TablesStateFile, DiscoveredBackendsRoundTripAndBadEntriesRefuseTheFile) {
+  TablesState t;
+  t.generation = 7;
+  DiscoveredRecord listed;
+  listed.pool = "cloud";
+  listed.backend.address = *parseIpAddress("10.3.0.5");
+  listed.backend.id = discoveredBackendId(listed.backend.address);
+  listed.backend.name = "gpu-a";
+  listed.backend.weight = 250;
+  listed.backend.mac = parseMacAddress("02:00:00:00:00:05");
+  listed.backend.metricsPort = 9400;
+  listed.backend.metricsPath = "/metrics";
+  DiscoveredRecord leaving;
+  leaving.pool = "cloud";
+  leaving.backend.address = *parseIpAddress("2001:db8::6");
+  leaving.backend.id = discoveredBackendId(leaving.backend.address);
+  leaving.backend.name = discoveredBackendName(leaving.backend.address);
+  leaving.leavingSinceUnixMs = 1'700'000'000'123ULL;
+  t.discovered = {listed, leaving};
+  const std::string text = encodeTablesState(t);
+  auto parsed = decodeTablesState(text);
+  ASSERT_TRUE(std::holds_alternative<TablesState>(parsed)) << std::get<std::string>(parsed);
+  EXPECT_EQ(std::get<TablesState>(parsed).discovered, t.discovered);
+
+  // A file from before "discovered" existed reads as none.
+  auto old = decodeTablesState(
+      R"({"version":1,"written_unix_ms":1,"generation":1,"weights":{},"saturated":[]})");
+  ASSERT_TRUE(std::holds_alternative<TablesState>(old));
+  EXPECT_TRUE(std::get<TablesState>(old).discovered.empty());
+
+  // An entry that a source could not have given is never half-used: the file
+  // is refused whole, as for any other damage.
+  const auto refused = [&](const std::string& from, const std::string& to) {
+    std::string bad = text;
+    const auto at = bad.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    if (at == std::string::npos) return;
+    bad.replace(at, from.size(), to);
+    EXPECT_TRUE(std::holds_alternative<std::string>(decodeTablesState(bad))) << to;
+  };
+  refused("\"10.3.0.5\"", "\"10.3.0.9\"");  // the id is another address's
+  refused("\"10.3.0.5\"", "\"not an address\"");
+  refused("\"gpu-a\"", "\"bad name!\"");
+  refused("250", "2000000");  // over the weight cap
+  refused("\"02:00:00:00:00:05\"", "\"02:00\"");
+  refused("\"pool\": \"cloud\"", "\"pool\": 3");
+  refused("\"discovered\": [", "\"discovered\": [7, ");
+  // The same backend twice.
+  TablesState twice = t;
+  twice.discovered.push_back(listed);
+  EXPECT_TRUE(std::holds_alternative<std::string>(decodeTablesState(encodeTablesState(twice))));
+}
+
 // --- A ControlPlane across a restart ------------------------------------------
 
 std::string configText(const std::string& stateDir) {

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 
 #include "control/discovery/file_sd.hpp"
@@ -365,19 +366,21 @@ class Daemon {
     dp_.flowCounts = {LcoreFlowCounts{1u, std::vector<std::uint64_t>(4096, 0)}};
     cp_ = std::make_unique<ControlPlane>(std::move(c), path_, builder_, &dp_, now,
                                          [this] { return wall_; });
-    (void)cp_->takeSnapshot(now);
+    if (auto s = cp_->takeSnapshot(now)) dp_.publish(std::move(s));
   }
   ControlPlane& cp() { return *cp_; }
   const std::string& path() const { return path_; }
   void setFlows(std::uint64_t n) {
     dp_.flowCounts = {LcoreFlowCounts{1u, std::vector<std::uint64_t>(4096, n)}};
   }
-  // Ticks `ms` forward in steps of 100 ms (flow counts answered between).
+  // Ticks `ms` forward in steps of 100 ms (flow counts answered between),
+  // publishing each snapshot as the daemon's loop does.
   void run(Millis& now, Millis ms) {
     for (Millis t = 0; t < ms; t += 100) {
       now += 100;
       wall_ += 100;
-      (void)cp_->tick(now);
+      if (!cp_->tick(now)) continue;
+      if (auto s = cp_->takeSnapshot(now)) dp_.publish(std::move(s));
     }
   }
   std::optional<std::string> state(const std::string& name) {
@@ -643,6 +646,110 @@ TEST(ControlDiscovery, OperatorIntentSurvivesRestartsAndReloads) {
   d.run(now, 500);
   EXPECT_TRUE(d.state("d-10-3-0-7"));
   EXPECT_NE(d.state("d-10-3-0-6"), "disabled");
+}
+
+// The state directory's tables.json names the discovered backends.
+Json savedTables(const TempDir& dir) {
+  std::ifstream in(dir / "state/tables.json");
+  std::stringstream text;
+  text << in.rdbuf();
+  return Json::parse(text.str(), nullptr, false);
+}
+
+TEST(ControlDiscovery, LeavingBackendDrainsOnThroughARestart) {
+  TempDir dir;
+  const std::string sd = dir / "cloud.json";
+  writeAll(sd, targets({"10.3.0.5", "10.3.0.6"}));
+  const std::string text = configText(dir / "state", sd);
+  {
+    Daemon d(dir, text);
+    Millis now = 1000;
+    d.run(now, 200);
+    d.setFlows(3);
+    replace(sd, targets({"10.3.0.5"}));
+    d.run(now, 5500);
+    ASSERT_EQ(d.state("d-10-3-0-6"), "draining");
+    d.run(now, 2000);  // the tables after the drain began are checkpointed
+    bool leaving = false;
+    const Json saved = savedTables(dir);
+    for (const Json& b : saved["discovered"]) {
+      if (b["name"] == "d-10-3-0-6") leaving = b.contains("leaving_since_unix_ms");
+    }
+    ASSERT_TRUE(leaving) << savedTables(dir).dump();
+  }
+  // The source no longer lists it; the restarted plane has it back in its
+  // drain (its flows keep their backend) rather than forgetting it.
+  {
+    Daemon d(dir, text);
+    Millis now = 1000;
+    EXPECT_EQ(d.state("d-10-3-0-6"), "draining");
+    EXPECT_EQ(d.origin("d-10-3-0-6"), "discovered:cloud");
+    EXPECT_NE(d.state("d-10-3-0-5"), "draining");
+    d.setFlows(3);
+    d.run(now, 3000);
+    EXPECT_EQ(d.state("d-10-3-0-6"), "draining");
+    d.setFlows(0);  // its flows ended: removed, and no longer saved
+    d.run(now, 3000);
+    EXPECT_FALSE(d.state("d-10-3-0-6"));
+    d.setFlows(1);
+    d.run(now, 2000);
+    const Json saved = savedTables(dir);
+    ASSERT_EQ(saved["discovered"].size(), 1u) << saved.dump();
+    EXPECT_EQ(saved["discovered"][0]["name"], "d-10-3-0-5");
+  }
+  Daemon d(dir, text);
+  EXPECT_FALSE(d.state("d-10-3-0-6"));  // not added back by a later restart
+  EXPECT_TRUE(d.state("d-10-3-0-5"));
+}
+
+TEST(ControlDiscovery, RestartStartsFromTheLastSetWhenTheSourceFailsOrDropsOne) {
+  TempDir dir;
+  const std::string sd = dir / "cloud.json";
+  writeAll(sd, targets({"10.3.0.5", "10.3.0.6"}));
+  const std::string text = configText(dir / "state", sd);
+  {
+    Daemon d(dir, text);
+    Millis now = 1000;
+    d.run(now, 2200);
+  }
+  // The file is torn at the restart: the backends the tables had stay,
+  // active, until the source answers.
+  writeAll(sd, "[{\"targets\": [\"10.3.0.5\"");
+  {
+    Daemon d(dir, text);
+    Millis now = 1000;
+    EXPECT_TRUE(d.source()["last_error"].is_string());
+    d.setFlows(2);
+    d.run(now, 6000);
+    EXPECT_EQ(d.state("d-10-3-0-5"), "active");
+    EXPECT_EQ(d.state("d-10-3-0-6"), "active");
+    // The source answers without one: it leaves after the hold, as at run time.
+    replace(sd, targets({"10.3.0.5"}));
+    d.run(now, 4000);
+    EXPECT_EQ(d.state("d-10-3-0-6"), "active");
+    d.run(now, 1500);
+    EXPECT_EQ(d.state("d-10-3-0-6"), "draining");
+  }
+  // Listed before the restart, missing from the first answer after it: in
+  // the tables for the hold (a flapping answer moves nothing), then drains.
+  writeAll(sd, targets({"10.3.0.5", "10.3.0.6", "10.3.0.7"}));
+  {
+    Daemon d(dir, text);
+    Millis now = 1000;
+    d.setFlows(0);
+    d.run(now, 6000);  // the drain above completes; 10.3.0.7 joins
+    EXPECT_FALSE(d.state("d-10-3-0-6") == std::optional<std::string>("draining"));
+    d.run(now, 2000);
+  }
+  writeAll(sd, targets({"10.3.0.5", "10.3.0.6"}));
+  Daemon d(dir, text);
+  Millis now = 1000;
+  EXPECT_EQ(d.state("d-10-3-0-7"), "active");
+  d.setFlows(2);
+  d.run(now, 4000);
+  EXPECT_EQ(d.state("d-10-3-0-7"), "active");
+  d.run(now, 1500);
+  EXPECT_EQ(d.state("d-10-3-0-7"), "draining");
 }
 
 TEST(ControlDiscovery, PoolCapBoundsJoins) {

@@ -39,10 +39,11 @@ Millis AffinityKeeper::timeoutOf(FlowState s) const noexcept {
   return 0;
 }
 
-std::optional<TablesState> AffinityKeeper::restore(Millis now, std::uint64_t unixMs) {
-  if (!enabled()) return std::nullopt;
+const std::optional<TablesState>& AffinityKeeper::savedTables(Millis now, std::uint64_t unixMs) {
+  if (savedTables_) return *savedTables_;
+  std::optional<TablesState>& tables = savedTables_.emplace();
+  if (!enabled()) return tables;
   std::string error;
-  std::optional<TablesState> tables;
   if (auto text = readStateFile(path(kTablesStateFile), kMaxTablesBytes, error)) {
     auto parsed = decodeTablesState(*text);
     if (auto* t = std::get_if<TablesState>(&parsed)) {
@@ -68,8 +69,16 @@ std::optional<TablesState> AffinityKeeper::restore(Millis now, std::uint64_t uni
     } else if (!error.empty()) {
       events_.append(now, "", kEventCheckpoint, "ignored slot history: " + error);
     }
-    error.clear();
   }
+  return tables;
+}
+
+std::optional<TablesState> AffinityKeeper::restore(Millis now, std::uint64_t unixMs) {
+  if (!enabled()) return std::nullopt;
+  (void)savedTables(now, unixMs);
+  std::optional<TablesState> tables = std::move(*savedTables_);  // restore() takes it
+  savedTables_->reset();
+  std::string error;
   if (auto bytes = readStateFile(path(kFlowCheckpointFile), kMaxCheckpointBytes, error)) {
     auto parsed = decodeFlowCheckpoint(*bytes, options_.hashSeed);
     if (auto* c = std::get_if<FlowCheckpoint>(&parsed)) {

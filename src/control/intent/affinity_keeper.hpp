@@ -140,6 +140,11 @@ class AffinityKeeper {
   // At start: what the previous process left. Returns its tables state when
   // usable; restored exceptions are kept (see restoredEntries()).
   std::optional<TablesState> restore(Millis now, std::uint64_t unixMs);
+  // The previous process's tables state (tables.json and history.bin), read
+  // once (a damaged file is said once); restore() takes it (empty after).
+  // Lets the plane read the discovered backends before it builds its
+  // configuration.
+  const std::optional<TablesState>& savedTables(Millis now, std::uint64_t unixMs);
 
   // The restored exceptions still alive, as ExceptionTable entries over the
   // indices `indexOf` gives (0: unknown backend, skipped), appended to `out`.
@@ -229,6 +234,7 @@ class AffinityKeeper {
   std::unordered_map<std::uint64_t, Rebuilt> rebuilt_;  // by flow hash
   bool restoredChanged_ = false;
   bool dirReady_ = false;
+  std::optional<std::optional<TablesState>> savedTables_;  // outer: read yet
 
   std::uint64_t exportN_ = 0;
   bool exporting_ = false;

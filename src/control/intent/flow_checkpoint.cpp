@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <unordered_map>
 
 #include "control/config/config.hpp"
@@ -260,15 +261,66 @@ std::string encodeTablesState(const TablesState& state) {
   }
   nlohmann::json macs = nlohmann::json::object();
   for (const auto& [id, mac] : state.nextHops) macs[std::to_string(id)] = formatMacAddress(mac);
+  nlohmann::json discovered = nlohmann::json::array();
+  for (const DiscoveredRecord& r : state.discovered) {
+    const DiscoveredBackend& b = r.backend;
+    nlohmann::json d{{"pool", r.pool},
+                     {"id", b.id},
+                     {"name", b.name},
+                     {"address", formatIpAddress(b.address)},
+                     {"weight", b.weight}};
+    if (b.mac) d["mac"] = formatMacAddress(*b.mac);
+    if (b.metricsPort) d["metrics_port"] = *b.metricsPort, d["metrics_path"] = b.metricsPath;
+    if (r.leavingSinceUnixMs) d["leaving_since_unix_ms"] = *r.leavingSinceUnixMs;
+    discovered.push_back(std::move(d));
+  }
   return nlohmann::json{{"version", 1},
                         {"written_unix_ms", state.writtenUnixMs},
                         {"generation", state.generation},
                         {"weights", vips},
                         {"saturated", state.saturated},
-                        {"next_hops", macs}}
+                        {"next_hops", macs},
+                        {"discovered", discovered}}
              .dump(1) +
          "\n";
 }
+
+namespace {
+
+// One "discovered" entry, checked as a source's answer is: an address, the
+// id that address gives, a name fit for a backend, a weight in range.
+std::variant<DiscoveredRecord, std::string> decodeDiscovered(const nlohmann::json& d) {
+  if (!d.is_object()) return std::string("an entry is not an object");
+  DiscoveredRecord r;
+  r.pool = d.at("pool").get<std::string>();
+  DiscoveredBackend& b = r.backend;
+  b.name = d.at("name").get<std::string>();
+  const std::string where = "backend '" + b.name.substr(0, 64) + "'";
+  const auto address = parseIpAddress(d.at("address").get<std::string>());
+  if (!address) return where + ": address is not an IP address";
+  b.address = *address;
+  b.id = d.at("id").get<std::uint64_t>();
+  if (b.id != discoveredBackendId(b.address)) return where + ": id is not its address's";
+  if (auto bad = backendNameProblem(b.name)) return where + ": " + *bad;
+  if (r.pool.empty()) return where + ": no pool";
+  const std::uint64_t weight = d.at("weight").get<std::uint64_t>();
+  if (weight > kMaxBackendWeight) return where + ": weight out of range";
+  b.weight = static_cast<std::uint32_t>(weight);
+  if (d.contains("mac")) {
+    b.mac = parseMacAddress(d.at("mac").get<std::string>());
+    if (!b.mac) return where + ": mac is not a MAC address";
+  }
+  if (d.contains("metrics_port")) {
+    b.metricsPort = d.at("metrics_port").get<std::uint16_t>();
+    b.metricsPath = d.at("metrics_path").get<std::string>();
+  }
+  if (d.contains("leaving_since_unix_ms")) {
+    r.leavingSinceUnixMs = d.at("leaving_since_unix_ms").get<std::uint64_t>();
+  }
+  return r;
+}
+
+}  // namespace
 
 std::variant<TablesState, std::string> decodeTablesState(std::string_view text) {
   const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
@@ -302,6 +354,18 @@ std::variant<TablesState, std::string> decodeTablesState(std::string_view text) 
             mac.is_string() ? parseMacAddress(mac.get<std::string>()) : std::nullopt;
         if (used != id.size() || !parsed) return "next_hops: bad entry for '" + id + "'";
         s.nextHops[key] = *parsed;
+      }
+    }
+    if (j.contains("discovered")) {
+      std::set<std::uint64_t> ids;
+      for (const auto& d : j.at("discovered")) {
+        auto r = decodeDiscovered(d);
+        if (auto* e = std::get_if<std::string>(&r)) return "discovered: " + *e;
+        auto& record = std::get<DiscoveredRecord>(r);
+        if (!ids.insert(record.backend.id).second) {
+          return "discovered: backend '" + record.backend.name + "' is listed twice";
+        }
+        s.discovered.push_back(std::move(record));
       }
     }
     return s;

@@ -18,7 +18,12 @@
 // backend id, the policy's saturation states, the resolved next-hop MACs,
 // the generation and the wall time; so the first tables after a start are
 // the last tables before it, and a restarted daemon forwards at once even
-// when starting its port flushed the kernel's neighbour table.
+// when starting its port flushed the kernel's neighbour table; and the
+// backends discovery sources added ("discovered": pool, id, name, address,
+// weight, MAC, metrics port and path, and for one its source stopped listing
+// the wall time its drain began), so a restart keeps a leaving backend in its
+// drain and starts from the last good set when a source does not answer.
+// Files without "discovered" (before it was added) read as none.
 //
 // history.bin: second chance's slot history (snapshot_builder.hpp) of each
 // VIP, so a restarted instance names the same previous owners as its peers
@@ -50,6 +55,7 @@
 #include <vector>
 
 #include "control/backends/slot_history.hpp"
+#include "control/discovery/file_sd.hpp"
 #include "control/sys/durable_file.hpp"
 #include "spillway/flow_exceptions.hpp"
 #include "spillway/wire.hpp"
@@ -65,12 +71,22 @@ struct FlowCheckpoint {
   std::vector<FlowExceptionRecord> records;
 };
 
+// A backend a discovery source added, as the tables were built.
+struct DiscoveredRecord {
+  std::string pool;
+  DiscoveredBackend backend;
+  // The source stopped listing it: its drain began then (Unix ms).
+  std::optional<std::uint64_t> leavingSinceUnixMs;
+  friend bool operator==(const DiscoveredRecord&, const DiscoveredRecord&) = default;
+};
+
 struct TablesState {
   std::uint64_t writtenUnixMs = 0;
   std::uint64_t generation = 0;
   std::map<std::string, std::map<std::uint64_t, std::uint32_t>> weights;  // by VIP, by id
   std::vector<std::uint64_t> saturated;                                   // backend ids
   std::map<std::uint64_t, MacAddress> nextHops;  // resolved next-hop MACs, by backend id
+  std::vector<DiscoveredRecord> discovered;      // by backend id
   // Second chance's slot history as the tables were built (history.bin,
   // not tables.json); ages as of the build.
   SlotHistory history;

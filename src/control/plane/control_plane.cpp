@@ -69,6 +69,7 @@ ControlPlane::ControlPlane(Config config, std::string configPath, SnapshotBuilde
         b.initialState == BackendState::Disabled ? AdminState::Disabled : AdminState::Enabled);
   }
   applyIntentStates(now, nullptr);
+  applyRestoredLeaving(now);
   applyTargets();
   for (const BackendConfig& b : config_.backends) {
     if (auto s = states_.state(b.id)) builder_.setState(b.id, *s);
@@ -187,6 +188,25 @@ TablesState ControlPlane::tablesState(Millis now) const {
   t.history = builder_.slotHistory(now);
   for (const auto& [vip, w] : weights_) t.weights[vip] = w;
   for (const BackendConfig& b : config_.backends) {
+    if (auto d = discovered_.find(b.id); d != discovered_.end()) {
+      DiscoveredRecord r;
+      r.pool = d->second;
+      r.backend = DiscoveredBackend{.id = b.id,
+                                    .name = b.name,
+                                    .address = b.address,
+                                    .weight = b.weight,
+                                    .mac = b.mac,
+                                    .encap = std::nullopt,
+                                    .metricsPort = b.metricsPort,
+                                    .metricsPath = b.metricsPath};
+      const BackendStatus* st = states_.find(b.id);
+      auto leaving = discoveredLeaving_.find(b.id);
+      if (leaving != discoveredLeaving_.end() && st != nullptr &&
+          st->admin == AdminState::Removing) {
+        r.leavingSinceUnixMs = leaving->second;
+      }
+      t.discovered.push_back(std::move(r));
+    }
     if (policy_.saturated(b.id)) t.saturated.push_back(b.id);
     if (const BackendRuntime* rt = builder_.runtime(b.id); rt != nullptr && rt->nextHopMac) {
       t.nextHops[b.id] = *rt->nextHopMac;

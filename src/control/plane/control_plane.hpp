@@ -261,8 +261,22 @@ class ControlPlane final : public ControlApi {
   void syncDiscoverySources();
   // Start-up, before the journal's replay: the sources' first answers join
   // the configuration directly, so the operator's overrides of discovered
-  // backends (drain, disable, remove) find them and apply again.
+  // backends (drain, disable, remove) find them and apply again. The last
+  // process's discovered backends (tables.json) come first: those it had
+  // in its tables are wanted as if listed just before the first answer (a
+  // source that does not answer keeps them; one its answer lacks leaves
+  // after the hold, as at run time), and those whose drain a source had
+  // started are added back and drain on (restoreLeavingDiscovered) with
+  // their drain's age, so their flows are not reset by a restart.
   void primeDiscovery(Millis now);
+  // After the states are added at start: the restored leaving backends' drain.
+  void applyRestoredLeaving(Millis now);
+  // A discovered endpoint as a backend of `next` in pool s.pool, with the
+  // checks of `backend add`; the problem otherwise.
+  [[nodiscard]] std::variant<BackendConfig, std::string> discoveredBackendFor(
+      const Config& next, const std::string& pool, const DiscoveredBackend& d) const;
+  void restoreLeavingDiscovered(const DiscoverySource& s,
+                                const std::vector<DiscoveredRecord>& saved);
   void tickDiscovery(Millis now, const std::vector<std::uint64_t>& gone);
   void reconcileDiscovery(DiscoverySource& s, Millis now, bool starting = false);
   // `file` plus the discovered backends that stay (their pool keeps its
@@ -279,6 +293,15 @@ class ControlPlane final : public ControlApi {
   std::vector<DiscoverySource> discovery_;
   std::map<std::uint64_t, std::string> discovered_;  // backend id -> its source (pool name)
   std::set<std::uint64_t> operatorRemoved_;          // discovered, removed by the operator
+  // Discovered backends their source stopped listing: when (Unix ms) their
+  // drain began, kept in tables.json until their removal completes.
+  std::map<std::uint64_t, std::uint64_t> discoveredLeaving_;
+  struct RestoredLeaving {
+    std::uint64_t id = 0;
+    std::string pool;
+    Millis elapsed = 0;  // age of the drain at start
+  };
+  std::vector<RestoredLeaving> restoredLeaving_;  // start-up only
 
   // Intent.
   struct ApplyPlan {

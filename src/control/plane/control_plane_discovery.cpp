@@ -142,9 +142,57 @@ void ControlPlane::refreshOperatorRemoved() {
   }
 }
 
+std::variant<BackendConfig, std::string> ControlPlane::discoveredBackendFor(
+    const Config& next, const std::string& poolName, const DiscoveredBackend& d) const {
+  const std::string at = d.name + " (" + formatIpAddress(d.address) + ")";
+  std::uint32_t poolIndex = 0;
+  const PoolConfig* pool = nullptr;
+  for (std::uint32_t p = 0; p < next.pools.size(); ++p) {
+    if (next.pools[p].name == poolName) pool = &next.pools[p], poolIndex = p;
+  }
+  if (pool == nullptr) return at + ": pool " + poolName + " is not configured";
+  if (auto bad = backendAddressProblem(next, d.address)) return at + ": " + *bad;
+  if (d.encap && *d.encap != pool->encap) {
+    return at + ": encap " + std::string(toString(*d.encap)) + " is not pool " + poolName + "'s " +
+           std::string(toString(pool->encap)) + " (the encapsulation is the pool's)";
+  }
+  for (const BackendConfig& o : next.backends) {
+    if (o.id == d.id) return at + ": the id is taken by " + o.name;
+    if (o.address == d.address) return at + ": address belongs to " + o.name;
+    if (o.name == d.name) {
+      return at + ": the name is taken by a backend at " + formatIpAddress(o.address);
+    }
+  }
+  BackendConfig b = backendOf(d.id, d, poolName, poolIndex);
+  bool portFound = false;
+  for (std::uint32_t p = 0; p < next.ports.size() && !portFound; ++p) {
+    if (next.ports[p].role == PortRole::Client) continue;
+    b.port = next.ports[p].name;
+    b.portIndex = p;
+    portFound = true;
+  }
+  if (!portFound) return at + ": no port reaches backends";
+  const PortConfig& port = next.ports[b.portIndex];
+  if ((b.address.version == IpVersion::V4 ? port.address : port.address6) == std::nullopt) {
+    return at + ": port " + port.name + " has no tunnel source address for IPv" +
+           (b.address.version == IpVersion::V4 ? "4" : "6");
+  }
+  return b;
+}
+
 void ControlPlane::primeDiscovery(Millis now) {
   syncDiscoverySources();
+  static const std::vector<DiscoveredRecord> kNone;
+  const std::optional<TablesState>& savedTables = keeper_.savedTables(now, unixNow());
+  const std::vector<DiscoveredRecord>& saved = savedTables ? savedTables->discovered : kNone;
   for (DiscoverySource& s : discovery_) {
+    // What the last process had in its tables: wanted as if listed just
+    // before the first answer.
+    std::vector<DiscoveredBackend> before;
+    for (const DiscoveredRecord& r : saved) {
+      if (r.pool == s.pool && !r.leavingSinceUnixMs) before.push_back(r.backend);
+    }
+    if (!before.empty()) s.membership.update(before, now);
     DiscoveryRefresh r = s.feed->prime(now);
     s.lastRefresh = now;
     ++s.refreshes;
@@ -152,6 +200,13 @@ void ControlPlane::primeDiscovery(Millis now) {
       ++s.errors;
       s.lastError = r.error;
       report("discovery: pool " + s.pool + ": " + *r.error);
+      if (!before.empty()) {
+        report("discovery: pool " + s.pool + ": starting from the " +
+               std::to_string(before.size()) +
+               " backend(s) it had before the restart until its source answers");
+        reconcileDiscovery(s, now, true);
+      }
+      restoreLeavingDiscovered(s, saved);
       continue;
     }
     s.invalid += r.invalid.size();
@@ -166,7 +221,64 @@ void ControlPlane::primeDiscovery(Millis now) {
     reconcileDiscovery(s, now, true);
     report("discovery: pool " + s.pool + ": " + std::to_string(s.joined) + " backend(s) from " +
            s.feed->origin());
+    restoreLeavingDiscovered(s, saved);
   }
+}
+
+void ControlPlane::restoreLeavingDiscovered(const DiscoverySource& s,
+                                            const std::vector<DiscoveredRecord>& saved) {
+  Config next = config_;
+  std::vector<RestoredLeaving> restored;
+  std::vector<std::string> refused;
+  const std::uint64_t wall = unixNow();
+  for (const DiscoveredRecord& r : saved) {
+    if (r.pool != s.pool || !r.leavingSinceUnixMs) continue;
+    if (s.membership.wanted().count(r.backend.id) != 0) continue;  // listed again: joined
+    auto made = discoveredBackendFor(next, s.pool, r.backend);
+    if (auto* bad = std::get_if<std::string>(&made)) {
+      refused.push_back(std::move(*bad));
+      continue;
+    }
+    next.backends.push_back(std::get<BackendConfig>(made));
+    const std::uint64_t since = std::min(*r.leavingSinceUnixMs, wall);
+    restored.push_back({r.backend.id, s.pool, static_cast<Millis>(wall - since)});
+  }
+  if (!restored.empty()) {
+    std::optional<std::string> problem = builder_.admits(next);
+    if (!problem) {
+      if (auto t = trialBuild(next)) problem = "cannot be built into the tables: " + *t;
+    }
+    if (problem) {
+      refused.push_back(std::to_string(restored.size()) +
+                        " backend(s) in their drain: " + *problem);
+      restored.clear();
+    } else {
+      config_ = std::move(next);
+      (void)builder_.setConfig(config_);
+      for (const RestoredLeaving& l : restored) {
+        discovered_[l.id] = s.pool;
+        discoveredLeaving_[l.id] = wall - static_cast<std::uint64_t>(l.elapsed);
+        restoredLeaving_.push_back(l);
+      }
+      report("discovery: pool " + s.pool + ": " + std::to_string(restored.size()) +
+             " backend(s) its source had stopped listing drain on after the restart");
+    }
+  }
+  for (const std::string& why : refused) {
+    report("discovery: pool " + s.pool + ": not restored in its drain (its flows end): " + why);
+  }
+}
+
+void ControlPlane::applyRestoredLeaving(Millis now) {
+  for (const RestoredLeaving& l : restoredLeaving_) {
+    const BackendStatus* st = states_.find(l.id);
+    if (st == nullptr || st->admin == AdminState::Removing) continue;
+    (void)states_.remove(l.id, now,
+                         "discovery: pool " + l.pool +
+                             "'s source no longer lists it (drain restored after a restart)",
+                         false, l.elapsed);
+  }
+  restoredLeaving_.clear();
 }
 
 std::string ControlPlane::originOf(const BackendConfig& b) const {
@@ -182,6 +294,7 @@ void ControlPlane::tickDiscovery(Millis now, const std::vector<std::uint64_t>& g
   bool removalsCompleted = false;
   for (std::uint64_t id : gone) {
     removalsCompleted = discovered_.erase(id) != 0 || removalsCompleted;
+    discoveredLeaving_.erase(id);
   }
   for (DiscoverySource& s : discovery_) {
     DiscoveryRefresh r = s.feed->poll(now);
@@ -226,10 +339,9 @@ void ControlPlane::reconcileDiscovery(DiscoverySource& s, Millis now, bool start
   std::erase_if(operatorRemoved_, [&](std::uint64_t id) {
     return discovered_.count(id) == 0 && wanted.count(id) == 0;
   });
-  std::uint32_t poolIndex = 0;
   const PoolConfig* pool = nullptr;
-  for (std::uint32_t p = 0; p < config_.pools.size(); ++p) {
-    if (config_.pools[p].name == s.pool) pool = &config_.pools[p], poolIndex = p;
+  for (const PoolConfig& p : config_.pools) {
+    if (p.name == s.pool) pool = &p;
   }
   if (pool == nullptr) return;
   const std::uint32_t cap = pool->discovery.maxPoolBackends;
@@ -250,6 +362,7 @@ void ControlPlane::reconcileDiscovery(DiscoverySource& s, Millis now, bool start
     (void)states_.remove(id, now,
                          "discovery: pool " + s.pool + "'s source no longer lists it (absent for " +
                              std::to_string(pool->discovery.hold) + " ms)");
+    discoveredLeaving_.emplace(id, unixNow());
     left.push_back(b != nullptr ? b->name : std::to_string(id));
     ++s.left;
   }
@@ -268,45 +381,12 @@ void ControlPlane::reconcileDiscovery(DiscoverySource& s, Millis now, bool start
     const bool present = std::any_of(next.backends.begin(), next.backends.end(),
                                      [&](const BackendConfig& b) { return b.id == wantedId; });
     if (present || operatorRemoved_.count(id) != 0) continue;
-    const std::string at = d.name + " (" + formatIpAddress(d.address) + ")";
-    if (auto bad = backendAddressProblem(config_, d.address)) {
-      invalid.push_back(at + ": " + *bad);
+    auto made = discoveredBackendFor(next, s.pool, d);
+    if (auto* bad = std::get_if<std::string>(&made)) {
+      invalid.push_back(std::move(*bad));
       continue;
     }
-    if (d.encap && *d.encap != pool->encap) {
-      invalid.push_back(at + ": encap " + std::string(toString(*d.encap)) + " is not pool " +
-                        s.pool + "'s " + std::string(toString(pool->encap)) +
-                        " (the encapsulation is the pool's)");
-      continue;
-    }
-    std::optional<std::string> clash;
-    for (const BackendConfig& o : next.backends) {
-      if (o.address == d.address) clash = "address belongs to " + o.name;
-      if (o.name == d.name)
-        clash = "the name is taken by a backend at " + formatIpAddress(o.address);
-    }
-    if (clash) {
-      invalid.push_back(at + ": " + *clash);
-      continue;
-    }
-    BackendConfig b = backendOf(id, d, s.pool, poolIndex);
-    bool portFound = false;
-    for (std::uint32_t p = 0; p < next.ports.size() && !portFound; ++p) {
-      if (next.ports[p].role == PortRole::Client) continue;
-      b.port = next.ports[p].name;
-      b.portIndex = p;
-      portFound = true;
-    }
-    if (!portFound) {
-      invalid.push_back(at + ": no port reaches backends");
-      continue;
-    }
-    const PortConfig& port = next.ports[b.portIndex];
-    if ((b.address.version == IpVersion::V4 ? port.address : port.address6) == std::nullopt) {
-      invalid.push_back(at + ": port " + port.name + " has no tunnel source address for IPv" +
-                        (b.address.version == IpVersion::V4 ? "4" : "6"));
-      continue;
-    }
+    const BackendConfig& b = std::get<BackendConfig>(made);
     if (inPool >= cap) {
       ++overCap;
       continue;
