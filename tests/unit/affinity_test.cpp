@@ -367,6 +367,43 @@ TEST_F(AffinityRestart, SecondProcessNamesTheSamePreviousOwners) {
   EXPECT_EQ(bare->vips[0].previousOwner, nullptr);
 }
 
+// A checkpoint cut short (a kill part-way through its files, or a file that
+// cannot be written) never leaves tables newer than their history: a
+// restarted instance would take the newer tables' owners as the origins of
+// the slots the step moved and name them on second chance.
+TEST_F(AffinityRestart, CheckpointCutShortNeverLeavesTablesNewerThanTheirHistory) {
+  Config c = config();
+  c.dataplane.secondChanceHoldMs = 600'000;
+  SnapshotBuilder builderA;
+  ASSERT_FALSE(builderA.setConfig(c));
+  ControlPlane a(c, "test.toml", builderA, &dp_, 0);
+  auto firstTables = first(a);
+  ASSERT_NE(firstTables, nullptr);
+  Millis t = 10;
+  for (; t < 60'000 && a.affinity().stats().checkpoints < 1; t += 10) run(a, t);
+  ASSERT_GE(a.affinity().stats().checkpoints, 1u) << a.affinity().stats().lastError;
+  const auto checkpointed = dp_.latest;  // the tables the checkpoint wrote
+  // history.bin cannot be written from now on (its temporary file's name is
+  // a directory).
+  ASSERT_TRUE(std::filesystem::create_directory(dir_ + "/history.bin.tmp"));
+  ASSERT_TRUE(std::holds_alternative<Json>(a.backendDrain("b2")));
+  auto second = run(a, t += 500);
+  ASSERT_NE(second, nullptr);
+  ASSERT_NE(second->vips[0].previousOwner, nullptr);
+  for (t += 10; t < 30'000 && a.affinity().stats().failures == 0; t += 10) run(a, t);
+  ASSERT_GE(a.affinity().stats().failures, 1u);
+
+  // tables.json still holds the checkpointed tables (the history beside it
+  // is theirs), not the drain's.
+  std::string error;
+  const auto text = readStateFile(dir_ + "/tables.json", 1 << 20, error);
+  ASSERT_TRUE(text) << error;
+  const auto saved = decodeTablesState(*text);
+  ASSERT_TRUE(std::holds_alternative<TablesState>(saved));
+  EXPECT_EQ(std::get<TablesState>(saved).generation, checkpointed->generation);
+  EXPECT_LT(checkpointed->generation, second->generation);
+}
+
 // `flows adopted` (ControlApi::flowsAdopted): what the workers adopted, named
 // (VIP, backend, origin, when), the counts per origin, and the last export's
 // tracked flows (the flow table's own exceptions), backends by name.

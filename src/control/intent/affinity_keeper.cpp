@@ -322,13 +322,22 @@ void AffinityKeeper::complete(Millis now, std::uint64_t unixMs,
     dirReady_ = true;
   }
   tables.writtenUnixMs = unixMs;
+  // tables.json last: a process killed part-way through the batch (or a
+  // file that fails, which stops the batch) leaves the previous tables
+  // beside a history at least as new, never newer tables beside an older
+  // history. The history of a step includes its moves; restored with the
+  // tables before the step, the step's slots move again from their owners
+  // there and keep the origins the tier's other instances name. Tables with
+  // an older history would make the restored owners the origins of those
+  // slots' runs, and second chance would name them instead of the owner the
+  // flows began on (lb-kill-after-step: a kill 50 ms after a step).
   std::vector<DurableWriter::File> files;
+  files.push_back(
+      {path(kSlotHistoryFile), encodeSlotHistory(options_.hashSeed, unixMs, tables.history)});
   files.push_back(
       {path(kFlowCheckpointFile), encodeFlowCheckpoint(options_.hashSeed, unixMs, records)});
   files.push_back({path(kTablesStateFile), encodeTablesState(tables)});
-  files.push_back(
-      {path(kSlotHistoryFile), encodeSlotHistory(options_.hashSeed, unixMs, tables.history)});
-  const Writing w{exportStarted_, tables.generation, records.size(), files[0].bytes.size()};
+  const Writing w{exportStarted_, tables.generation, records.size(), files[1].bytes.size()};
   if (!writer_.submit(std::move(files))) return;  // not reached: tick() waits for the writer
   writing_ = w;
   finishWrite(now, false);  // inline mode: done already

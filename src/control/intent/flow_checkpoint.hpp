@@ -28,7 +28,10 @@
 // history.bin: second chance's slot history (snapshot_builder.hpp) of each
 // VIP, so a restarted instance names the same previous owners as its peers
 // (a flow on its second chance that ECMP moves back to it keeps its hop):
-// binary, little-endian, written with tables.json:
+// binary, little-endian, written in each checkpoint before flows.ckpt and
+// tables.json (tables.json last: a checkpoint cut short leaves the older
+// tables beside a history at least as new, never the reverse, which would
+// make the newer tables' owners the origins of the slots their step moved):
 //   header   32 bytes: magic "SPWHIST1", u32 version (1), u32 VIP count,
 //            u64 seed tag (as flows.ckpt: slots are only meaningful under
 //            the seed), u64 wall time of writing (Unix ms)
