@@ -3,7 +3,8 @@
 # the outcome benchmark of issue #27 still runs end to end: its estate comes
 # up (gpu_sim.py backends, two cloud regions behind delay lines), every
 # contender (spillwayd with the policy and without, HAProxy, nginx) carries
-# the Poisson gRPC load through a backend crash, and each gives a sane
+# the Poisson gRPC load and a training job's bulk flows through a backend
+# crash, and each gives a sane
 # outcome record. It checks that the run completed and its records are
 # whole, never how fast (the numbers of a 5 s smoke run mean nothing).
 #   outcome_bench_test.sh BUILD_DIR
@@ -45,6 +46,10 @@ for c in contenders:
         need(all(0 <= u <= 1.05 for u in r["util"].values()), f"{c}: utilisation outside 0..1")
         need(r["spread"] is not None and r["spread"] >= 1, f"{c}: no utilisation spread")
         need(r["wan_bytes"] > 0, f"{c}: no byte crossed the WAN (health checks do)")
+        # The training job's flows went through the balancer too.
+        need(r.get("steps", 0) > 0 and r["step_mean_ms"] > 0 and
+             r["step_worst_ms"] >= r["step_mean_ms"] and sum(r["bulk_backends"].values()) ==
+             4 * r["steps"], f"{c}: no training step, or steps without their 4 flows")
 need({e["contender"] for e in doc["summary"]} == set(contenders), "summary misses a contender")
 md = open(os.path.join(out, "result.md")).read()
 need(all(f"| backend-crash | {c} |" in md for c in contenders), "result.md misses a row")

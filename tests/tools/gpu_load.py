@@ -4,6 +4,7 @@
   gpu_load.py --target ADDR:PORT --schedule 0:40,10:70 --duration-s S
               [--work-ms 200] [--reply-bytes 512] [--new-fraction 0.3]
               [--channels 8] [--deadline-s 10] [--seed 1] --report PATH
+              [--ready PATH]
 
 Requests arrive as a Poisson process whose rate (requests a second) follows
 --schedule, "T:RATE" steps at T seconds from the start. Each asks for an
@@ -127,6 +128,8 @@ class Load:
         self.channels = [Channel(a.target) for _ in range(a.channels)]
         self.started = time.time()
         self.t0 = time.monotonic()
+        if a.ready:
+            open(a.ready, "w").close()
         tasks = set()
         t = 0.0
         while True:
@@ -155,7 +158,7 @@ class Load:
             await ch.channel.close()
 
     def write(self):
-        self.records.sort()
+        self.records.sort(key=lambda r: r[0])
         doc = {"started": self.started, "ended": self.ended, "target": self.args.target,
                "schedule": self.steps, "requests": self.records, "broken": self.broken}
         tmp = self.args.report + ".tmp"
@@ -176,6 +179,7 @@ def main(argv):
     ap.add_argument("--deadline-s", type=float, default=10.0)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--report", required=True)
+    ap.add_argument("--ready", help="a file created when the arrivals begin")
     args = ap.parse_args(argv)
     try:
         parse_schedule(args.schedule)

@@ -24,11 +24,18 @@ A backend that behaves like a GPU server as far as a load balancer can tell:
     queued), gpu_sim_slots and gpu_sim_speed. Spillway's scraper reads the
     first two (README "Health checks, load feedback and spillover").
   * A TCP port for health checks (--health-port): accepts and closes.
+  * Bulk mode on --bulk-port (0: off), for NCCL-like training flows: each
+    step, the peer sends a 12-byte header (payload bytes N, big-endian u64;
+    compute ms C, u32) and N bytes; once all have arrived the backend holds
+    a slot for C / speed (the reduction on the GPU, queued with inference)
+    and answers b"NAME\n". N is at most 1 GiB and C at most 60 s; anything
+    else closes the connection.
   * --stats-file: the counters as JSON, rewritten every 0.25 s (the benchmark
     reads them from outside the backend's namespace).
 
   gpu_sim.py serve --name onprem1 --slots 4 --speed 1.0 [--grpc-port 50051]
-                   [--exporter-port 9400] [--health-port 8000] [--window 1.0]
+                   [--exporter-port 9400] [--health-port 8000] [--bulk-port 0]
+                   [--window 1.0]
                    [--control-file PATH] [--stats-file PATH]
 
 One asyncio thread. SIGTERM or SIGINT: stops. Exit 2 on bad arguments, 1 when
@@ -41,6 +48,7 @@ import collections
 import json
 import os
 import signal
+import struct
 import sys
 import time
 
@@ -199,6 +207,37 @@ async def health(reader, writer):
     writer.close()
 
 
+MAX_BULK_BYTES = 1 << 30
+BULK_HEADER = struct.Struct("!QI")
+
+
+async def bulk(reader, writer, name, gpu):
+    """One training flow: steps of (header, payload) answered after the
+    reduction's slot time."""
+    try:
+        while True:
+            try:
+                head = await reader.readexactly(BULK_HEADER.size)
+            except asyncio.IncompleteReadError:
+                return  # the peer closed between steps
+            size, compute_ms = BULK_HEADER.unpack(head)
+            if size > MAX_BULK_BYTES or compute_ms > MAX_WORK_MS:
+                return
+            left = size
+            while left:
+                chunk = await reader.read(min(left, 1 << 18))
+                if not chunk:
+                    return
+                left -= len(chunk)
+            await gpu.serve(compute_ms)
+            writer.write(name.encode() + b"\n")
+            await writer.drain()
+    except (ConnectionError, asyncio.IncompleteReadError):
+        pass
+    finally:
+        writer.close()
+
+
 class Control:
     """`speed=X` lines of a file, re-applied whenever its mtime changes."""
 
@@ -272,12 +311,16 @@ async def serve(args):
             lambda r, w: http_exporter(r, w, args.name, gpu), args.bind, args.exporter_port))
         if args.health_port:
             servers.append(await asyncio.start_server(health, args.bind, args.health_port))
+        if args.bulk_port:
+            servers.append(await asyncio.start_server(
+                lambda r, w: bulk(r, w, args.name, gpu), args.bind, args.bulk_port))
     except OSError as e:
         print(f"gpu_sim: {e}", file=sys.stderr)
         return 1
     control = Control(args.control_file, gpu)
     print(f"gpu_sim: {args.name} serving: {args.slots} slots at speed {args.speed:g}, gRPC "
-          f":{args.grpc_port}, exporter :{args.exporter_port}, health :{args.health_port}",
+          f":{args.grpc_port}, exporter :{args.exporter_port}, health :{args.health_port}, "
+          f"bulk :{args.bulk_port}",
           file=sys.stderr, flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -312,6 +355,7 @@ def main(argv):
     s.add_argument("--grpc-port", type=int, default=50051)
     s.add_argument("--exporter-port", type=int, default=9400)
     s.add_argument("--health-port", type=int, default=8000)
+    s.add_argument("--bulk-port", type=int, default=0)
     s.add_argument("--window", type=float, default=1.0)
     s.add_argument("--control-file")
     s.add_argument("--stats-file")
