@@ -11,12 +11,13 @@ flow sends --step-kib KiB and waits for its backend to reduce them
 the slowest flow's answer is in, so the step time is set by the slowest
 member. Steps follow each other back to back for --duration-s.
 
-A flow whose connection fails (reset, closed, or no answer in --timeout-s)
-after it had answered once is a broken flow; it connects again and the step
-is sent again on the new connection (the step's time includes all of that).
+A flow whose connection fails (reset or closed: "reset"; no answer in
+--timeout-s: "timeout", as a collective's watchdog would give up) after it
+had answered once is a broken flow; it connects again and the step is sent
+again on the new connection (the step's time includes all of that).
 
 The report (JSON): {"started": unix, "ended": unix, "steps": [[t, step_ms,
-[backend per flow]]], "broken": [[t, backend]], "failed_connects": n, "unfinished": t|null};
+[backend per flow]]], "broken": [[t, backend, "reset"|"timeout"]], "failed_connects": n, "unfinished": t|null};
 t is seconds after "started"; "unfinished": the step that could not finish
 (no connection) by --duration-s + --timeout-s. Exit 0 at the end of the run.
 """
@@ -76,10 +77,11 @@ class Flow:
                     raise ConnectionError("closed")
                 self.backend = line.strip().decode("utf-8", "replace")
                 return self.backend
-            except (OSError, ConnectionError, asyncio.TimeoutError):
+            except (OSError, ConnectionError, asyncio.TimeoutError) as e:
                 if self.backend is not None:
+                    why = "timeout" if isinstance(e, asyncio.TimeoutError) else "reset"
                     self.job.broken.append([round(time.monotonic() - self.job.t0, 4),
-                                            self.backend])
+                                            self.backend, why])
                 self.drop()
 
 
