@@ -23,9 +23,10 @@ flow, and is replaced by a new channel.
 
 Latency is measured from the request's scheduled arrival (a late client does
 not hide queueing). The report (JSON): {"started": unix, "ended": unix,
-"requests": [[t, latency_ms|null, status, backend, kind]], "broken":
-[[t, backend]]}; t is seconds after "started", status "OK" or a gRPC status
-name, kind "new" or "channel". Exit 0 once every request has finished.
+"requests": [[t, latency_ms|null, status, backend, kind, done_ms]],
+"broken": [[t, backend]]}; t is seconds after "started", status "OK" or a
+gRPC status name, kind "new" or "channel", done_ms the time from the
+scheduled arrival to the answer or the failure. Exit 0 once every request has finished.
 """
 
 import argparse
@@ -121,7 +122,8 @@ class Load:
                 await ch.channel.close()
         latency = (time.monotonic() - self.t0 - t_sched) * 1e3
         self.records.append([round(t_sched, 4), round(latency, 3) if status == "OK" else None,
-                             status, backend, "new" if use_new else "channel"])
+                             status, backend, "new" if use_new else "channel",
+                             round(latency, 3)])
 
     async def run(self):
         a = self.args
