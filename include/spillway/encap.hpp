@@ -69,6 +69,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string_view>
 
 #include "spillway/drop_reason.hpp"
 #include "spillway/flow_key.hpp"
@@ -83,6 +84,21 @@ enum class EncapKind : std::uint8_t {
   Gue4,     // outer IPv4 + UDP + GUE variant 0
   Gue6,     // outer IPv6 + UDP + GUE variant 0
 };
+
+// The kind's name in logs, probe errors and test names: "ipip4", "gue6".
+[[nodiscard]] constexpr std::string_view toString(EncapKind kind) noexcept {
+  switch (kind) {
+    case EncapKind::IpInIp4:
+      return "ipip4";
+    case EncapKind::IpInIp6:
+      return "ipip6";
+    case EncapKind::Gue4:
+      return "gue4";
+    case EncapKind::Gue6:
+      return "gue6";
+  }
+  return "?";
+}
 
 inline constexpr std::uint16_t kGueDefaultPort = 6080;
 inline constexpr std::uint8_t kDefaultOuterTtl = 64;

@@ -243,6 +243,7 @@ class Estate:
     # stops: the e2e tests' own, which keep self.procs the same way.
     run = harness.Estate.run
     stop = harness.Estate.stop
+    stop_all = harness.Estate.stop_all
 
     def spawn(self, args, ns=None, log_name=None, stdin=None, stdout=None, append=False):
         if ns is not None:
@@ -257,13 +258,7 @@ class Estate:
         return p
 
     def cleanup(self):
-        for p in reversed(list(self.procs)):
-            try:
-                self.stop(p, timeout=5)
-            except Exception:  # noqa: BLE001 - best effort on the way out
-                pass
-        if self.up:
-            subprocess.run([TOPOLOGY, "down", "--prefix", self.prefix], capture_output=True)
+        self.stop_all(reversed(list(self.procs)))
         for inst in self.instances.values():
             shutil.rmtree(f"/var/run/dpdk/{inst.file_prefix}", ignore_errors=True)
 

@@ -149,14 +149,19 @@ class Estate:
             self.procs.remove(p)
         return p.returncode
 
-    def cleanup(self):
-        for p in list(self.procs):
+    def stop_all(self, procs):
+        """Stops `procs` (best effort, in the order given), then takes the
+        topology down if it is up: the first part of every cleanup."""
+        for p in procs:
             try:
                 self.stop(p, timeout=5)
             except Exception:  # noqa: BLE001 - best effort on the way out
                 pass
         if self.up:
             subprocess.run([TOPOLOGY, "down", "--prefix", self.prefix], capture_output=True)
+
+    def cleanup(self):
+        self.stop_all(list(self.procs))
         # The EAL's runtime directories of our --file-prefix(es).
         for d in glob.glob(f"/var/run/dpdk/{self.prefix}*"):
             shutil.rmtree(d, ignore_errors=True)

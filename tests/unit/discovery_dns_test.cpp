@@ -30,7 +30,9 @@
 #include "control/discovery/dns_resolver.hpp"
 #include "control/discovery/dns_source.hpp"
 #include "control/plane/control_plane.hpp"
+#include "estate_fixture.hpp"
 #include "fake_dataplane.hpp"
+#include "plane_on_file.hpp"
 
 extern char** environ;
 
@@ -436,67 +438,13 @@ TEST(DnsSource, SrvTargetsWeightsAndLowestPriority) {
 // --- configuration ---------------------------------------------------------------
 
 std::string configText(const std::string& stateDir, const std::string& discovery) {
-  return R"([dataplane]
-lcores = [1]
-hash_seed = 42
-
-[control]
-state_dir = ")" +
-         stateDir + R"("
-
-[policy]
-drain_timeout = 60
-
-[[port]]
-name = "p0"
-devargs = "net_null0"
-address = "10.0.0.1"
-next_hop_mac = "02:00:00:00:00:01"
-
-[[pool]]
-name = "a"
-site = "onprem"
-
-[[pool]]
-name = "cloud"
-site = "cloud"
-discovery = { )" +
-         discovery + R"( }
-
-[[vip]]
-name = "v"
-address = "192.0.2.1"
-protocol = "tcp"
-table_size = 251
-pools = ["a", "cloud"]
-
-[[backend]]
-name = "b1"
-address = "10.0.0.11"
-pool = "a"
-)";
+  return test::cloudDiscoveryEstate(stateDir, discovery);
 }
 
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "spillway-dns-XXXXXX").string();
-    path_ = ::mkdtemp(pattern.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  [[nodiscard]] std::string operator/(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
+struct TempDir : test::TempDir {
+  TempDir() : test::TempDir("dns") {}
 };
-
-void writeAll(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-}
+using test::writeAll;
 
 std::optional<std::string> loadError(const TempDir& dir, const std::string& discovery) {
   writeAll(dir / "c.toml", configText(dir / "state", discovery));
@@ -646,21 +594,10 @@ class Dnsmasq {
   pid_t pid_ = -1;
 };
 
-class Daemon {
+class Daemon : public test::PlaneOnFile {
  public:
   Daemon(const TempDir& dir, const std::string& text, Millis now = 1000)
-      : path_(dir / "spillway.toml") {
-    writeAll(path_, text);
-    auto loaded = loadConfig(path_);
-    EXPECT_TRUE(loaded.ok()) << formatErrors(loaded.errors());
-    Config c = std::move(loaded).value();
-    EXPECT_FALSE(builder_.setConfig(c));
-    dp_.flowCounts = {LcoreFlowCounts{1u, std::vector<std::uint64_t>(4096, 0)}};
-    cp_ = std::make_unique<ControlPlane>(std::move(c), path_, builder_, &dp_, now,
-                                         [this] { return wall_; });
-    (void)cp_->takeSnapshot(now);
-  }
-  ControlPlane& cp() { return *cp_; }
+      : PlaneOnFile(dir, text, now) {}
   Json source() { return std::get<Json>(cp_->discovery())["sources"].at(0); }
   // One tick at `now`, then ticks at the same `now` until the source has no
   // query out (the real server answers in real time; the plane's clock stands
@@ -676,7 +613,7 @@ class Daemon {
   void run(Millis& now, Millis ms) {
     for (Millis t = 0; t < ms; t += 100) {
       now += 100;
-      wall_ += 100;
+      ownWall_ += 100;
       step(now);
     }
   }
@@ -688,13 +625,6 @@ class Daemon {
     }
     return out;
   }
-
- private:
-  std::string path_;
-  SnapshotBuilder builder_;
-  test::FakeDataplane dp_;
-  std::int64_t wall_ = 1'700'000'000'000;
-  std::unique_ptr<ControlPlane> cp_;
 };
 
 std::string hostsOf(std::initializer_list<const char*> addrs) {

@@ -21,33 +21,19 @@
 #include "control/discovery/file_source.hpp"
 #include "control/discovery/membership.hpp"
 #include "control/plane/control_plane.hpp"
+#include "estate_fixture.hpp"
 #include "fake_dataplane.hpp"
+#include "plane_on_file.hpp"
 
 namespace spillway {
 namespace {
 
 namespace fs = std::filesystem;
 
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "spillway-discovery-XXXXXX").string();
-    path_ = ::mkdtemp(pattern.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  [[nodiscard]] std::string operator/(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
+struct TempDir : test::TempDir {
+  TempDir() : test::TempDir("discovery") {}
 };
-
-void writeAll(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-}
+using test::writeAll;
 
 // Written aside and renamed over the file, as controllers do.
 void replace(const std::string& path, const std::string& text) {
@@ -313,72 +299,20 @@ TEST(FileSdSource, MalformedLargeOrMissingKeepsLastGood) {
 
 std::string configText(const std::string& stateDir, const std::string& sdPath,
                        const std::string& discoveryExtra = "") {
-  return R"([dataplane]
-lcores = [1]
-hash_seed = 42
-
-[control]
-state_dir = ")" +
-         stateDir + R"("
-
-[policy]
-drain_timeout = 60
-
-[[port]]
-name = "p0"
-devargs = "net_null0"
-address = "10.0.0.1"
-next_hop_mac = "02:00:00:00:00:01"
-
-[[pool]]
-name = "a"
-site = "onprem"
-
-[[pool]]
-name = "cloud"
-site = "cloud"
-discovery = { kind = "file", path = ")" +
-         sdPath + R"(", hold = 5)" + discoveryExtra + R"( }
-
-[[vip]]
-name = "v"
-address = "192.0.2.1"
-protocol = "tcp"
-table_size = 251
-pools = ["a", "cloud"]
-
-[[backend]]
-name = "b1"
-address = "10.0.0.11"
-pool = "a"
-)";
+  return test::cloudDiscoveryEstate(
+      stateDir, "kind = \"file\", path = \"" + sdPath + "\", hold = 5" + discoveryExtra);
 }
 
-class Daemon {
+class Daemon : public test::PlaneOnFile {
  public:
   Daemon(const TempDir& dir, const std::string& text, Millis now = 1000)
-      : path_(dir / "spillway.toml") {
-    writeAll(path_, text);
-    auto loaded = loadConfig(path_);
-    EXPECT_TRUE(loaded.ok()) << formatErrors(loaded.errors());
-    Config c = std::move(loaded).value();
-    EXPECT_FALSE(builder_.setConfig(c));
-    dp_.flowCounts = {LcoreFlowCounts{1u, std::vector<std::uint64_t>(4096, 0)}};
-    cp_ = std::make_unique<ControlPlane>(std::move(c), path_, builder_, &dp_, now,
-                                         [this] { return wall_; });
-    if (auto s = cp_->takeSnapshot(now)) dp_.publish(std::move(s));
-  }
-  ControlPlane& cp() { return *cp_; }
-  const std::string& path() const { return path_; }
-  void setFlows(std::uint64_t n) {
-    dp_.flowCounts = {LcoreFlowCounts{1u, std::vector<std::uint64_t>(4096, n)}};
-  }
+      : PlaneOnFile(dir, text, now) {}
   // Ticks `ms` forward in steps of 100 ms (flow counts answered between),
   // publishing each snapshot as the daemon's loop does.
   void run(Millis& now, Millis ms) {
     for (Millis t = 0; t < ms; t += 100) {
       now += 100;
-      wall_ += 100;
+      ownWall_ += 100;
       if (!cp_->tick(now)) continue;
       if (auto s = cp_->takeSnapshot(now)) dp_.publish(std::move(s));
     }
@@ -398,13 +332,6 @@ class Daemon {
     return std::nullopt;
   }
   Json source() { return std::get<Json>(cp_->discovery())["sources"].at(0); }
-
- private:
-  std::string path_;
-  SnapshotBuilder builder_;
-  test::FakeDataplane dp_;
-  std::int64_t wall_ = 1'700'000'000'000;
-  std::unique_ptr<ControlPlane> cp_;
 };
 
 TEST(ControlDiscovery, JoinsWithBackendAddChecksAndShowsOrigin) {

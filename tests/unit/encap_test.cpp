@@ -51,20 +51,6 @@ constexpr std::array kKinds = {EncapKind::IpInIp4, EncapKind::IpInIp6, EncapKind
                                EncapKind::Gue6};
 constexpr std::array kInnerVersions = {IpVersion::V4, IpVersion::V6};
 
-const char* kindName(EncapKind kind) {
-  switch (kind) {
-    case EncapKind::IpInIp4:
-      return "ipip4";
-    case EncapKind::IpInIp6:
-      return "ipip6";
-    case EncapKind::Gue4:
-      return "gue4";
-    case EncapKind::Gue6:
-      return "gue6";
-  }
-  return "?";
-}
-
 // A received frame inside a buffer with headroom and tailroom.
 struct Buffer {
   std::vector<std::byte> bytes;
@@ -206,7 +192,7 @@ std::string expectedJson(const EncapCase& c, const EncapTarget& t, std::uint64_t
       .add("length", innerLength);
 
   JsonObject j;
-  j.add("case", c.name).add("type", "encap").add("encap", kindName(c.kind));
+  j.add("case", c.name).add("type", "encap").add("encap", std::string(toString(c.kind)));
   j.add("flow_hash", hex64(hash)).add("eth", eth).add("outer", ip);
   if (gue) {
     JsonObject udp;
@@ -387,7 +373,7 @@ TEST(Encap, AllVariantsWellFormed) {
     for (const auto inner : kInnerVersions) {
       for (const bool vlanIn : {false, true}) {
         for (const bool vlanOut : {false, true}) {
-          SCOPED_TRACE(std::string(kindName(kind)) + (inner == IpVersion::V4 ? " v4" : " v6") +
+          SCOPED_TRACE(std::string(toString(kind)) + (inner == IpVersion::V4 ? " v4" : " v6") +
                        (vlanIn ? " vlan-in" : "") + (vlanOut ? " vlan-out" : ""));
           const auto input = clientPacket(inner, kind == EncapKind::Gue4, 100,
                                           vlanIn ? std::optional<std::uint16_t>(7) : std::nullopt)
@@ -516,7 +502,7 @@ TEST(EncapMtu, ExactlyAtMtuPassesOneByteOverFails) {
   for (const auto kind : kKinds) {
     for (const auto inner : kInnerVersions) {
       for (const bool egressVlan : {false, true}) {
-        SCOPED_TRACE(std::string(kindName(kind)) + (inner == IpVersion::V4 ? " v4" : " v6") +
+        SCOPED_TRACE(std::string(toString(kind)) + (inner == IpVersion::V4 ? " v4" : " v6") +
                      (egressVlan ? " tagged" : ""));
         const auto target =
             targetFor(kind, egressVlan ? std::optional<std::uint16_t>(5) : std::nullopt);
@@ -596,7 +582,7 @@ TEST(EncapHeadroom, NoHeadroomWhenTheOuterHeadersDoNotFit) {
   for (const auto kind : kKinds) {
     for (const bool vlanIn : {false, true}) {
       for (const bool vlanOut : {false, true}) {
-        SCOPED_TRACE(std::string(kindName(kind)) + (vlanIn ? " vlan-in" : "") +
+        SCOPED_TRACE(std::string(toString(kind)) + (vlanIn ? " vlan-in" : "") +
                      (vlanOut ? " vlan-out" : ""));
         const auto input = clientPacket(IpVersion::V4, false, 8,
                                         vlanIn ? std::optional<std::uint16_t>(9) : std::nullopt)
@@ -668,7 +654,7 @@ TEST(EncapSecondChance, GueCarriesThePreviousOwnerAsPrivateData) {
   for (const auto kind : {EncapKind::Gue4, EncapKind::Gue6}) {
     for (const auto inner : kInnerVersions) {
       const bool v4 = outerIpVersion(kind) == IpVersion::V4;
-      SCOPED_TRACE(std::string(kindName(kind)) + (inner == IpVersion::V4 ? " v4" : " v6"));
+      SCOPED_TRACE(std::string(toString(kind)) + (inner == IpVersion::V4 ? " v4" : " v6"));
       const auto input = clientPacket(inner, false, 60).build();
       auto plain = withHeadroom(input);
       auto withHop = withHeadroom(input);
@@ -878,7 +864,7 @@ TEST(EncapTemplate, MatchesTheBuilderForEveryKindFamilyTagHopLengthAndDf) {
                     const Buffer input = withHeadroom(frame);
                     const PacketView view = viewOf(input);
                     const std::string what =
-                        std::string(kindName(kind)) + " inner v" +
+                        std::string(toString(kind)) + " inner v" +
                         std::to_string(static_cast<int>(inner)) + (egress ? " tagged" : "") +
                         (ingress ? " in-tag" : "") + (udp ? " udp" : " tcp") +
                         (df ? " df" : " nodf") + " payload " + std::to_string(payload) + " hash " +
@@ -936,7 +922,7 @@ TEST(EncapTemplate, MatchesTheBuilderAtTheEdgesOfMtuTtlAndHeadroom) {
                   ASSERT_EQ(frame.size(), 14 + innerLength);
                   const Buffer input = withHeadroom(frame, headroom);
                   const PacketView view = viewOf(input);
-                  const std::string what = std::string(kindName(kind)) + " inner v" +
+                  const std::string what = std::string(toString(kind)) + " inner v" +
                                            std::to_string(static_cast<int>(inner)) +
                                            (tagged ? " tagged" : "") + " mtu " +
                                            std::to_string(mtu) + (df ? " df" : " nodf") + " ttl " +
@@ -983,12 +969,12 @@ TEST(EncapTemplate, MatchesTheBuilderOnBadViews) {
     for (const PacketView* v : {&notOk, &nonIp, &v6, &longer, &shortIp, &farL3}) {
       const Compared c =
           compareWithReference(input, *v, target, 3, nullptr,
-                               std::string(kindName(kind)) + " bad view " + std::to_string(n++));
+                               std::string(toString(kind)) + " bad view " + std::to_string(n++));
       EXPECT_FALSE(c.fromTemplate.ok());
     }
     const Compared shorter =
         compareWithReference(input, view, target, 3, nullptr,
-                             std::string(kindName(kind)) + " short frame", frame.size() - 1);
+                             std::string(toString(kind)) + " short frame", frame.size() - 1);
     EXPECT_EQ(shorter.fromTemplate.drop, DropReason::Truncated);
   }
 }
@@ -1065,9 +1051,9 @@ TEST(EncapTemplate, MatchesTheBuilderWhereTheUdpChecksumWouldBeZero) {
       if (loadAt<Be16>(a.bytes, r.dataOffset + udpAt + 6).host() != 0xffff) continue;
       found = true;
       compareWithReference(input, view, target, hash, nullptr,
-                           std::string(kindName(kind)) + " checksum 0xffff");
+                           std::string(toString(kind)) + " checksum 0xffff");
     }
-    EXPECT_TRUE(found) << kindName(kind) << ": no source port gave a zero checksum";
+    EXPECT_TRUE(found) << toString(kind) << ": no source port gave a zero checksum";
   }
 }
 

@@ -19,39 +19,20 @@
 #include "control/intent/intent_journal.hpp"
 #include "control/intent/intent_merge.hpp"
 #include "control/plane/control_plane.hpp"
+#include "estate_fixture.hpp"
 #include "fake_dataplane.hpp"
+#include "plane_on_file.hpp"
 
 namespace spillway {
 namespace {
 
 namespace fs = std::filesystem;
 
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "spillway-intent-XXXXXX").string();
-    path_ = ::mkdtemp(pattern.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  [[nodiscard]] const std::string& path() const { return path_; }
-  [[nodiscard]] std::string operator/(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
+struct TempDir : test::TempDir {
+  TempDir() : test::TempDir("intent") {}
 };
-
-std::string readAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-void writeAll(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-}
+using test::readAll;
+using test::writeAll;
 
 IntentRecord record(IntentOp op, std::string name, std::uint64_t id = 7) {
   IntentRecord r;
@@ -371,59 +352,18 @@ TEST(IntentJournal, EmptyDirectoryKeepsIntentInMemory) {
 
 std::string configText(const std::string& stateDir, const std::string& extra = {},
                        const std::string& b2Weight = "100", bool withB3 = true) {
-  std::string t = R"([dataplane]
-lcores = [1]
-hash_seed = 42
-
-[control]
-state_dir = ")" + stateDir +
-                  R"("
-
-[policy]
-drain_timeout = 60
-
-[[port]]
-name = "p0"
-devargs = "net_null0"
-address = "10.0.0.1"
-next_hop_mac = "02:00:00:00:00:01"
-
-[[pool]]
-name = "a"
-site = "onprem"
-
+  std::string t = test::fileEstateHead(stateDir) + R"(
 [[vip]]
 name = "v"
 address = "192.0.2.1"
 protocol = "tcp"
 table_size = 251
 pools = ["a"]
-
-[[backend]]
-name = "b1"
-address = "10.0.0.11"
-pool = "a"
-
-[[backend]]
-name = "b2"
-address = "10.0.0.12"
-pool = "a"
-weight = )" + b2Weight +
-                  "\n";
-  if (withB3) {
-    t += R"(
-[[backend]]
-name = "b3"
-address = "10.0.0.13"
-pool = "a"
 )";
-  }
-  t += R"(
-[[backend]]
-name = "b4"
-address = "10.0.0.14"
-pool = "a"
-)";
+  t += test::backendToml("b1", "10.0.0.11", "a");
+  t += test::backendToml("b2", "10.0.0.12", "a", "weight = " + b2Weight + "\n");
+  if (withB3) t += test::backendToml("b3", "10.0.0.13", "a");
+  t += test::backendToml("b4", "10.0.0.14", "a");
   return t + extra;
 }
 
@@ -454,24 +394,12 @@ const std::string& okJson(const ApiResult& r, std::string& storage) {
 
 // A control plane on a file in a temporary directory, with a fake wall
 // clock and flow counts of 0 from a fake data path.
-class Daemon {
+class Daemon : public test::PlaneOnFile {
  public:
-  Daemon(const TempDir& dir, const std::string& text, std::int64_t* wall, Millis now = 1000)
-      : path_(dir / "spillway.toml") {
-    writeAll(path_, text);
-    auto loaded = loadConfig(path_);
-    EXPECT_TRUE(loaded.ok()) << formatErrors(loaded.errors());
-    Config c = std::move(loaded).value();
-    EXPECT_FALSE(builder_.setConfig(c));
-    setFlows(0);
-    cp_ = std::make_unique<ControlPlane>(std::move(c), path_, builder_, &dp_, now,
-                                         [wall] { return *wall; });
-    (void)cp_->takeSnapshot(now);
-  }
+  Daemon(const TempDir& dir, const std::string& text, const std::int64_t* wall, Millis now = 1000)
+      : PlaneOnFile(dir, text, now, wall) {}
 
-  ControlPlane& cp() { return *cp_; }
   SnapshotBuilder& builder() { return builder_; }
-  const std::string& path() const { return path_; }
   void rewrite(const std::string& text) { writeAll(path_, text); }
   const BackendConfig* backend(const std::string& name) const {
     for (const BackendConfig& b : cp_->config().backends) {
@@ -495,10 +423,6 @@ class Daemon {
     }
   }
 
-  // Live flows per backend the fake data path reports from now on.
-  void setFlows(std::uint64_t n) {
-    dp_.flowCounts = {LcoreFlowCounts{1u, std::vector<std::uint64_t>(4096, n)}};
-  }
   [[nodiscard]] std::size_t vipSyncs() const { return dp_.vipSyncs.size(); }
   [[nodiscard]] std::size_t vipCount() const {
     return dp_.vipSyncs.empty() ? 0 : dp_.vipSyncs.back().size();
@@ -506,12 +430,6 @@ class Daemon {
   void failVipSync(bool fail) {
     dp_.vipSyncError = fail ? std::optional<std::string>("bpf map update failed") : std::nullopt;
   }
-
- private:
-  std::string path_;
-  SnapshotBuilder builder_;
-  test::FakeDataplane dp_;
-  std::unique_ptr<ControlPlane> cp_;
 };
 
 BackendSpec spec(std::string name, std::string address, std::uint32_t weight = 100) {

@@ -93,6 +93,13 @@ Config estate(const std::vector<std::string>& backends = kBackends,
   return load(text);
 }
 
+// The estate with a second-chance hold of 5 s.
+Config secondChanceEstate() {
+  Config c = estate();
+  c.dataplane.secondChanceHoldMs = 5'000;
+  return c;
+}
+
 std::uint64_t id(const char* name) {
   return backendIdFromName(name);
 }
@@ -658,8 +665,7 @@ TEST(SnapshotBuilder, PerVipWeightsAndPredictedMoves) {
 // slot that changes back names the owner it leaves (one that moves on to a
 // third owner within the hold: SecondChanceKeepsTheOlderOwnerThroughAnotherMove).
 TEST(SnapshotBuilder, SecondChanceHistoryOfChangedSlotsUntilTheHoldEnds) {
-  Config c = estate();
-  c.dataplane.secondChanceHoldMs = 5'000;
+  Config c = secondChanceEstate();
   SnapshotBuilder b = builderFor(std::move(c));
   auto first = b.build(1, 100'000);
   ASSERT_TRUE(first);
@@ -725,8 +731,7 @@ TEST(SnapshotBuilder, SecondChanceHistoryOfChangedSlotsUntilTheHoldEnds) {
 // table, one load swing). The hold runs from the last move. Once A's hold
 // has ended, the next move names B.
 TEST(SnapshotBuilder, SecondChanceKeepsTheOlderOwnerThroughAnotherMove) {
-  Config c = estate();
-  c.dataplane.secondChanceHoldMs = 5'000;
+  Config c = secondChanceEstate();
   for (const Millis third : {Millis{2'000}, Millis{7'000}}) {
     SCOPED_TRACE("third build at " + std::to_string(third));
     SnapshotBuilder b = builderFor(c);
@@ -770,8 +775,7 @@ TEST(SnapshotBuilder, SecondChanceKeepsTheOlderOwnerThroughAnotherMove) {
 // of moves, which is also the owner it leaves (not B, the owner it named
 // while back on A).
 TEST(SnapshotBuilder, SecondChanceNamesTheOwnerBeforeTheRunOfMoves) {
-  Config c = estate();
-  c.dataplane.secondChanceHoldMs = 5'000;
+  Config c = secondChanceEstate();
   SnapshotBuilder b = builderFor(c);
   auto s1 = b.build(1, 0);
   ASSERT_TRUE(b.setState(id("a1"), BackendState::Disabled));
@@ -805,8 +809,7 @@ TEST(SnapshotBuilder, SecondChanceNamesTheOwnerBeforeTheRunOfMoves) {
 // is past the hold, and a later move goes on with the run (the owner before
 // it, not the restored table's).
 TEST(SnapshotBuilder, SecondChanceHistoryRestoredAcrossAProcess) {
-  Config c = estate();
-  c.dataplane.secondChanceHoldMs = 5'000;
+  Config c = secondChanceEstate();
   SnapshotBuilder a = builderFor(c);
   auto s1 = a.build(1, 10'000);
   ASSERT_TRUE(a.setState(id("a1"), BackendState::Disabled));
@@ -858,8 +861,7 @@ TEST(SnapshotBuilder, SecondChanceHistoryRestoredAcrossAProcess) {
 }
 
 TEST(SnapshotBuilder, SecondChanceHoldOfDifferentAgesAndOff) {
-  Config c = estate();
-  c.dataplane.secondChanceHoldMs = 5'000;
+  Config c = secondChanceEstate();
   SnapshotBuilder b = builderFor(c);
   auto s0 = b.build(1, 0);
   ASSERT_TRUE(b.setState(id("c1"), BackendState::Disabled));

@@ -82,6 +82,15 @@ BackendStates::Entry* BackendStates::lookup(std::uint64_t id, StateResult& error
   return &it->second;
 }
 
+BackendStates::Entry* BackendStates::lookupPresent(std::uint64_t id, StateResult& error) {
+  Entry* e = lookup(id, error);
+  if (e != nullptr && e->removed) {
+    error = StateResult::conflict("\"" + e->status.name + "\" is removed; add it again first");
+    return nullptr;
+  }
+  return e;
+}
+
 BackendState BackendStates::effectiveOf(const Entry& e) noexcept {
   if (e.removed) return BackendState::Removed;
   if (e.status.health == HealthVerdict::Down) return BackendState::Failed;
@@ -182,11 +191,8 @@ StateResult BackendStates::add(std::uint64_t id, std::string name, Millis now,
 StateResult BackendStates::drain(std::uint64_t id, Millis now, std::string_view cause,
                                  Millis elapsed) {
   StateResult r = StateResult::success();
-  Entry* e = lookup(id, r);
+  Entry* e = lookupPresent(id, r);
   if (e == nullptr) return r;
-  if (e->removed) {
-    return StateResult::conflict("\"" + e->status.name + "\" is removed; add it again first");
-  }
   if (e->status.admin == AdminState::Removing) {
     return StateResult::conflict("\"" + e->status.name +
                                  "\" is being removed (draining already); undrain cancels the "
@@ -205,11 +211,8 @@ StateResult BackendStates::drain(std::uint64_t id, Millis now, std::string_view 
 
 StateResult BackendStates::undrain(std::uint64_t id, Millis now, std::string_view cause) {
   StateResult r = StateResult::success();
-  Entry* e = lookup(id, r);
+  Entry* e = lookupPresent(id, r);
   if (e == nullptr) return r;
-  if (e->removed) {
-    return StateResult::conflict("\"" + e->status.name + "\" is removed; add it again first");
-  }
   switch (e->status.admin) {
     case AdminState::Disabled:
       return StateResult::conflict("\"" + e->status.name +
@@ -232,42 +235,28 @@ StateResult BackendStates::undrain(std::uint64_t id, Millis now, std::string_vie
 }
 
 StateResult BackendStates::disable(std::uint64_t id, Millis now, std::string_view cause) {
-  StateResult r = StateResult::success();
-  Entry* e = lookup(id, r);
-  if (e == nullptr) return r;
-  if (e->removed) {
-    return StateResult::conflict("\"" + e->status.name + "\" is removed; add it again first");
-  }
-  if (e->status.admin == AdminState::Disabled) {
-    logAdmin(*e, now, "disable (already disabled)", cause);
-    return r;
-  }
-  const char* what = e->status.admin == AdminState::Removing   ? "disable (cancels the removal)"
-                     : e->status.admin == AdminState::Draining ? "disable (ends the drain)"
-                                                               : "disable";
-  logAdmin(*e, now, what, cause);
-  e->status.admin = AdminState::Disabled;
-  e->drain.reset();
-  settle(*e, now, with(what, cause));
-  return r;
+  return setAdmin(id, now, cause, AdminState::Disabled);
 }
 
 StateResult BackendStates::enable(std::uint64_t id, Millis now, std::string_view cause) {
+  return setAdmin(id, now, cause, AdminState::Enabled);
+}
+
+StateResult BackendStates::setAdmin(std::uint64_t id, Millis now, std::string_view cause,
+                                    AdminState target) {
   StateResult r = StateResult::success();
-  Entry* e = lookup(id, r);
+  Entry* e = lookupPresent(id, r);
   if (e == nullptr) return r;
-  if (e->removed) {
-    return StateResult::conflict("\"" + e->status.name + "\" is removed; add it again first");
-  }
-  if (e->status.admin == AdminState::Enabled) {
-    logAdmin(*e, now, "enable (already enabled)", cause);
+  const std::string verb = target == AdminState::Disabled ? "disable" : "enable";
+  if (e->status.admin == target) {
+    logAdmin(*e, now, verb + " (already " + std::string(toString(target)) + ")", cause);
     return r;
   }
-  const char* what = e->status.admin == AdminState::Removing   ? "enable (cancels the removal)"
-                     : e->status.admin == AdminState::Draining ? "enable (ends the drain)"
-                                                               : "enable";
+  const std::string what = e->status.admin == AdminState::Removing ? verb + " (cancels the removal)"
+                           : e->status.admin == AdminState::Draining ? verb + " (ends the drain)"
+                                                                     : verb;
   logAdmin(*e, now, what, cause);
-  e->status.admin = AdminState::Enabled;
+  e->status.admin = target;
   e->drain.reset();
   settle(*e, now, with(what, cause));
   return r;

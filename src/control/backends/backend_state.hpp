@@ -193,6 +193,12 @@ class BackendStates {
 
   // Entry of a known id, else nullptr and `error` set.
   Entry* lookup(std::uint64_t id, StateResult& error);
+  // Entry of a known id that is not removed, else nullptr and `error` set
+  // (a conflict: add it again first).
+  Entry* lookupPresent(std::uint64_t id, StateResult& error);
+  // enable and disable: `target` is Enabled or Disabled; ends a drain or
+  // cancels a removal on the way.
+  StateResult setAdmin(std::uint64_t id, Millis now, std::string_view cause, AdminState target);
   static BackendState effectiveOf(const Entry& e) noexcept;
   // Recomputes the effective state; logs and counts a change.
   void settle(Entry& e, Millis now, std::string cause);

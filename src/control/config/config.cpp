@@ -179,6 +179,20 @@ std::string_view toString(PoolEncap encap) noexcept {
   return encap == PoolEncap::Gue ? "gue" : "ipip";
 }
 
+std::string_view toString(HealthCheckKind kind) noexcept {
+  switch (kind) {
+    case HealthCheckKind::None:
+      return "none";
+    case HealthCheckKind::Tcp:
+      return "tcp";
+    case HealthCheckKind::Http:
+      return "http";
+    case HealthCheckKind::Encap:
+      return "encap";
+  }
+  return "?";
+}
+
 namespace {
 
 using namespace std::string_literals;
@@ -337,20 +351,6 @@ std::string vdevInterface(std::string_view devargs) {
   return {};
 }
 
-std::string_view healthKindName(HealthCheckKind kind) {
-  switch (kind) {
-    case HealthCheckKind::None:
-      return "none";
-    case HealthCheckKind::Tcp:
-      return "tcp";
-    case HealthCheckKind::Http:
-      return "http";
-    case HealthCheckKind::Encap:
-      return "encap";
-  }
-  return "?";
-}
-
 // A Prometheus metric name: [a-zA-Z_:][a-zA-Z0-9_:]*.
 bool isMetricName(std::string_view s) {
   if (s.empty() || (s[0] >= '0' && s[0] <= '9')) return false;
@@ -365,6 +365,9 @@ bool isUrlPath(std::string_view s) {
   if (s.empty() || s[0] != '/' || s.size() > 1024) return false;
   return std::all_of(s.begin(), s.end(), [](char c) { return c > 0x20 && c < 0x7f; });
 }
+
+constexpr std::string_view kUrlPathProblem =
+    "must start with '/' and hold no spaces or control characters";
 
 // A POSIX group (or user) name, as groupadd and useradd accept it.
 bool isGroupName(std::string_view s) {
@@ -446,12 +449,28 @@ class Section {
   template <class E>
   std::optional<E> choice(std::string_view key, std::initializer_list<std::pair<const char*, E>>,
                           bool required = false);
+  // A string that `ok` accepts, stored in `out`; else the error `problem`.
+  template <class Ok>
+  void stringInto(std::string_view key, Ok ok, std::string_view problem, std::string& out,
+                  bool required = false) {
+    if (auto v = string(key, required)) {
+      if (!ok(std::string_view(*v))) {
+        fail(key, std::string(problem));
+      } else {
+        out = std::move(*v);
+      }
+    }
+  }
   const toml::array* array(std::string_view key, bool required = false);
   const toml::table* table(std::string_view key);
 
   void finish();
 
  private:
+  // An integer or a float as a double; a clear error naming `expected` for
+  // any other type.
+  std::optional<double> numeric(std::string_view key, std::string_view expected);
+
   Loader& loader_;
   const toml::table& table_;
   std::string path_;
@@ -646,19 +665,19 @@ bool Section::secondsInto(std::string_view key, Millis minMs, Millis maxMs, Mill
   return table_.get(key) == nullptr;
 }
 
-std::optional<Millis> Section::seconds(std::string_view key, Millis minMs, Millis maxMs) {
+std::optional<double> Section::numeric(std::string_view key, std::string_view expected) {
   const toml::node* n = get(key);
   if (n == nullptr) return std::nullopt;
-  double v = 0;
-  if (const auto* i = n->as_integer()) {
-    v = static_cast<double>(i->get());
-  } else if (const auto* f = n->as_floating_point()) {
-    v = f->get();
-  } else {
-    fail(key, "expected a number of seconds, got "s + std::string(typeName(n->type())));
-    return std::nullopt;
-  }
-  const double ms = v * 1000.0;
+  if (const auto* i = n->as_integer()) return static_cast<double>(i->get());
+  if (const auto* f = n->as_floating_point()) return f->get();
+  fail(key, "expected "s + std::string(expected) + ", got " + std::string(typeName(n->type())));
+  return std::nullopt;
+}
+
+std::optional<Millis> Section::seconds(std::string_view key, Millis minMs, Millis maxMs) {
+  const std::optional<double> read = numeric(key, "a number of seconds");
+  if (!read) return std::nullopt;
+  const double ms = *read * 1000.0;
   if (!(ms >= static_cast<double>(minMs) - 1e-6 && ms <= static_cast<double>(maxMs) + 1e-6)) {
     fail(key, "out of range; must be from " + secondsText(minMs) + " to " + secondsText(maxMs) +
                   " seconds");
@@ -669,17 +688,9 @@ std::optional<Millis> Section::seconds(std::string_view key, Millis minMs, Milli
 
 std::optional<double> Section::number(std::string_view key, double min, double max, bool minOpen,
                                       bool maxOpen) {
-  const toml::node* n = get(key);
-  if (n == nullptr) return std::nullopt;
-  double v = 0;
-  if (const auto* i = n->as_integer()) {
-    v = static_cast<double>(i->get());
-  } else if (const auto* f = n->as_floating_point()) {
-    v = f->get();
-  } else {
-    fail(key, "expected a number, got "s + std::string(typeName(n->type())));
-    return std::nullopt;
-  }
+  const std::optional<double> read = numeric(key, "a number");
+  if (!read) return std::nullopt;
+  const double v = *read;
   const bool below = minOpen ? !(v > min) : !(v >= min);
   const bool above = maxOpen ? !(v < max) : !(v <= max);
   if (below || above) {
@@ -1324,20 +1335,14 @@ void Loader::loadHealth(Section& pool, PoolConfig& p) {
                                                   {"none", HealthCheckKind::None}})) {
     h.kind = *v;
   }
-  const std::string kindText = "\"" + std::string(healthKindName(h.kind)) + "\"";
+  const std::string kindText = "\"" + std::string(toString(h.kind)) + "\"";
   if (auto v = s.integer("port", 1, 65535)) h.port = static_cast<std::uint16_t>(*v);
   if (h.kind != HealthCheckKind::None && t->get("port") == nullptr) {
     s.failMissing("port", "missing; kind " + kindText +
                               " needs the backend port to probe (required unless kind is "
                               "\"none\")");
   }
-  if (auto v = s.string("path")) {
-    if (!isUrlPath(*v)) {
-      s.fail("path", "must start with '/' and hold no spaces or control characters");
-    } else {
-      h.httpPath = *v;
-    }
-  }
+  s.stringInto("path", isUrlPath, kUrlPathProblem, h.httpPath);
   if (auto v = s.integer("expect_status", 100, 599)) {
     h.expectStatus = static_cast<std::uint16_t>(*v);
   }
@@ -1458,13 +1463,7 @@ void Loader::loadLoadSource(Section& pool, PoolConfig& p) {
   l.enabled = true;
   if (auto v = s.boolean("enabled")) l.enabled = *v;
   if (auto v = s.integer("port", 1, 65535)) l.port = static_cast<std::uint16_t>(*v);
-  if (auto v = s.string("path")) {
-    if (!isUrlPath(*v)) {
-      s.fail("path", "must start with '/' and hold no spaces or control characters");
-    } else {
-      l.path = *v;
-    }
-  }
+  s.stringInto("path", isUrlPath, kUrlPathProblem, l.path);
   bool metricsOk = true;
   for (auto [key, out] :
        {std::pair{"gpu_metric", &l.gpuMetric}, std::pair{"queue_metric", &l.queueMetric}}) {
@@ -1518,13 +1517,7 @@ void Loader::loadConnSource(Section& pool, PoolConfig& p) {
   c.enabled = true;
   if (auto v = s.boolean("enabled")) c.enabled = *v;
   if (auto v = s.integer("port", 1, 65535)) c.port = static_cast<std::uint16_t>(*v);
-  if (auto v = s.string("path")) {
-    if (!isUrlPath(*v)) {
-      s.fail("path", "must start with '/' and hold no spaces or control characters");
-    } else {
-      c.path = *v;
-    }
-  }
+  s.stringInto("path", isUrlPath, kUrlPathProblem, c.path);
   bool timesOk = s.secondsInto("interval", 100, 3'600'000, c.interval);
   timesOk = s.secondsInto("timeout", 1, 3'600'000, c.timeout) && timesOk;
   timesOk = s.secondsInto("stale_after", 1, 86'400'000, c.staleAfter) && timesOk;
@@ -1568,13 +1561,7 @@ void Loader::loadConnSource(Section& pool, PoolConfig& p) {
       s.fail("token_file", why);
     }
   }
-  if (auto v = s.string("list_path")) {
-    if (!isUrlPath(*v)) {
-      s.fail("list_path", "must start with '/' and hold no spaces or control characters");
-    } else {
-      c.listPath = *v;
-    }
-  }
+  s.stringInto("list_path", isUrlPath, kUrlPathProblem, c.listPath);
   if (auto v = s.boolean("rebuild")) {
     if (*v && c.tokenFile.empty() && t->get("token_file") == nullptr) {
       s.fail("rebuild", "needs token_file: the agent lists connections only to its token");
@@ -1694,43 +1681,27 @@ void Loader::loadControl(const toml::table& root, std::set<std::string>& used) {
       c.socketPath = *v;
     }
   }
-  if (auto v = s.string("socket_group")) {
-    if (!v->empty() && !isGroupName(*v)) {
-      s.fail("socket_group",
-             "not a group name (letters, digits, '_', '-', '.', at most 32, not starting with "
-             "'-'); \"\" for the daemon's group");
-    } else {
-      c.socketGroup = *v;
-    }
-  }
-  if (auto v = s.string("metrics_listen")) {
-    if (!v->empty() && !isListenAddress(*v)) {
-      s.fail("metrics_listen",
-             "expected \"address:port\" (\"127.0.0.1:9550\", \"[::1]:9550\"), or \"\" for no "
-             "metrics endpoint");
-    } else {
-      c.metricsListen = *v;
-    }
-  }
+  s.stringInto(
+      "socket_group", [](std::string_view v) { return v.empty() || isGroupName(v); },
+      "not a group name (letters, digits, '_', '-', '.', at most 32, not starting with "
+      "'-'); \"\" for the daemon's group",
+      c.socketGroup);
+  s.stringInto(
+      "metrics_listen", [](std::string_view v) { return v.empty() || isListenAddress(v); },
+      "expected \"address:port\" (\"127.0.0.1:9550\", \"[::1]:9550\"), or \"\" for no "
+      "metrics endpoint",
+      c.metricsListen);
   if (auto v = s.integer("event_log_size", 16, 1'048'576)) {
     c.eventLogSize = static_cast<std::size_t>(*v);
   }
-  if (auto v = s.string("state_dir")) {
-    if (!v->empty() && (*v)[0] != '/') {
-      s.fail("state_dir", "must be an absolute path, or \"\" to keep no state across restarts");
-    } else {
-      c.stateDir = *v;
-    }
-  }
-  if (auto v = s.string("user")) {
-    if (!v->empty() && !isGroupName(*v)) {
-      s.fail("user",
-             "not a user name (letters, digits, '_', '-', '.', at most 32, not starting with "
-             "'-'); \"\" to stay root");
-    } else {
-      c.user = *v;
-    }
-  }
+  s.stringInto(
+      "state_dir", [](std::string_view v) { return v.empty() || v[0] == '/'; },
+      "must be an absolute path, or \"\" to keep no state across restarts", c.stateDir);
+  s.stringInto(
+      "user", [](std::string_view v) { return v.empty() || isGroupName(v); },
+      "not a user name (letters, digits, '_', '-', '.', at most 32, not starting with "
+      "'-'); \"\" to stay root",
+      c.user);
   s.finish();
 }
 
@@ -1805,13 +1776,7 @@ void Loader::loadTier(const toml::table& root, std::set<std::string>& used) {
   const char* addressHelp =
       "expected \"address:port\" (\"192.0.2.1:9560\", \"[2001:db8::1]:9560\")";
   if (auto v = s.name("node")) c.node = *v;
-  if (auto v = s.string("listen")) {
-    if (!isListenAddress(*v)) {
-      s.fail("listen", addressHelp);
-    } else {
-      c.listen = *v;
-    }
-  }
+  s.stringInto("listen", isListenAddress, addressHelp, c.listen);
   std::set<std::string> names;
   if (const toml::array* a = s.array("peers")) {
     for (std::size_t i = 0; i < a->size(); ++i) {
@@ -1846,13 +1811,9 @@ void Loader::loadTier(const toml::table& root, std::set<std::string>& used) {
   if (auto v = s.integer("max_output_bytes", 1 << 20, std::int64_t{1} << 32)) {
     c.maxOutputBytes = static_cast<std::size_t>(*v);
   }
-  if (auto v = s.string("secret_file")) {
-    if (v->empty() || (*v)[0] != '/') {
-      s.fail("secret_file", "must be an absolute path");
-    } else {
-      c.secretFile = *v;
-    }
-  }
+  s.stringInto(
+      "secret_file", [](std::string_view v) { return !v.empty() && v[0] == '/'; },
+      "must be an absolute path", c.secretFile);
   s.finish();
   if (c.peers.empty()) return;
   if (c.listen.empty()) s.failMissing("listen", "missing; required when peers are listed");

@@ -460,5 +460,6 @@ inline constexpr std::size_t kMaxConfigBytes = std::size_t{4} << 20;
 [[nodiscard]] std::string_view toString(PoolSite site) noexcept;
 [[nodiscard]] std::string_view toString(LatencyRegions regions) noexcept;
 [[nodiscard]] std::string_view toString(PoolEncap encap) noexcept;
+[[nodiscard]] std::string_view toString(HealthCheckKind kind) noexcept;
 
 }  // namespace spillway

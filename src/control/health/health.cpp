@@ -54,20 +54,6 @@ Millis staggerOffset(std::uint64_t id, Millis interval) noexcept {
   return (mixed >> 32) % interval;
 }
 
-std::string_view kindName(EncapKind kind) noexcept {
-  switch (kind) {
-    case EncapKind::IpInIp4:
-      return "ipip4";
-    case EncapKind::IpInIp6:
-      return "ipip6";
-    case EncapKind::Gue4:
-      return "gue4";
-    case EncapKind::Gue6:
-      return "gue6";
-  }
-  return "?";
-}
-
 int familyOf(IpVersion v) noexcept {
   return v == IpVersion::V4 ? AF_INET : AF_INET6;
 }
@@ -484,7 +470,7 @@ std::string HealthChecker::startEncapProbe(Entry& e) {
            formatIpAddress(p.vip) + " differ in family";
   }
   if (p.tunnelSource.version != outer || e.target.address.version != outer) {
-    return "encap probe: " + std::string(kindName(p.kind)) + " needs IPv" +
+    return "encap probe: " + std::string(toString(p.kind)) + " needs IPv" +
            (outer == IpVersion::V4 ? "4" : "6") + " tunnel source and backend addresses";
   }
   const std::uint16_t vipPort = p.vipPort != 0 ? p.vipPort : e.target.config.port;

@@ -15,6 +15,25 @@ namespace spillway {
 
 using namespace plane_json;  // NOLINT(google-build-using-namespace)
 
+namespace {
+
+// The fields every view of a VIP shows.
+Json vipJson(const VipConfig& v) {
+  return Json{{"name", v.name},
+              {"address", ipJson(v.address)},
+              {"protocol", protocolName(v.protocol)},
+              {"port", v.port},
+              {"table_size", v.tableSize}};
+}
+
+// The settings `vip show` and the configuration dump add.
+void addVipSettings(Json& j, const VipConfig& v) {
+  j["answer_ping"] = v.answerPing;
+  j["placement"] = v.placement == VipPlacementMode::Bytes ? "bytes" : "table";
+}
+
+}  // namespace
+
 // --- ControlApi: reads --------------------------------------------------------
 
 ApiResult ControlPlane::status() {
@@ -65,13 +84,10 @@ ApiResult ControlPlane::vipList() {
   Json out = Json::array();
   for (const VipConfig& v : config_.vips) {
     auto d = decisions_.find(v.name);
-    out.push_back({{"name", v.name},
-                   {"address", ipJson(v.address)},
-                   {"protocol", protocolName(v.protocol)},
-                   {"port", v.port},
-                   {"table_size", v.tableSize},
-                   {"pools", v.pools},
-                   {"panic", d != decisions_.end() && d->second.panic}});
+    Json j = vipJson(v);
+    j["pools"] = v.pools;
+    j["panic"] = d != decisions_.end() && d->second.panic;
+    out.push_back(std::move(j));
   }
   return out;
 }
@@ -79,13 +95,8 @@ ApiResult ControlPlane::vipList() {
 ApiResult ControlPlane::vipShow(const std::string& name) {
   for (const VipConfig& v : config_.vips) {
     if (v.name != name) continue;
-    Json out{{"name", v.name},
-             {"address", ipJson(v.address)},
-             {"protocol", protocolName(v.protocol)},
-             {"port", v.port},
-             {"table_size", v.tableSize},
-             {"answer_ping", v.answerPing},
-             {"placement", v.placement == VipPlacementMode::Bytes ? "bytes" : "table"}};
+    Json out = vipJson(v);
+    addVipSettings(out, v);
     if (VipLoad* load = builder_.vipLoad(v.name)) {
       out["placement_load_flows"] =
           static_cast<double>(static_cast<std::uint64_t>(load->milliFlows)) / kLoadScale;
@@ -393,21 +404,7 @@ ApiResult ControlPlane::health() {
   Json out = Json::array();
   for (const BackendConfig& b : config_.backends) {
     const PoolConfig& pool = config_.pools[b.poolIndex];
-    Json j{{"backend", b.name}, {"pool", pool.name}};
-    switch (pool.health.kind) {
-      case HealthCheckKind::None:
-        j["check"] = "none";
-        break;
-      case HealthCheckKind::Tcp:
-        j["check"] = "tcp";
-        break;
-      case HealthCheckKind::Http:
-        j["check"] = "http";
-        break;
-      case HealthCheckKind::Encap:
-        j["check"] = "encap";
-        break;
-    }
+    Json j{{"backend", b.name}, {"pool", pool.name}, {"check", toString(pool.health.kind)}};
     if (auto h = health_.status(b.id)) {
       j["up"] = h->up;
       j["consecutive_ok"] = h->consecutiveOk;
@@ -451,14 +448,10 @@ ApiResult ControlPlane::configDump(bool effective) {
   }
   Json vips = Json::array();
   for (const VipConfig& v : config_.vips) {
-    vips.push_back({{"name", v.name},
-                    {"address", ipJson(v.address)},
-                    {"protocol", protocolName(v.protocol)},
-                    {"port", v.port},
-                    {"table_size", v.tableSize},
-                    {"pools", v.pools},
-                    {"answer_ping", v.answerPing},
-                    {"placement", v.placement == VipPlacementMode::Bytes ? "bytes" : "table"}});
+    Json j = vipJson(v);
+    j["pools"] = v.pools;
+    addVipSettings(j, v);
+    vips.push_back(std::move(j));
   }
   Json backends = Json::array();
   const Json fromFile{{"source", "file"}};

@@ -52,6 +52,25 @@ std::uint8_t innerTtl(std::span<const std::byte> buffer, std::size_t l3) noexcep
   }
 }
 
+// The outer Ethernet header, and the 802.1Q tag where the target has one, at
+// the start of `out`; returns the bytes written.
+std::size_t writeOuterL2(std::span<std::byte> out, const EncapTarget& target,
+                         IpVersion outer) noexcept {
+  const bool tagged = target.vlanTci.has_value();
+  const std::uint16_t outerEtherType = outer == IpVersion::V4 ? kEtherTypeIpv4 : kEtherTypeIpv6;
+  EthernetHeader eth{};
+  eth.dst = target.nextHopMac;
+  eth.src = target.ourMac;
+  eth.etherType = Be16::fromHost(tagged ? kEtherTypeVlan : outerEtherType);
+  storeAt(out, 0, eth);
+  if (!tagged) return sizeof eth;
+  VlanTag tag{};
+  tag.tci = Be16::fromHost(*target.vlanTci);
+  tag.etherType = Be16::fromHost(outerEtherType);
+  storeAt(out, sizeof eth, tag);
+  return sizeof eth + sizeof tag;
+}
+
 // Four bytes in memory order as the host reads them in one 32-bit load.
 constexpr std::uint32_t memoryWord(std::uint32_t b0, std::uint32_t b1, std::uint32_t b2,
                                    std::uint32_t b3) noexcept {
@@ -163,20 +182,7 @@ EncapResult encapsulate(std::span<std::byte> buffer, std::size_t dataOffset,
   const std::size_t start = l3 - headerBytes;
   std::size_t at = start;
 
-  EthernetHeader eth{};
-  eth.dst = target.nextHopMac;
-  eth.src = target.ourMac;
-  const std::uint16_t outerEtherType = kOuter == IpVersion::V4 ? kEtherTypeIpv4 : kEtherTypeIpv6;
-  eth.etherType = Be16::fromHost(tagged ? kEtherTypeVlan : outerEtherType);
-  storeAt(buffer, at, eth);
-  at += sizeof eth;
-  if (tagged) {
-    VlanTag tag{};
-    tag.tci = Be16::fromHost(*target.vlanTci);
-    tag.etherType = Be16::fromHost(outerEtherType);
-    storeAt(buffer, at, tag);
-    at += sizeof tag;
-  }
+  at += writeOuterL2(buffer.subspan(at), target, kOuter);
 
   // Length of what follows the outer IP header (UDP + GUE + inner).
   const std::size_t outerPayload =
@@ -478,20 +484,7 @@ EncapTemplate EncapTemplate::build(const EncapTarget& target) noexcept {
   const std::span<std::byte> out(t.header);
   std::size_t at = 0;
 
-  EthernetHeader eth{};
-  eth.dst = target.nextHopMac;
-  eth.src = target.ourMac;
-  const std::uint16_t outerEtherType = outer == IpVersion::V4 ? kEtherTypeIpv4 : kEtherTypeIpv6;
-  eth.etherType = Be16::fromHost(tagged ? kEtherTypeVlan : outerEtherType);
-  storeAt(out, at, eth);
-  at += sizeof eth;
-  if (tagged) {
-    VlanTag tag{};
-    tag.tci = Be16::fromHost(*target.vlanTci);
-    tag.etherType = Be16::fromHost(outerEtherType);
-    storeAt(out, at, tag);
-    at += sizeof tag;
-  }
+  at += writeOuterL2(out.subspan(at), target, outer);
   // An IPIP header's protocol is the inner family's, set per packet (0 here).
   const std::uint8_t outerProto = gue ? kProtoUdp : 0;
   if (outer == IpVersion::V4) {
