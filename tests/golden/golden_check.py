@@ -198,6 +198,26 @@ class Model:
         assert len(message) == (16 if version == 4 else 40)
         return maglev_reference.siphash(1, 3, self.hasher.k0, self.hasher.k1, message)
 
+    def table_hash(self, key):
+        """FlowTableHasher::hash: the outer GUE source port's and flow label's
+        entropy. Round keys k_i = (hash_id(2i, D), hash_id(2i + 1, D)) with
+        D = "ftkey"; IPv4 one block (src, dst, ports, proto, version, 2 zero
+        bytes), IPv6 three (src; dst; ports, proto, version, 10 zero bytes);
+        s = E(s xor block) from s = k0, E = four AES rounds (aesenc) with
+        k1..k4; the result is the state's low 8 bytes xor its high 8, little-
+        endian."""
+        version, src, dst, proto, sport, dport = key
+        tail = struct.pack("!HH", sport, dport) + bytes([proto, version]) + b"\0\0"
+        keys = [b"".join(self.hasher.hash_id(2 * i + j, TABLE_KEY_DOMAIN).to_bytes(8, "little")
+                         for j in (0, 1)) for i in range(5)]
+        blocks = [src + dst + tail] if version == 4 else [src, dst, tail + bytes(8)]
+        state = keys[0]
+        for n, block in enumerate(blocks):
+            state = bytes(a ^ b for a, b in zip(state if n else keys[0], block))
+            for k in keys[1:]:
+                state = aes_round(state, k)
+        return (int.from_bytes(state[:8], "little") ^ int.from_bytes(state[8:], "little"))
+
     def vip_for(self, key):
         version, _, dst, proto, _, dport = key
         exact = [v for v in self.vips if v["version"] == version and v["address"] == dst
@@ -211,6 +231,46 @@ class Model:
         slot = ((flow_hash >> 32) * vip["size"]) >> 32
         label = vip["table"][slot]
         return self.backends[label - 1] if label else None
+
+
+TABLE_KEY_DOMAIN = 0x66746B6579000000  # "ftkey"
+
+
+def _aes_sbox():
+    """The AES S-box from its definition (FIPS-197 5.1.1): the inverse in
+    GF(2^8) mod x^8 + x^4 + x^3 + x + 1, then the affine map with 0x63."""
+    def mul(a, b):
+        r = 0
+        while b:
+            if b & 1:
+                r ^= a
+            a = ((a << 1) ^ (0x11B if a & 0x80 else 0)) & 0xFF
+            b >>= 1
+        return r
+    box = []
+    for x in range(256):
+        inv = next((y for y in range(1, 256) if mul(x, y) == 1), 0) if x else 0
+        rot = lambda v, n: ((v << n) | (v >> (8 - n))) & 0xFF
+        box.append(inv ^ rot(inv, 1) ^ rot(inv, 2) ^ rot(inv, 3) ^ rot(inv, 4) ^ 0x63)
+    return box
+
+
+AES_SBOX = _aes_sbox()
+
+
+def aes_round(state, key):
+    """One AES encryption round (SubBytes, ShiftRows, MixColumns, AddRoundKey)
+    on 16 bytes, byte 4c + r being row r of column c (FIPS-197 5.1)."""
+    xt = lambda v: ((v << 1) ^ (0x1B if v & 0x80 else 0)) & 0xFF
+    t = [AES_SBOX[state[4 * ((c + r) % 4) + r]] for c in range(4) for r in range(4)]
+    out = []
+    for c in range(4):
+        a = t[4 * c:4 * c + 4]
+        out += [xt(a[0]) ^ xt(a[1]) ^ a[1] ^ a[2] ^ a[3],
+                a[0] ^ xt(a[1]) ^ xt(a[2]) ^ a[2] ^ a[3],
+                a[0] ^ a[1] ^ xt(a[2]) ^ xt(a[3]) ^ a[3],
+                xt(a[0]) ^ a[0] ^ a[1] ^ a[2] ^ xt(a[3])]
+    return bytes(o ^ k for o, k in zip(out, key))
 
 
 def gue_source_port(flow_hash):
@@ -315,7 +375,7 @@ def check_forward(model, inp, out, backend, fhash):
         h = ScapyIPv6(outer[:40])
         eq(h.version, 6, "outer version")
         eq(h.tc, traffic_class(inp.ip), "outer traffic class (copied from inner)")
-        eq(h.fl, flow_label(fhash), "outer flow label (hash bits 49..30)")
+        eq(h.fl, flow_label(fhash), "outer flow label (table hash bits 49..30)")
         eq(h.plen, payload_len, "outer payload length")
         eq(h.nh, proto, "outer next header")
         eq(h.hlim, OUTER_TTL, "outer hop limit")
@@ -327,7 +387,7 @@ def check_forward(model, inp, out, backend, fhash):
         eq(len(outer), 40 + payload_len, "frame length after L2 (no padding, nothing after)")
     if gue:
         u = ScapyUDP(rest[:8])
-        eq(u.sport, gue_source_port(fhash), "GUE UDP source port (0xc000 | hash >> 50)")
+        eq(u.sport, gue_source_port(fhash), "GUE UDP source port (0xc000 | table hash >> 50)")
         eq(u.dport, backend["gue_port"], "GUE UDP destination port (the pool's)")
         eq(u.len, len(rest), "UDP length")
         if u.chksum == 0:
@@ -471,7 +531,9 @@ def predict(model, frames):
         else:
             stats["dropped"] += 1
             drops[detail] += 1
-        predictions.append((inp, fate, detail, backend, fhash, new))
+        # The outer entropy comes from the flow table's hash, not the identity.
+        entropy = model.table_hash(key) if fhash is not None else None
+        predictions.append((inp, fate, detail, backend, entropy, new))
     expected = {k: stats[k] for k in ("rx_packets", "forwarded", "replies", "to_kernel",
                                       "new_flows", "icmp_errors_steered", "dropped")}
     expected.update({"resteered": 0, "flow_insert_failed": 0, "tx_dropped": 0,
