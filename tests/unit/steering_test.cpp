@@ -5,11 +5,14 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <random>
 #include <thread>
 
+#include "control/intent/flow_checkpoint.hpp"
 #include "packet_builder.hpp"
 #include "steering_frame.hpp"
 
@@ -561,6 +564,57 @@ TEST_F(SteeringExceptionTest, UntrackedMidFlowPacketGoesWhereTheExceptionSays) {
   Frame g(syn(41000, kTcpAck));
   EXPECT_EQ(steer(g).backend, other);
   EXPECT_EQ(steering_.counters().exceptionHits.read(), 1u);
+  expectAllCounted();
+}
+
+// A flows.ckpt written by the previous version (6630b7c, before the flow
+// table got its own hash; tests/data/checkpoint/README.md) keeps its flows:
+// each goes to its recorded backend, not its table slot's, and what the flow
+// table then exports encodes back to the file's very bytes. The identity
+// hash, the record layout and the seed tag are all unchanged.
+TEST_F(SteeringExceptionTest, PreviousVersionCheckpointKeepsItsFlows) {
+  std::ifstream in(
+      std::string(SPILLWAY_SOURCE_ROOT) + "/tests/data/checkpoint/flows-v1-6630b7c.ckpt",
+      std::ios::binary);
+  ASSERT_TRUE(in.good());
+  const std::string fixture((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto decoded = decodeFlowCheckpoint(fixture, kSeed);
+  ASSERT_TRUE(std::holds_alternative<FlowCheckpoint>(decoded)) << std::get<std::string>(decoded);
+  const FlowCheckpoint& ckpt = std::get<FlowCheckpoint>(decoded);
+  ASSERT_EQ(ckpt.records.size(), 8u);
+  std::vector<ExceptionEntry> entries;
+  for (const FlowExceptionRecord& rec : ckpt.records) {
+    entries.push_back({rec.hash, static_cast<std::uint32_t>(rec.backendId - 1000), rec.state,
+                       ExceptionOrigin::Checkpoint});
+  }
+  setExceptions(entries);
+  for (std::uint16_t i = 0; i < 8; ++i) {
+    const auto [hash, other] = flowAndOtherBackend(static_cast<std::uint16_t>(43000 + i));
+    ASSERT_EQ(hash, ckpt.records[i].hash) << "the identity hash changed";
+    ASSERT_NE(snapshot_->vips[0].table.lookup(hash), other);
+    Frame f(syn(static_cast<std::uint16_t>(43000 + i), kTcpAck));
+    const SteerResult r = steer(f);
+    ASSERT_EQ(r.verdict, Verdict::Forward);
+    EXPECT_EQ(r.backend, other) << i;
+    EXPECT_EQ(snapshot_->backends[r.backend].id, ckpt.records[i].backendId);
+  }
+  EXPECT_EQ(steering_.counters().exceptionHits.read(), 8u);
+  // What the lcore exports (by identity) is what the previous version wrote.
+  std::map<std::uint64_t, FlowExceptionRecord> exported;
+  steering_.flowTable().forEachLive(
+      now_, 0, steering_.flowTable().bucketCount(),
+      [&](std::uint64_t id, std::uint32_t backend, FlowState state, std::uint32_t idle,
+          std::uint8_t vipTag) {
+        if (exportsFlow(*snapshot_, nullptr, id, backend, vipTag)) {
+          exported[id] = FlowExceptionRecord{id, snapshot_->backends[backend].id, state, idle};
+        }
+      });
+  std::vector<FlowExceptionRecord> again;
+  for (const FlowExceptionRecord& rec : ckpt.records) {
+    ASSERT_EQ(exported.count(rec.hash), 1u) << std::hex << rec.hash;
+    again.push_back(exported[rec.hash]);
+  }
+  EXPECT_EQ(encodeFlowCheckpoint(kSeed, ckpt.writtenUnixMs, again), fixture);
   expectAllCounted();
 }
 
