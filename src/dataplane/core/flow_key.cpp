@@ -176,8 +176,8 @@ Block xorBlock(Block a, Block b) noexcept {
   return Block{a.lo ^ b.lo, a.hi ^ b.hi};
 }
 
-std::uint64_t hashPortable(const std::array<Block, FlowTableHasher::kRoundKeys>& k,
-                           const FlowKey& key) noexcept {
+[[gnu::noinline]] std::uint64_t hashPortable(
+    const std::array<Block, FlowTableHasher::kRoundKeys>& k, const FlowKey& key) noexcept {
   auto encrypt = [&k](Block s) noexcept {
     for (std::size_t r = 1; r < FlowTableHasher::kRoundKeys; ++r) {
       s = FlowTableHasher::aesRound(s, k[r]);
@@ -206,8 +206,8 @@ SPILLWAY_AES_TARGET inline __m128i encryptAesNi(__m128i s, const __m128i* k) noe
   return _mm_aesenc_si128(s, _mm_loadu_si128(k + 4));
 }
 
-SPILLWAY_AES_TARGET std::uint64_t hashAesNi(const std::array<Block, FlowTableHasher::kRoundKeys>& k,
-                                            const FlowKey& key) noexcept {
+SPILLWAY_AES_TARGET inline std::uint64_t hashAesNi(
+    const std::array<Block, FlowTableHasher::kRoundKeys>& k, const FlowKey& key) noexcept {
   static_assert(sizeof(Block) == 16 && std::endian::native == std::endian::little);
   const auto* kp = reinterpret_cast<const __m128i*>(k.data());
   const __m128i k0 = _mm_loadu_si128(kp);
@@ -227,7 +227,6 @@ SPILLWAY_AES_TARGET std::uint64_t hashAesNi(const std::array<Block, FlowTableHas
   return static_cast<std::uint64_t>(_mm_cvtsi128_si64(s)) ^
          static_cast<std::uint64_t>(_mm_extract_epi64(s, 1));
 }
-#undef SPILLWAY_AES_TARGET
 #endif
 
 }  // namespace
@@ -281,6 +280,12 @@ FlowTableHasher::FlowTableHasher(std::uint64_t seed, bool accelerated) noexcept
   }
 }
 
+// Compiled for AES-NI so that hashAesNi() inlines (one call a packet, not
+// two); the AES instructions run only where the constructor found them, and
+// the portable path is an ordinary call (x86-64-v2 code, no AES).
+#if defined(__x86_64__)
+SPILLWAY_AES_TARGET
+#endif
 std::uint64_t FlowTableHasher::hash(const FlowKey& key) const noexcept {
 #if defined(__x86_64__)
   if (aesNi_) [[likely]]
