@@ -5,7 +5,8 @@ fate make_inputs.py wrote for every input frame, this module predicts what
 spillwayd must transmit and count, and checks the actual output against it:
 
   - the model: the flow key of each packet (parsed by hand), its SipHash-1-3
-    hash and the VIP's weighted Maglev table, both from
+    hash (the identity) and the VIP's weighted Maglev table, and the flow
+    table's AES-round hash (the outer source port and flow label), all from
     scripts/estate_harness/maglev_reference.py (written from the papers, not from the C++),
     give the backend of every new flow; a dict plays the flow table, so later
     packets of a flow, and ICMP errors quoting it, keep its backend;
@@ -137,6 +138,7 @@ class Model:
         with open(config_path, "rb") as f:
             config = tomllib.load(f)
         dp = config["dataplane"]
+        maglev_reference.self_check()  # the model against its known answers first
         self.hasher = maglev_reference.FlowHasher(as_int(dp["hash_seed"]))
         assert len(config["port"]) == 1, "golden cases use one port"
         port = config["port"][0]
@@ -200,23 +202,8 @@ class Model:
 
     def table_hash(self, key):
         """FlowTableHasher::hash: the outer GUE source port's and flow label's
-        entropy. Round keys k_i = (hash_id(2i, D), hash_id(2i + 1, D)) with
-        D = "ftkey"; IPv4 one block (src, dst, ports, proto, version, 2 zero
-        bytes), IPv6 three (src; dst; ports, proto, version, 10 zero bytes);
-        s = E(s xor block) from s = k0, E = four AES rounds (aesenc) with
-        k1..k4; the result is the state's low 8 bytes xor its high 8, little-
-        endian."""
-        version, src, dst, proto, sport, dport = key
-        tail = struct.pack("!HH", sport, dport) + bytes([proto, version]) + b"\0\0"
-        keys = [b"".join(self.hasher.hash_id(2 * i + j, TABLE_KEY_DOMAIN).to_bytes(8, "little")
-                         for j in (0, 1)) for i in range(5)]
-        blocks = [src + dst + tail] if version == 4 else [src, dst, tail + bytes(8)]
-        state = keys[0]
-        for n, block in enumerate(blocks):
-            state = bytes(a ^ b for a, b in zip(state if n else keys[0], block))
-            for k in keys[1:]:
-                state = aes_round(state, k)
-        return (int.from_bytes(state[:8], "little") ^ int.from_bytes(state[8:], "little"))
+        entropy (maglev_reference.table_hash)."""
+        return maglev_reference.table_hash(self.hasher, key)
 
     def vip_for(self, key):
         version, _, dst, proto, _, dport = key
@@ -231,46 +218,6 @@ class Model:
         slot = ((flow_hash >> 32) * vip["size"]) >> 32
         label = vip["table"][slot]
         return self.backends[label - 1] if label else None
-
-
-TABLE_KEY_DOMAIN = 0x66746B6579000000  # "ftkey"
-
-
-def _aes_sbox():
-    """The AES S-box from its definition (FIPS-197 5.1.1): the inverse in
-    GF(2^8) mod x^8 + x^4 + x^3 + x + 1, then the affine map with 0x63."""
-    def mul(a, b):
-        r = 0
-        while b:
-            if b & 1:
-                r ^= a
-            a = ((a << 1) ^ (0x11B if a & 0x80 else 0)) & 0xFF
-            b >>= 1
-        return r
-    box = []
-    for x in range(256):
-        inv = next((y for y in range(1, 256) if mul(x, y) == 1), 0) if x else 0
-        rot = lambda v, n: ((v << n) | (v >> (8 - n))) & 0xFF
-        box.append(inv ^ rot(inv, 1) ^ rot(inv, 2) ^ rot(inv, 3) ^ rot(inv, 4) ^ 0x63)
-    return box
-
-
-AES_SBOX = _aes_sbox()
-
-
-def aes_round(state, key):
-    """One AES encryption round (SubBytes, ShiftRows, MixColumns, AddRoundKey)
-    on 16 bytes, byte 4c + r being row r of column c (FIPS-197 5.1)."""
-    xt = lambda v: ((v << 1) ^ (0x1B if v & 0x80 else 0)) & 0xFF
-    t = [AES_SBOX[state[4 * ((c + r) % 4) + r]] for c in range(4) for r in range(4)]
-    out = []
-    for c in range(4):
-        a = t[4 * c:4 * c + 4]
-        out += [xt(a[0]) ^ xt(a[1]) ^ a[1] ^ a[2] ^ a[3],
-                a[0] ^ xt(a[1]) ^ xt(a[2]) ^ a[2] ^ a[3],
-                a[0] ^ a[1] ^ xt(a[2]) ^ xt(a[3]) ^ a[3],
-                xt(a[0]) ^ a[0] ^ a[1] ^ a[2] ^ xt(a[3])]
-    return bytes(o ^ k for o, k in zip(out, key))
 
 
 def gue_source_port(flow_hash):

@@ -188,11 +188,18 @@ TEST(FlowTableHasher, PortableEqualsAesNi) {
 
 // A change silently re-keys nothing persisted (the table hash never leaves
 // the process) but changes every outer GUE source port and IPv6 flow label:
-// tests/golden/golden_check.py models the same value.
+// scripts/estate_harness/maglev_reference.py models the same values (its
+// self_check, which tests/golden/golden_check.py runs).
 TEST(FlowTableHasher, PinnedValue) {
   const FlowKey k = v4Key("10.1.2.3", "192.0.2.10", 40000, 443);
   EXPECT_EQ(FlowTableHasher(0, false).hash(k), FlowTableHasher(0).hash(k));
   EXPECT_EQ(FlowTableHasher(0, false).hash(k), 0xdf4fb693ca30bca7ULL);
+  FlowKey k6 = k;
+  k6.version = IpVersion::V6;
+  k6.src = test::ipBytes("2001:db8::1");
+  k6.dst = test::ipBytes("2001:db8::10");
+  EXPECT_EQ(FlowTableHasher(0, false).hash(k6), FlowTableHasher(0).hash(k6));
+  EXPECT_EQ(FlowTableHasher(0, false).hash(k6), 0x619852f1a6581ceeULL);
 }
 
 TEST(FlowTableHasher, EveryFieldMattersAndTheFamilyToo) {
