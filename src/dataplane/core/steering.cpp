@@ -371,9 +371,11 @@ void Steering::steerBurst(std::span<const FrameRef> frames, std::span<SteerResul
           continue;
         }
         const std::uint64_t h = tableHasher_.hash(e.clientFlow);
-        const std::uint64_t identity = hasher_.hash(e.clientFlow);
         std::uint32_t backend = flows_.lookup(h, now);
         const SnapshotBackend* b = snapshot.backend(backend);
+        // The identity only where the flow table does not settle it.
+        const std::uint64_t identity =
+            b == nullptr || !keepsTrackedFlows(b->state) ? hasher_.hash(e.clientFlow) : 0;
         if ((b == nullptr || !keepsTrackedFlows(b->state)) && snapshot.exceptions != nullptr) {
           const ExceptionTable::Hit hit = snapshot.exceptions->find(identity);
           b = snapshot.backend(hit.backend);
