@@ -5,14 +5,33 @@
 // bytes of its 16-byte field and the rest stay zero, so keys compare with
 // memcmp and hash without branches on the address family beyond the length.
 //
+// Two keyed hashes, each where its threat and its cost fit (the threat model:
+// ARCHITECTURE.md, "Flow hashes and what a collision costs").
+//
 // FlowHasher is SipHash-1-3 keyed by a 128-bit key expanded from the
-// configured 64-bit seed. Every instance configured with the same seed hashes
+// configured 64-bit seed: the flow's identity, the one value that leaves the
+// lcore (Maglev slot, exception table, flows.ckpt, history.bin, peer
+// records, connection-list rebuild). Every instance configured with the same seed hashes
 // a flow to the same 64-bit value, so every load balancer behind ECMP picks
 // the same backend for it; an attacker who does not know the seed cannot
 // craft 5-tuples that collide (hash flooding). Why SipHash-1-3 rather than
 // CRC32C or xxh3: see BENCHMARKS.md, "Flow hash".
 //
-// Thread contract: FlowHasher is immutable after construction; any number of
+//
+// FlowTableHasher is the per-packet hash: the key of the lcore's own flow
+// table only, never persisted, never sent, never compared between processes.
+// Four AES rounds (AES-NI `aesenc`) per 16-byte block with five 128-bit
+// round keys derived one-way from the seed (FlowHasher::hashId under their
+// own domains), chained over the blocks and folded to 64 bits:
+// about 15 instructions for an IPv4 key against SipHash-1-3's 128. Where the
+// CPU has no AES-NI (checked once, at construction) a portable AES round
+// gives the same value bit for bit (a unit test compares both). Not a PRF
+// with a proof, as SipHash is: a keyed mix whose key the attacker does not
+// know and cannot learn from any output the load balancer sends, so it cannot
+// aim 5-tuples at one bucket; the same middle ground as aHash (Rust) or
+// VPP's hardware hashes, with a key where those have none.
+//
+// Thread contract: both are immutable after construction; any number of
 // threads may call hash() concurrently.
 #pragma once
 
@@ -94,6 +113,37 @@ class FlowHasher {
  private:
   std::uint64_t k0_;
   std::uint64_t k1_;
+};
+
+class FlowTableHasher {
+ public:
+  // 16-byte AES state or round key as two little-endian words.
+  struct Block {
+    std::uint64_t lo = 0;
+    std::uint64_t hi = 0;
+    friend bool operator==(const Block&, const Block&) = default;
+  };
+  static constexpr std::size_t kRoundKeys = 5;  // whitening + 4 rounds
+
+  // Round keys from FlowHasher(seed).hashId under their own domains; AES-NI
+  // where the CPU has it.
+  explicit FlowTableHasher(std::uint64_t seed) noexcept;
+  // As above; accelerated = false forces the portable path (tests).
+  FlowTableHasher(std::uint64_t seed, bool accelerated) noexcept;
+
+  [[nodiscard]] std::uint64_t hash(const FlowKey& key) const noexcept;
+
+  [[nodiscard]] bool accelerated() const noexcept { return aesNi_; }
+  [[nodiscard]] static bool cpuHasAesNi() noexcept;
+
+  // One AES encryption round (SubBytes, ShiftRows, MixColumns, then the
+  // round key added), exactly as the `aesenc` instruction computes it; the
+  // portable path. Exposed for the test against the instruction.
+  [[nodiscard]] static Block aesRound(Block state, Block roundKey) noexcept;
+
+ private:
+  std::array<Block, kRoundKeys> keys_{};
+  bool aesNi_ = false;
 };
 
 }  // namespace spillway

@@ -4,9 +4,18 @@
 // Shaped like VPP's lb plugin `lbhash.h` (power-of-two array of 64-byte
 // buckets, time passed in, lazy expiry, inserts that may fail and are
 // counted), corrected where lbhash can mis-steer or lose flows:
-//  - The fingerprint is the whole 64-bit FlowHasher hash, so two flows share
-//    an entry only on a 64-bit collision under the secret key. A hash of 0 is
-//    stored as 1 (0 marks an empty slot): hashes 0 and 1 name the same flow.
+//  - The fingerprint is the owner's whole 64-bit per-packet hash (Steering:
+//    FlowTableHasher, the AES-round hash under a per-process key), so two
+//    flows share an entry only on a 64-bit collision under a key nobody
+//    outside the process knows. A hash of 0 is stored as 1 (0 marks an empty
+//    slot): hashes 0 and 1 name the same flow.
+//  - Beside each slot, in a separate array the lookups never touch, the
+//    flow's identity: its FlowHasher hash (SipHash-1-3 under hash_seed), the
+//    value the exception export classifies and sends (forEachLive), so the
+//    checkpoint and the peers see exactly what they saw before the table
+//    was keyed by a cheaper hash. Written by insert, moved with a
+//    relocation: 8 bytes a slot (24 with the bucket's 16), read only by the
+//    export walk. insert() without an identity stores the hash itself.
 //  - Each flow has two candidate buckets: b1 from the low 32 bits of the
 //    hash, b2 from the high 32 bits. An insert takes a free or expired slot of
 //    b1, else of b2, else moves an entry of a full candidate to its own other
@@ -209,6 +218,10 @@ class FlowTable {
   // exception export tell which VIP's table placed the flow.
   InsertResult insert(std::uint64_t hash, std::uint32_t backend, FlowState state, Millis now,
                       std::uint8_t vipTag = 0) noexcept;
+  // As above, with the flow's identity (its FlowHasher hash) kept beside the
+  // entry for forEachLive.
+  InsertResult insert(std::uint64_t hash, std::uint32_t backend, FlowState state, Millis now,
+                      std::uint8_t vipTag, std::uint64_t identity) noexcept;
 
   // Re-steers the live entry for `hash` (its backend FAILED), keeping state
   // and stamp. False when there is no live entry or the backend is invalid.
@@ -232,9 +245,10 @@ class FlowTable {
   std::size_t countByBackend(std::span<std::uint32_t> counts, Millis now, std::size_t firstBucket,
                              std::size_t bucketLimit) const noexcept;
 
-  // Calls fn(hash, backend, state, idleMs, vipTag) for every live entry of buckets
-  // [firstBucket, firstBucket + bucketLimit) (hash as stored: 0 reads as 1);
-  // returns how many. The owner lcore walks a large table a slice at a time.
+  // Calls fn(identity, backend, state, idleMs, vipTag) for every live entry
+  // of buckets [firstBucket, firstBucket + bucketLimit) (the identity given
+  // to insert, else the hash as stored: 0 reads as 1); returns how many. The
+  // owner lcore walks a large table a slice at a time.
   template <class Fn>
   std::size_t forEachLive(Millis now, std::size_t firstBucket, std::size_t bucketLimit,
                           Fn&& fn) const noexcept {
@@ -251,7 +265,7 @@ class FlowTable {
         const auto state = static_cast<FlowState>((meta >> 24) & 7);
         if (idle > timeoutByState_[static_cast<std::size_t>(state)]) continue;
         ++live;
-        fn(bucket.fingerprint[i], meta & kMaxBackend, state, idle,
+        fn(identity_[b * kSlotsPerBucket + i], meta & kMaxBackend, state, idle,
            static_cast<std::uint8_t>(meta >> 27));
       }
     }
@@ -312,6 +326,9 @@ class FlowTable {
   void reclaim(Bucket& bucket, unsigned slot) noexcept;
   unsigned takeFreeSlot(Bucket& bucket, std::uint32_t now32) noexcept;
   unsigned makeRoom(std::size_t index, int depth, std::uint32_t now32) noexcept;
+  [[nodiscard]] std::size_t bucketIndex(const Bucket& bucket) const noexcept {
+    return static_cast<std::size_t>(&bucket - buckets_.get());
+  }
   [[nodiscard]] bool inPurgeSet(std::uint32_t meta) const noexcept;
   // Erases the purged entries of one bucket; returns the lowest freed slot or kNoSlot.
   unsigned purgeBucket(Bucket& bucket) noexcept;
@@ -319,6 +336,7 @@ class FlowTable {
                                         std::size_t index) const noexcept;
 
   TableMemory<Bucket> buckets_;
+  TableMemory<std::uint64_t> identity_;  // slot b * kSlotsPerBucket + i of bucket b
   std::size_t mask_ = 0;
   // SYN-flood mode (flow_table.cpp): consecutive embryonic/closing inserts
   // that found no room even by relocation, a running count of inserts in

@@ -111,6 +111,10 @@ class Steering {
   [[nodiscard]] FlowTable& flowTable() noexcept { return flows_; }
   [[nodiscard]] const FlowTable& flowTable() const noexcept { return flows_; }
   [[nodiscard]] const FlowHasher& hasher() const noexcept { return hasher_; }
+  // The flow table's key for a flow (flowTable().lookup(tableHash(key), ...)).
+  [[nodiscard]] std::uint64_t tableHash(const FlowKey& key) const noexcept {
+    return tableHasher_.hash(key);
+  }
   // The owner lcore starts flow count n (placement.hpp's epochs).
   void beginPlacementEpoch(std::uint64_t n) noexcept { ledger_.beginEpoch(n); }
   [[nodiscard]] const PlacementLedger& placementLedger() const noexcept { return ledger_; }
@@ -120,11 +124,23 @@ class Steering {
 
  private:
   // Per-frame state between the stages.
+  // hash: FlowTableHasher's, the flow table's key and the encapsulation's
+  // entropy, every packet; identity: FlowHasher's (Maglev slot, exception
+  // table, what the export reports), only when a packet needs it.
   struct Pending {
     PacketView view;
     std::uint64_t hash = 0;
+    std::uint64_t identity = 0;
+    bool identityKnown = false;
     std::uint32_t vip = 0;
   };
+  [[nodiscard]] std::uint64_t identityOf(Pending& p) const noexcept {
+    if (!p.identityKnown) {
+      p.identity = hasher_.hash(p.view.key);
+      p.identityKnown = true;
+    }
+    return p.identity;
+  }
   // A new connection of a placing VIP: placeNewFlow(), tracked before the
   // SYN leaves (an off-table choice that cannot be tracked falls back to the
   // table's entry, which the flow's next packets would reach anyway).
@@ -147,6 +163,7 @@ class Steering {
   void drop(SteerResult& r, DropReason reason) noexcept;
 
   FlowHasher hasher_;
+  FlowTableHasher tableHasher_;
   FlowTable flows_;
   IcmpRateLimiter icmpLimiter_;
   Millis burstNow_ = 0;  // steerBurst()'s `now`, for the ICMP limiter

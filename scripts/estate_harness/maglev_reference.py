@@ -10,11 +10,15 @@ Written from the specifications, not translated from the C++:
     little-endian 64-bit words;
   * the permutation fill of Eisenbud et al., NSDI'16, section 3.4, with
     Envoy's turn rule for weights, computing each permutation entry directly as
-    (offset + j * skip) mod M and probing the table itself.
+    (offset + j * skip) mod M and probing the table itself;
+  * FlowTableHasher (the flow table's per-packet hash, the outer GUE source
+    port's entropy): AES rounds from FIPS-197, checked against its appendix B.
 
 Prints the golden tables that tests/unit/maglev_test.cpp holds literally.
 Run: /usr/bin/python3 scripts/estate_harness/maglev_reference.py
 """
+
+import struct
 
 MASK = (1 << 64) - 1
 
@@ -75,6 +79,71 @@ class FlowHasher:
         return siphash(1, 3, self.k0, self.k1, message)
 
 
+# FlowTableHasher (flow_key.hpp): the per-packet hash of the flow table and
+# of the outer GUE source port / IPv6 flow label, from FIPS-197 and the
+# design note, not from the C++.
+TABLE_KEY_DOMAIN = 0x66746B6579000000  # "ftkey"
+
+
+def _gf_mul(a, b):
+    r = 0
+    while b:
+        if b & 1:
+            r ^= a
+        a = ((a << 1) ^ (0x11B if a & 0x80 else 0)) & 0xFF
+        b >>= 1
+    return r
+
+
+def _aes_sbox():
+    """FIPS-197 5.1.1: the inverse in GF(2^8), then the affine map with 0x63."""
+    def rot(v, n):
+        return ((v << n) | (v >> (8 - n))) & 0xFF
+    box = []
+    for x in range(256):
+        inv = next((y for y in range(1, 256) if _gf_mul(x, y) == 1), 0) if x else 0
+        box.append(inv ^ rot(inv, 1) ^ rot(inv, 2) ^ rot(inv, 3) ^ rot(inv, 4) ^ 0x63)
+    return box
+
+
+AES_SBOX = _aes_sbox()
+
+
+def aes_round(state, key):
+    """One AES encryption round (SubBytes, ShiftRows, MixColumns,
+    AddRoundKey; the aesenc instruction) on 16 bytes, byte 4c + r being row r
+    of column c (FIPS-197 5.1)."""
+    t = [AES_SBOX[state[4 * ((c + r) % 4) + r]] for c in range(4) for r in range(4)]
+    out = []
+    for c in range(4):
+        a = t[4 * c:4 * c + 4]
+        for r in range(4):
+            out.append(_gf_mul(a[r], 2) ^ _gf_mul(a[(r + 1) % 4], 3) ^ a[(r + 2) % 4]
+                       ^ a[(r + 3) % 4])
+    return bytes(o ^ k for o, k in zip(out, key))
+
+
+def table_hash(hasher, key):
+    """FlowTableHasher::hash of key = (version, src, dst, proto, sport, dport),
+    addresses as 4 or 16 bytes. Round keys k_i = hash_id(2i, D) and
+    hash_id(2i + 1, D), little-endian, D = "ftkey", i < 5; IPv4 one block
+    (src, dst, ports, proto, version, two zero bytes), IPv6 three (src; dst;
+    ports, proto, version, ten zero bytes); s = E(s xor block) from s = k0,
+    E = four AES rounds under k1..k4; the state's low 8 bytes xor its high 8."""
+    version, src, dst, proto, sport, dport = key
+    tail = struct.pack("!HH", sport, dport) + bytes([proto, version]) + b"\0\0"
+    keys = [hasher.hash_id(2 * i, TABLE_KEY_DOMAIN).to_bytes(8, "little")
+            + hasher.hash_id(2 * i + 1, TABLE_KEY_DOMAIN).to_bytes(8, "little")
+            for i in range(5)]
+    blocks = [src + dst + tail] if version == 4 else [src, dst, tail + bytes(8)]
+    state = keys[0]
+    for n, block in enumerate(blocks):
+        state = bytes(a ^ b for a, b in zip(state if n else keys[0], block))
+        for k in keys[1:]:
+            state = aes_round(state, k)
+    return int.from_bytes(state[:8], "little") ^ int.from_bytes(state[8:], "little")
+
+
 def permutation(hasher, ident, m):
     offset = hasher.hash_id(ident, 0) % m
     skip = hasher.hash_id(ident, 1) % (m - 1) + 1
@@ -130,6 +199,16 @@ def self_check():
     assert fill(paper, 7) == [2, 1, 2, 1, 3, 3, 1]
     assert fill([paper[0], paper[2]], 7) == [1, 1, 1, 1, 3, 3, 3]
     assert fill([], 7) == [0] * 7
+    # FIPS-197 appendix B, round 1; flow_key_test's pinned table hashes.
+    assert aes_round(bytes.fromhex("193de3bea0f4e22b9ac68d2ae9f84808"),
+                     bytes.fromhex("a0fafe1788542cb123a339392a6c7605")) == \
+        bytes.fromhex("a49c7ff2689f352b6b5bea43026a5049")
+    h0 = FlowHasher(0)
+    v4 = (4, bytes([10, 1, 2, 3]), bytes([192, 0, 2, 10]), 6, 40000, 443)
+    assert table_hash(h0, v4) == 0xDF4FB693CA30BCA7
+    v6 = (6, bytes.fromhex("20010db8000000000000000000000001"),
+          bytes.fromhex("20010db8000000000000000000000010"), 6, 40000, 443)
+    assert table_hash(h0, v6) == 0x619852F1A6581CEE
 
 
 def c_array(values):

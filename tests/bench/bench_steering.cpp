@@ -289,6 +289,10 @@ void steerSyn(benchmark::State& state) {
   reportPerPacket(state);
   state.counters["insert_failed"] =
       static_cast<double>(c.steering.counters().flowInsertFailed.read());
+  const FlowTableCounters& t = c.steering.flowTable().counters();
+  state.counters["relocations"] = static_cast<double>(std::uint64_t{t.relocations});
+  state.counters["relocations_skipped"] = static_cast<double>(std::uint64_t{t.relocationsSkipped});
+  state.counters["syn_flood"] = static_cast<double>(std::uint64_t{t.synFlood});
 }
 BENCHMARK(steerSyn)->Name("SteerBurstSyn");
 

@@ -5,7 +5,8 @@ fate make_inputs.py wrote for every input frame, this module predicts what
 spillwayd must transmit and count, and checks the actual output against it:
 
   - the model: the flow key of each packet (parsed by hand), its SipHash-1-3
-    hash and the VIP's weighted Maglev table, both from
+    hash (the identity) and the VIP's weighted Maglev table, and the flow
+    table's AES-round hash (the outer source port and flow label), all from
     scripts/estate_harness/maglev_reference.py (written from the papers, not from the C++),
     give the backend of every new flow; a dict plays the flow table, so later
     packets of a flow, and ICMP errors quoting it, keep its backend;
@@ -137,6 +138,7 @@ class Model:
         with open(config_path, "rb") as f:
             config = tomllib.load(f)
         dp = config["dataplane"]
+        maglev_reference.self_check()  # the model against its known answers first
         self.hasher = maglev_reference.FlowHasher(as_int(dp["hash_seed"]))
         assert len(config["port"]) == 1, "golden cases use one port"
         port = config["port"][0]
@@ -197,6 +199,11 @@ class Model:
                    + b"\0\0")
         assert len(message) == (16 if version == 4 else 40)
         return maglev_reference.siphash(1, 3, self.hasher.k0, self.hasher.k1, message)
+
+    def table_hash(self, key):
+        """FlowTableHasher::hash: the outer GUE source port's and flow label's
+        entropy (maglev_reference.table_hash)."""
+        return maglev_reference.table_hash(self.hasher, key)
 
     def vip_for(self, key):
         version, _, dst, proto, _, dport = key
@@ -315,7 +322,7 @@ def check_forward(model, inp, out, backend, fhash):
         h = ScapyIPv6(outer[:40])
         eq(h.version, 6, "outer version")
         eq(h.tc, traffic_class(inp.ip), "outer traffic class (copied from inner)")
-        eq(h.fl, flow_label(fhash), "outer flow label (hash bits 49..30)")
+        eq(h.fl, flow_label(fhash), "outer flow label (table hash bits 49..30)")
         eq(h.plen, payload_len, "outer payload length")
         eq(h.nh, proto, "outer next header")
         eq(h.hlim, OUTER_TTL, "outer hop limit")
@@ -327,7 +334,7 @@ def check_forward(model, inp, out, backend, fhash):
         eq(len(outer), 40 + payload_len, "frame length after L2 (no padding, nothing after)")
     if gue:
         u = ScapyUDP(rest[:8])
-        eq(u.sport, gue_source_port(fhash), "GUE UDP source port (0xc000 | hash >> 50)")
+        eq(u.sport, gue_source_port(fhash), "GUE UDP source port (0xc000 | table hash >> 50)")
         eq(u.dport, backend["gue_port"], "GUE UDP destination port (the pool's)")
         eq(u.len, len(rest), "UDP length")
         if u.chksum == 0:
@@ -471,7 +478,9 @@ def predict(model, frames):
         else:
             stats["dropped"] += 1
             drops[detail] += 1
-        predictions.append((inp, fate, detail, backend, fhash, new))
+        # The outer entropy comes from the flow table's hash, not the identity.
+        entropy = model.table_hash(key) if fhash is not None else None
+        predictions.append((inp, fate, detail, backend, entropy, new))
     expected = {k: stats[k] for k in ("rx_packets", "forwarded", "replies", "to_kernel",
                                       "new_flows", "icmp_errors_steered", "dropped")}
     expected.update({"resteered": 0, "flow_insert_failed": 0, "tx_dropped": 0,

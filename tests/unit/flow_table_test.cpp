@@ -927,9 +927,11 @@ TEST(FlowTable, MemoryPerFlowAtCapacity) {
     EXPECT_LE(perFlow, 64.0) << capacity;
     RecordProperty("bytes_per_flow_" + std::to_string(capacity), std::to_string(perFlow));
   }
-  EXPECT_EQ(FlowTable::memoryBytesFor(1'000'000), std::size_t{32} << 20);    // 2^19 buckets
-  EXPECT_EQ(FlowTable::memoryBytesFor(10'000'000), std::size_t{256} << 20);  // 2^22 buckets
-  // Any capacity: at most 64 bytes per flow and at most 80% slot load.
+  // 64 bytes a bucket and 4 x 8 bytes of identities beside it.
+  EXPECT_EQ(FlowTable::memoryBytesFor(1'000'000), std::size_t{48} << 20);    // 2^19 buckets
+  EXPECT_EQ(FlowTable::memoryBytesFor(10'000'000), std::size_t{384} << 20);  // 2^22 buckets
+  // Any capacity: at most 64 bytes per flow (capacity 1: its one bucket, 96)
+  // and at most 80% slot load.
   std::mt19937_64 rng(5);
   std::vector<std::size_t> capacities;
   for (std::size_t c = 1; c <= 4'096; ++c) capacities.push_back(c);
@@ -944,7 +946,7 @@ TEST(FlowTable, MemoryPerFlowAtCapacity) {
   for (std::size_t c : capacities) {
     if (c > FlowTable::kMaxCapacity) continue;
     const std::size_t slots = FlowTable::bucketCountFor(c) * FlowTable::kSlotsPerBucket;
-    ASSERT_LE(FlowTable::memoryBytesFor(c), 64 * c) << c;
+    ASSERT_LE(FlowTable::memoryBytesFor(c), c == 1 ? 96 : 64 * c) << c;
     ASSERT_LE(c * 5, slots * 4) << c;
     ASSERT_LE(FlowTable::bucketCountFor(c) - 1, 0xffff'ffffu) << c;  // b1, b2 from separate halves
   }
@@ -953,6 +955,46 @@ TEST(FlowTable, MemoryPerFlowAtCapacity) {
   EXPECT_EQ(table.memoryBytes(), FlowTable::memoryBytesFor(1'000'000));
   EXPECT_LE(table.bytesPerFlowAtCapacity(), 64.0);
   EXPECT_EQ(table.slotCount(), table.bucketCount() * 4);
+}
+
+// The identity given to insert (the flow's FlowHasher hash) is what
+// forEachLive reports, for every live entry, through cuckoo relocations,
+// updates of the flow's own slot and evictions; insert() without one reports
+// the hash as stored.
+TEST(FlowTable, IdentityFollowsItsEntryThroughRelocations) {
+  FlowTable table(FlowTableConfig{.capacity = 4'096});
+  std::mt19937_64 rng(17);
+  auto identityOf = [](std::uint64_t hash) { return hash * 0x9e3779b97f4a7c15ULL ^ 0x5bd1e995; };
+  std::unordered_map<std::uint64_t, std::uint32_t> live;  // identity -> backend
+  Millis now = 1;
+  for (int i = 0; i < 20'000; ++i) {
+    const std::uint64_t hash = rng() | 2;  // never 0 or 1
+    const auto backend = static_cast<std::uint32_t>(1 + rng() % 1000);
+    const FlowState state = i % 3 == 0 ? FlowState::Embryonic : FlowState::Established;
+    const InsertResult r = table.insert(hash, backend, state, now, 0, identityOf(hash));
+    if (r == InsertResult::Inserted || r == InsertResult::Updated) live[identityOf(hash)] = backend;
+    if (table.counters().occupancy >= table.slotCount() * 9 / 10) break;
+  }
+  ASSERT_GT(table.counters().relocations, 0u);
+  std::size_t reported = 0;
+  table.forEachLive(
+      now, 0, table.bucketCount(),
+      [&](std::uint64_t identity, std::uint32_t backend, FlowState, std::uint32_t, std::uint8_t) {
+        ++reported;
+        const auto it = live.find(identity);
+        ASSERT_NE(it, live.end()) << std::hex << identity;
+        EXPECT_EQ(it->second, backend);
+      });
+  // Evicted embryonic entries are gone from the table but not from `live`.
+  EXPECT_EQ(reported + table.counters().evictions, live.size());
+
+  FlowTable plain(FlowTableConfig{.capacity = 16});
+  ASSERT_EQ(plain.insert(0x1234, 5, FlowState::Udp, 0), InsertResult::Inserted);
+  std::uint64_t seen = 0;
+  plain.forEachLive(0, 0, plain.bucketCount(),
+                    [&](std::uint64_t identity, std::uint32_t, FlowState, std::uint32_t,
+                        std::uint8_t) { seen = identity; });
+  EXPECT_EQ(seen, 0x1234u);
 }
 
 TEST(FlowTable, HashZeroIsStoredAsOne) {

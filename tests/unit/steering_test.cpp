@@ -5,11 +5,14 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <random>
 #include <thread>
 
+#include "control/intent/flow_checkpoint.hpp"
 #include "packet_builder.hpp"
 #include "steering_frame.hpp"
 
@@ -25,6 +28,19 @@ using test::Frame;
 
 // A snapshot with VIP 192.0.2.10 TCP (all ports) and 2001:db8::10 TCP 443
 // over backends 1..n (10.0.1.<i>, IPIP; 2001:db8:1::<i>, IPv6 outer).
+// The backend the flow table tracks the flow of this identity (FlowHasher
+// hash) on, as the exception export sees it (forEachLive reports identities),
+// or 0.
+std::uint32_t trackedBackend(const Steering& steering, std::uint64_t identity, Millis now) {
+  std::uint32_t found = 0;
+  steering.flowTable().forEachLive(
+      now, 0, steering.flowTable().bucketCount(),
+      [&](std::uint64_t id, std::uint32_t backend, FlowState, std::uint32_t, std::uint8_t) {
+        if (id == identity) found = backend;
+      });
+  return found;
+}
+
 class SteeringTest : public ::testing::Test {
  protected:
   void SetUp() override { publish(std::vector<std::uint32_t>(4, 100)); }
@@ -105,7 +121,10 @@ TEST_F(SteeringTest, SynIsEncapsulatedToTheMaglevBackend) {
   EXPECT_EQ(out.key.src, test::ipBytes("10.0.0.2"));
   EXPECT_EQ(steering_.counters().newFlows.read(), 1u);
   EXPECT_TRUE(r.newFlow);
-  EXPECT_EQ(steering_.flowTable().lookup(hash, now_), r.backend);
+  EXPECT_EQ(trackedBackend(steering_, hash, now_), r.backend);
+  // The table itself is keyed by the per-packet hash, not the identity.
+  EXPECT_EQ(steering_.flowTable().lookup(steering_.tableHash(view.key), now_), r.backend);
+  EXPECT_NE(steering_.tableHash(view.key), hash);
   Frame again(syn(40000, kTcpAck));
   EXPECT_FALSE(steer(again).newFlow);
   expectAllCounted();
@@ -226,7 +245,7 @@ TEST_F(SteeringTest, MidFlowPacketsAreTrackedOnceConfirmed) {
   EXPECT_EQ(steer(next).backend, r.backend);
   now_ += 3'600'000;
   const auto view = parsePacket(syn(4242, kTcpAck));
-  EXPECT_EQ(steering_.flowTable().lookup(FlowHasher(kSeed).hash(view.key), now_), r.backend);
+  EXPECT_EQ(trackedBackend(steering_, FlowHasher(kSeed).hash(view.key), now_), r.backend);
 }
 
 TEST_F(SteeringTest, UnsolicitedAckDoesNotPinTheTable) {
@@ -235,7 +254,7 @@ TEST_F(SteeringTest, UnsolicitedAckDoesNotPinTheTable) {
   const auto view = parsePacket(syn(4343, kTcpAck));
   const std::uint64_t hash = FlowHasher(kSeed).hash(view.key);
   now_ += FlowTimeouts{}.embryonic + 1;  // never confirmed: gone like a SYN
-  EXPECT_EQ(steering_.flowTable().lookup(hash, now_), 0u);
+  EXPECT_EQ(trackedBackend(steering_, hash, now_), 0u);
 }
 
 TEST_F(SteeringTest, NewConnectionOnAReusedTupleAvoidsADrainingBackend) {
@@ -541,10 +560,61 @@ TEST_F(SteeringExceptionTest, UntrackedMidFlowPacketGoesWhereTheExceptionSays) {
   EXPECT_EQ(r.backend, other);
   EXPECT_EQ(steering_.counters().exceptionHits.read(), 1u);
   // Now tracked on that backend: the next packet is a flow-table hit.
-  EXPECT_EQ(steering_.flowTable().lookup(hash, now_), other);
+  EXPECT_EQ(trackedBackend(steering_, hash, now_), other);
   Frame g(syn(41000, kTcpAck));
   EXPECT_EQ(steer(g).backend, other);
   EXPECT_EQ(steering_.counters().exceptionHits.read(), 1u);
+  expectAllCounted();
+}
+
+// A flows.ckpt written by the previous version (6630b7c, before the flow
+// table got its own hash; tests/data/checkpoint/README.md) keeps its flows:
+// each goes to its recorded backend, not its table slot's, and what the flow
+// table then exports encodes back to the file's very bytes. The identity
+// hash, the record layout and the seed tag are all unchanged.
+TEST_F(SteeringExceptionTest, PreviousVersionCheckpointKeepsItsFlows) {
+  std::ifstream in(
+      std::string(SPILLWAY_SOURCE_ROOT) + "/tests/data/checkpoint/flows-v1-6630b7c.ckpt",
+      std::ios::binary);
+  ASSERT_TRUE(in.good());
+  const std::string fixture((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto decoded = decodeFlowCheckpoint(fixture, kSeed);
+  ASSERT_TRUE(std::holds_alternative<FlowCheckpoint>(decoded)) << std::get<std::string>(decoded);
+  const FlowCheckpoint& ckpt = std::get<FlowCheckpoint>(decoded);
+  ASSERT_EQ(ckpt.records.size(), 8u);
+  std::vector<ExceptionEntry> entries;
+  for (const FlowExceptionRecord& rec : ckpt.records) {
+    entries.push_back({rec.hash, static_cast<std::uint32_t>(rec.backendId - 1000), rec.state,
+                       ExceptionOrigin::Checkpoint});
+  }
+  setExceptions(entries);
+  for (std::uint16_t i = 0; i < 8; ++i) {
+    const auto [hash, other] = flowAndOtherBackend(static_cast<std::uint16_t>(43000 + i));
+    ASSERT_EQ(hash, ckpt.records[i].hash) << "the identity hash changed";
+    ASSERT_NE(snapshot_->vips[0].table.lookup(hash), other);
+    Frame f(syn(static_cast<std::uint16_t>(43000 + i), kTcpAck));
+    const SteerResult r = steer(f);
+    ASSERT_EQ(r.verdict, Verdict::Forward);
+    EXPECT_EQ(r.backend, other) << i;
+    EXPECT_EQ(snapshot_->backends[r.backend].id, ckpt.records[i].backendId);
+  }
+  EXPECT_EQ(steering_.counters().exceptionHits.read(), 8u);
+  // What the lcore exports (by identity) is what the previous version wrote.
+  std::map<std::uint64_t, FlowExceptionRecord> exported;
+  steering_.flowTable().forEachLive(
+      now_, 0, steering_.flowTable().bucketCount(),
+      [&](std::uint64_t id, std::uint32_t backend, FlowState state, std::uint32_t idle,
+          std::uint8_t vipTag) {
+        if (exportsFlow(*snapshot_, nullptr, id, backend, vipTag)) {
+          exported[id] = FlowExceptionRecord{id, snapshot_->backends[backend].id, state, idle};
+        }
+      });
+  std::vector<FlowExceptionRecord> again;
+  for (const FlowExceptionRecord& rec : ckpt.records) {
+    ASSERT_EQ(exported.count(rec.hash), 1u) << std::hex << rec.hash;
+    again.push_back(exported[rec.hash]);
+  }
+  EXPECT_EQ(encodeFlowCheckpoint(kSeed, ckpt.writtenUnixMs, again), fixture);
   expectAllCounted();
 }
 
@@ -613,7 +683,7 @@ TEST_F(SteeringExceptionTest, ExceptionFlowIsTrackedWithItsRecordedStateNotAsEmb
   // A sparse flow: its next packet comes after the embryonic timeout (5 s)
   // but well within the established one.
   now_ += 60'000;
-  EXPECT_EQ(steering_.flowTable().lookup(hash, now_), other);
+  EXPECT_EQ(trackedBackend(steering_, hash, now_), other);
   // A new flow's mid-flow first packet is still embryonic (unsolicited ACKs
   // cannot pin the table).
   Frame g(syn(41011, kTcpAck));
@@ -621,7 +691,7 @@ TEST_F(SteeringExceptionTest, ExceptionFlowIsTrackedWithItsRecordedStateNotAsEmb
   now_ += 60'000;
   const auto view = parsePacket(g.ref.buffer.subspan(kHeadroom, g.ref.length));
   EXPECT_NE(r.backend, 0u);
-  EXPECT_EQ(steering_.flowTable().lookup(FlowHasher(kSeed).hash(view.key), now_), 0u);
+  EXPECT_EQ(trackedBackend(steering_, FlowHasher(kSeed).hash(view.key), now_), 0u);
 }
 
 TEST_F(SteeringExceptionTest, OtherFlowsFollowTheTable) {
@@ -774,7 +844,7 @@ TEST_F(SteeringSecondChanceTest, UntrackedMidFlowPacketNamesThePreviousOwnerAndS
     const auto hop = hopOf(f.out(r));
     ASSERT_TRUE(hop.has_value());
     EXPECT_EQ(*hop, snapshot_->backends[previous].encap.backend);
-    EXPECT_EQ(steering_.flowTable().lookup(hash, now_), 0u)
+    EXPECT_EQ(trackedBackend(steering_, hash, now_), 0u)
         << "not tracked: every packet of the flow carries the hop";
   }
   EXPECT_EQ(steering_.counters().secondChanceSent.read(), 3u);
@@ -826,7 +896,7 @@ TEST_F(SteeringSecondChanceTest, NoHopWherePreviousOwnerTakesNoFlowsOrSlotUnchan
   const SteerResult r = steer(f);
   ASSERT_EQ(r.verdict, Verdict::Forward);
   EXPECT_FALSE(r.secondChance);
-  EXPECT_NE(steering_.flowTable().lookup(hash, now_), 0u) << "tracked as before";
+  EXPECT_NE(trackedBackend(steering_, hash, now_), 0u) << "tracked as before";
   // A slot without history (previous 0): nothing.
   snapshot_->vips[0].previousOwner.reset();
   Frame g(syn(42301, kTcpAck));
@@ -844,7 +914,7 @@ TEST_F(SteeringSecondChanceTest, IpInIpCannotCarryItAndCountsThePacket) {
   ASSERT_EQ(r.verdict, Verdict::Forward);
   EXPECT_FALSE(r.secondChance);
   EXPECT_EQ(steering_.counters().secondChanceUnsent.read(), 1u);
-  EXPECT_EQ(steering_.flowTable().lookup(hash, now_), r.backend) << "tracked as before";
+  EXPECT_EQ(trackedBackend(steering_, hash, now_), r.backend) << "tracked as before";
 }
 
 TEST(ExceptionTable, FindsWhatItHoldsAndNothingElse) {

@@ -102,7 +102,7 @@ std::size_t FlowTable::bucketCountFor(std::size_t capacity) noexcept {
 }
 
 std::size_t FlowTable::memoryBytesFor(std::size_t capacity) noexcept {
-  return bucketCountFor(capacity) * sizeof(Bucket);
+  return bucketCountFor(capacity) * (sizeof(Bucket) + kSlotsPerBucket * sizeof(std::uint64_t));
 }
 
 FlowTable::FlowTable(const FlowTableConfig& config)
@@ -126,6 +126,7 @@ FlowTable::FlowTable(const FlowTableConfig& config)
 
   const std::size_t count = bucketCountFor(capacity_);
   buckets_ = makeTableMemory<Bucket>(count);  // huge pages: table_memory.hpp
+  identity_ = makeTableMemory<std::uint64_t>(count * kSlotsPerBucket);
   mask_ = count - 1;
 }
 
@@ -311,6 +312,7 @@ unsigned FlowTable::makeRoom(std::size_t index, int depth, std::uint32_t now32) 
                                      : makeRoom(others[i], level - 1, now32);
       if (to == kNoSlot) continue;
       Bucket& target = buckets_[others[i]];
+      identity_[others[i] * kSlotsPerBucket + to] = identity_[index * kSlotsPerBucket + i];
       target.fingerprint[to] = bucket.fingerprint[i];
       target.meta[to] = bucket.meta[i];
       target.stamp[to] = bucket.stamp[i];
@@ -325,6 +327,11 @@ unsigned FlowTable::makeRoom(std::size_t index, int depth, std::uint32_t now32) 
 
 InsertResult FlowTable::insert(std::uint64_t hash, std::uint32_t backend, FlowState state,
                                Millis now, std::uint8_t vipTag) noexcept {
+  return insert(hash, backend, state, now, vipTag, fingerprintOf(hash));
+}
+
+InsertResult FlowTable::insert(std::uint64_t hash, std::uint32_t backend, FlowState state,
+                               Millis now, std::uint8_t vipTag, std::uint64_t identity) noexcept {
   if (backend == 0 || backend > kMaxBackend || !isValidState(state) || vipTag > kMaxVipTag) {
     return InsertResult::Invalid;
   }
@@ -337,6 +344,7 @@ InsertResult FlowTable::insert(std::uint64_t hash, std::uint32_t backend, FlowSt
   Bucket& second = buckets_[secondIndex];
 
   const auto store = [&](Bucket& bucket, unsigned slot) noexcept {
+    identity_[bucketIndex(bucket) * kSlotsPerBucket + slot] = identity;
     bucket.fingerprint[slot] = fp;
     bucket.meta[slot] = meta;
     bucket.stamp[slot] = now32;

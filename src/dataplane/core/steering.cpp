@@ -55,6 +55,7 @@ bool isEchoRequest(const PacketView& v) noexcept {
 Steering::Steering(const FlowTableConfig& flowTable, std::uint64_t hashSeed,
                    const IcmpRateLimits& icmpLimits)
     : hasher_(hashSeed),
+      tableHasher_(hashSeed),
       flows_(flowTable),
       icmpLimiter_(icmpLimits, hasher_),
       ledger_(kBackendSlots) {}
@@ -102,7 +103,8 @@ void Steering::placeAndForward(const FrameRef& frame, Pending& p, SteerResult& r
     encapsulateTo(frame, p.view, p.hash, earlier, r, snapshot);
     return;
   }
-  const Placement placed = placeNewFlow(vip.table, *vip.placement, ledger_, p.hash, vip.tag);
+  const std::uint64_t identity = identityOf(p);
+  const Placement placed = placeNewFlow(vip.table, *vip.placement, ledger_, identity, vip.tag);
   std::uint32_t backend = placed.backend;
   if (backend == 0) {
     drop(r, DropReason::NoBackend);
@@ -111,7 +113,8 @@ void Steering::placeAndForward(const FrameRef& frame, Pending& p, SteerResult& r
   bool tracked = false;
   if (backend != placed.tableBackend) {
     // Off the table: only a tracked flow stays there.
-    const InsertResult ins = flows_.insert(p.hash, backend, FlowState::Embryonic, now, vip.tag);
+    const InsertResult ins =
+        flows_.insert(p.hash, backend, FlowState::Embryonic, now, vip.tag, identity);
     tracked = ins == InsertResult::Inserted || ins == InsertResult::Updated;
     if (!tracked) {
       counters_.flowInsertFailed.add();
@@ -124,7 +127,8 @@ void Steering::placeAndForward(const FrameRef& frame, Pending& p, SteerResult& r
     return;
   }
   if (!tracked) {
-    const InsertResult ins = flows_.insert(p.hash, backend, FlowState::Embryonic, now, vip.tag);
+    const InsertResult ins =
+        flows_.insert(p.hash, backend, FlowState::Embryonic, now, vip.tag, identity);
     if (ins == InsertResult::Full || ins == InsertResult::FullEmbryonic) {
       counters_.flowInsertFailed.add();
       return;
@@ -188,7 +192,7 @@ void Steering::finishVipFrame(const FrameRef& frame, Pending& p, SteerResult& r,
     if (b == nullptr || !keepsTrackedFlows(b->state) ||
         (newConnection && b->state != BackendState::Active)) {
       // Its backend failed or was removed: re-select, and only this flow moves.
-      backend = vip.table.lookup(p.hash);
+      backend = vip.table.lookup(identityOf(p));
       if (backend == 0) {
         drop(r, DropReason::NoBackend);
         return;
@@ -199,6 +203,7 @@ void Steering::finishVipFrame(const FrameRef& frame, Pending& p, SteerResult& r,
     encapsulateTo(frame, p.view, p.hash, backend, r, snapshot);
     return;
   }
+  const std::uint64_t identity = identityOf(p);
   bool byException = false;
   ExceptionOrigin origin = ExceptionOrigin::Unknown;
   FlowState state = firstState(p.view);
@@ -206,7 +211,7 @@ void Steering::finishVipFrame(const FrameRef& frame, Pending& p, SteerResult& r,
     // Not tracked here, but placed before these tables (a restored checkpoint,
     // a peer's flow): it keeps that backend while the backend keeps flows. A
     // bare SYN reusing the 5-tuple of a closing flow is a new connection.
-    const ExceptionTable::Hit hit = snapshot.exceptions->find(p.hash);
+    const ExceptionTable::Hit hit = snapshot.exceptions->find(identity);
     if (hit.backend != 0) {
       const SnapshotBackend* b = snapshot.backend(hit.backend);
       const bool bareSyn = (p.view.tcpFlags & (kTcpSyn | kTcpAck)) == kTcpSyn &&
@@ -233,7 +238,7 @@ void Steering::finishVipFrame(const FrameRef& frame, Pending& p, SteerResult& r,
     return;
   }
   const bool byTable = backend == 0;
-  if (byTable) backend = vip.table.lookup(p.hash);
+  if (byTable) backend = vip.table.lookup(identity);
   if (backend == 0) {
     drop(r, DropReason::NoBackend);
     return;
@@ -245,7 +250,7 @@ void Steering::finishVipFrame(const FrameRef& frame, Pending& p, SteerResult& r,
   const IpBytes* hop = nullptr;
   if (byTable && p.view.key.proto == static_cast<std::uint8_t>(IpProto::Tcp) &&
       (p.view.tcpFlags & kTcpSyn) == 0) {
-    if (const std::uint32_t previous = vip.previousOwnerOf(p.hash);
+    if (const std::uint32_t previous = vip.previousOwnerOf(identity);
         previous != 0 && previous != backend) {
       const SnapshotBackend* prev = snapshot.backend(previous);
       const SnapshotBackend* next = snapshot.backend(backend);
@@ -274,7 +279,7 @@ void Steering::finishVipFrame(const FrameRef& frame, Pending& p, SteerResult& r,
       return;
     }
   }
-  const InsertResult ins = flows_.insert(p.hash, backend, state, now, vip.tag);
+  const InsertResult ins = flows_.insert(p.hash, backend, state, now, vip.tag, identity);
   if (ins == InsertResult::Inserted) {
     counters_.newFlows.add();
     // (packets of one flow in one burst all miss the batched lookup: count
@@ -283,7 +288,7 @@ void Steering::finishVipFrame(const FrameRef& frame, Pending& p, SteerResult& r,
       counters_.exceptionHits.add();
       counters_.exceptionHitsByOrigin[static_cast<std::size_t>(origin) % kExceptionOriginCount]
           .add();
-      adopted_.record(AdoptedFlow{p.hash, backend, origin, vip.tag, now});
+      adopted_.record(AdoptedFlow{identity, backend, origin, vip.tag, now});
     }
     r.newFlow = true;
   } else if (ins == InsertResult::Full || ins == InsertResult::FullEmbryonic) {
@@ -365,16 +370,19 @@ void Steering::steerBurst(std::span<const FrameRef> frames, std::span<SteerResul
           drop(r, DropReason::IcmpUnsupported);
           continue;
         }
-        const std::uint64_t h = hasher_.hash(e.clientFlow);
+        const std::uint64_t h = tableHasher_.hash(e.clientFlow);
         std::uint32_t backend = flows_.lookup(h, now);
         const SnapshotBackend* b = snapshot.backend(backend);
+        // The identity only where the flow table does not settle it.
+        const std::uint64_t identity =
+            b == nullptr || !keepsTrackedFlows(b->state) ? hasher_.hash(e.clientFlow) : 0;
         if ((b == nullptr || !keepsTrackedFlows(b->state)) && snapshot.exceptions != nullptr) {
-          const ExceptionTable::Hit hit = snapshot.exceptions->find(h);
+          const ExceptionTable::Hit hit = snapshot.exceptions->find(identity);
           b = snapshot.backend(hit.backend);
           backend = b != nullptr && keepsTrackedFlows(b->state) ? hit.backend : 0;
         }
         if (b == nullptr || !keepsTrackedFlows(b->state)) {
-          backend = snapshot.vips[vipIdx].table.lookup(h);
+          backend = snapshot.vips[vipIdx].table.lookup(identity);
         }
         if (backend == 0) {
           drop(r, DropReason::NoBackend);
@@ -408,7 +416,8 @@ void Steering::steerBurst(std::span<const FrameRef> frames, std::span<SteerResul
       continue;
     }
     p.vip = vip;
-    p.hash = hasher_.hash(v.key);
+    p.hash = tableHasher_.hash(v.key);
+    p.identityKnown = false;
     batchHashes_[batch] = p.hash;
     batchEvents_[batch] = FlowEvent{v.tcpFlags, v.tcpData};
     batchFrames_[batch] = static_cast<std::uint8_t>(i);
