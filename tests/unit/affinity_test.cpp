@@ -244,6 +244,12 @@ class AffinityRestart : public ::testing::Test {
     dp_.publish(std::move(s));
     return dp_.latest;
   }
+  // The estate with second chance on (a 10-minute hold).
+  Config secondChanceConfig() {
+    Config c = config();
+    c.dataplane.secondChanceHoldMs = 600'000;
+    return c;
+  }
   std::shared_ptr<const ForwardingSnapshot> first(ControlPlane& c) {
     dp_.publish(c.takeSnapshot(0));
     return dp_.latest;
@@ -314,8 +320,7 @@ TEST_F(AffinityRestart, SecondProcessStartsWithTheFirstOnesTablesAndExceptions) 
 // Second chance across a restart: the new process's first tables name the
 // same previous owner for every slot as the old one's last (history.bin).
 TEST_F(AffinityRestart, SecondProcessNamesTheSamePreviousOwners) {
-  Config c = config();
-  c.dataplane.secondChanceHoldMs = 600'000;
+  const Config c = secondChanceConfig();
   SnapshotBuilder builderA;
   ASSERT_FALSE(builderA.setConfig(c));
   ControlPlane a(c, "test.toml", builderA, &dp_, 0);
@@ -372,8 +377,7 @@ TEST_F(AffinityRestart, SecondProcessNamesTheSamePreviousOwners) {
 // restarted instance would take the newer tables' owners as the origins of
 // the slots the step moved and name them on second chance.
 TEST_F(AffinityRestart, CheckpointCutShortNeverLeavesTablesNewerThanTheirHistory) {
-  Config c = config();
-  c.dataplane.secondChanceHoldMs = 600'000;
+  const Config c = secondChanceConfig();
   SnapshotBuilder builderA;
   ASSERT_FALSE(builderA.setConfig(c));
   ControlPlane a(c, "test.toml", builderA, &dp_, 0);

@@ -583,11 +583,19 @@ Json savedTables(const TempDir& dir) {
   return Json::parse(text.str(), nullptr, false);
 }
 
-TEST(ControlDiscovery, LeavingBackendDrainsOnThroughARestart) {
+// A state directory and a file listing two cloud backends, for plane restarts.
+struct RestartEstate {
   TempDir dir;
-  const std::string sd = dir / "cloud.json";
-  writeAll(sd, targets({"10.3.0.5", "10.3.0.6"}));
-  const std::string text = configText(dir / "state", sd);
+  std::string sd = dir / "cloud.json";
+  std::string text = configText(dir / "state", sd);
+  RestartEstate() { writeAll(sd, targets({"10.3.0.5", "10.3.0.6"})); }
+};
+
+TEST(ControlDiscovery, LeavingBackendDrainsOnThroughARestart) {
+  const RestartEstate e;
+  const TempDir& dir = e.dir;
+  const std::string& sd = e.sd;
+  const std::string& text = e.text;
   {
     Daemon d(dir, text);
     Millis now = 1000;
@@ -630,10 +638,10 @@ TEST(ControlDiscovery, LeavingBackendDrainsOnThroughARestart) {
 }
 
 TEST(ControlDiscovery, RestartStartsFromTheLastSetWhenTheSourceFailsOrDropsOne) {
-  TempDir dir;
-  const std::string sd = dir / "cloud.json";
-  writeAll(sd, targets({"10.3.0.5", "10.3.0.6"}));
-  const std::string text = configText(dir / "state", sd);
+  const RestartEstate e;
+  const TempDir& dir = e.dir;
+  const std::string& sd = e.sd;
+  const std::string& text = e.text;
   {
     Daemon d(dir, text);
     Millis now = 1000;
