@@ -158,20 +158,25 @@ class Drill:
 
     def last_step(self, inst, since):
         """One status answer of `inst`: (the time.time() its last table step
-        was made at, at the latest, its tables_changed_ms, the answer's
-        round trip in s), or None when it does not answer. The step's time
-        is the moment the answer arrived less the step's age by the
-        instance's own clock (now_ms, the clock of the control loop's last
-        round: an upper bound on the step's time). Steps before `since`
-        (time.time()) are reported as None in the first field."""
+        was made at, its tables_changed_ms, the answer's round trip in s),
+        or None when it does not answer. The step's time is the instance's
+        tables_changed_unix_ms: the wall clock of this host, the drill's
+        own. (An instance without it gives an upper bound instead: the
+        moment the answer arrived less the step's age by the control loop's
+        clock.) Steps before `since` (time.time()) are reported as None in
+        the first field."""
         t_ask = time.time()
         try:
             st = inst.ctl.call("status")
             changed, now_ms = st["tables_changed_ms"], st["now_ms"]
-        except (OSError, ValueError, KeyError, TypeError, DrillError):
+            unix_ms = st.get("tables_changed_unix_ms")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, DrillError):
             return None
         t_got = time.time()
-        at = t_got - (now_ms - changed) / 1000.0
+        if isinstance(unix_ms, (int, float)) and unix_ms > 0:
+            at = unix_ms / 1000.0
+        else:
+            at = t_got - (now_ms - changed) / 1000.0
         return (at if at >= since else None), changed, t_got - t_ask
 
     def kill_after_own_step(self, name, a, rec):
@@ -254,14 +259,22 @@ class Drill:
         rec["signal"], rec["exit"] = "KILL", rc
         if how == "grid":
             # The survivors step on the same grid: each one's last step,
-            # against the predicted one.
-            offsets = {}
+            # against the predicted one. The answer comes after the kill
+            # (and its reaping), so a survivor may have stepped again since:
+            # a step on the predicted phase of a later slot confirms it too,
+            # as the tables still moved then; one before the predicted slot
+            # does not.
+            offsets, phases = {}, {}
             for other in self.e.running():
                 got = self.last_step(other, t_begin)
                 if got is not None and got[0] is not None:
-                    offsets[other.name] = round((got[0] - aim) * 1000.0, 1)
+                    d = got[0] - aim
+                    offsets[other.name] = round(d * 1000.0, 1)
+                    phases[other.name] = round(
+                        (((d + interval / 2) % interval) - interval / 2) * 1000.0, 1)
             rec["survivors_step_vs_predicted_ms"] = offsets
-            if not any(abs(v) <= 50 for v in offsets.values()):
+            rec["survivors_phase_vs_predicted_ms"] = phases
+            if not any(abs(phases[n]) <= 50 and offsets[n] >= -50 for n in offsets):
                 return (f"error: {name} was killed {rec['own_step_to_kill_ms']} ms after the "
                         f"step predicted for it on the churn grid, but no survivor stepped "
                         f"then ({offsets or 'none answered'}): its last step was "

@@ -278,6 +278,26 @@ TEST_F(Mbb, WithoutPeersAStepIsPublishedAtOnce) {
   EXPECT_EQ(a_->metricsText().find("spillway_mbb_"), std::string::npos);
 }
 
+// A drill or an operator compares when each instance of a tier last moved
+// its tables: status gives the step by the control loop's clock and by the
+// wall clock, and a round that publishes the same weights moves neither.
+TEST_F(Mbb, StatusSaysWhenTheTablesLastChangedByBothClocks) {
+  start("", false);
+  ASSERT_TRUE(std::holds_alternative<Json>(a_->backendDrain("b2")));
+  now_ += 7;
+  const Millis stepAt = now_;
+  ASSERT_TRUE(a_->tick(stepAt));
+  ASSERT_NE(a_->takeSnapshot(stepAt), nullptr);
+  Json st = std::get<Json>(a_->status());
+  EXPECT_EQ(st.at("tables_changed_ms"), stepAt);
+  EXPECT_EQ(st.at("tables_changed_unix_ms"), kWallStart + stepAt);
+  now_ = stepAt + 500;
+  for (int i = 0; i < 20; ++i) step();
+  st = std::get<Json>(a_->status());
+  EXPECT_EQ(st.at("tables_changed_ms"), stepAt);
+  EXPECT_EQ(st.at("tables_changed_unix_ms"), kWallStart + stepAt);
+}
+
 TEST_F(Mbb, WithMakeBeforeBreakOffAStepIsPublishedAtOnce) {
   start("make_before_break = 0\n");
   joinAndSettle();

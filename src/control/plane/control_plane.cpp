@@ -599,7 +599,10 @@ std::unique_ptr<ForwardingSnapshot> ControlPlane::takeSnapshot(Millis now) {
   // snapshot: the weights it was built with, not later ones.
   TablesState tables = builtWith ? std::move(*builtWith) : tablesState(now);
   tables.generation = generation_;
-  if (tables.weights != publishedTables_.weights) tablesChangedMs_ = now;
+  if (tables.weights != publishedTables_.weights) {
+    tablesChangedMs_ = now;
+    tablesChangedUnixMs_ = unixNow();
+  }
   publishedTables_ = std::move(tables);
   pendingApply_ = {generation_, decided};
   return s;

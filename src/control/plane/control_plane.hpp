@@ -398,8 +398,9 @@ class ControlPlane final : public ControlApi {
   std::uint64_t publishes_ = 0;
 
   AffinityKeeper keeper_;
-  TablesState publishedTables_;  // as of the newest snapshot taken
-  Millis tablesChangedMs_ = 0;   // when a snapshot last carried other weights (tables)
+  TablesState publishedTables_;            // as of the newest snapshot taken
+  Millis tablesChangedMs_ = 0;             // when a snapshot last carried other weights (tables)
+  std::uint64_t tablesChangedUnixMs_ = 0;  // the same moment by the wall clock (0: never)
   // LB tier ([tier]): null without peers.
   std::unique_ptr<PeerChannel> peers_;
   ByteRateMeter byteRates_;

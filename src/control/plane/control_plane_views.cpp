@@ -48,6 +48,9 @@ ApiResult ControlPlane::status() {
   Json latency = nullptr;
   if (!applyLatencies_.empty()) latency = applyLatencies_.back();
   const BackendIndexStats ix = builder_.indexStats();
+  // The wall clock's ms of the last step (null before the first): comparable
+  // across the instances of a tier on one host.
+  const Json changedUnix = tablesChangedUnixMs_ ? Json(tablesChangedUnixMs_) : Json(nullptr);
   return Json{{"generation", generation_},
               {"uptime_ms", now_ - started_},
               {"now_ms", now_},  // the clock of events' time_ms
@@ -58,6 +61,7 @@ ApiResult ControlPlane::status() {
               {"backends_by_state", byState},
               {"publishes", publishes_},
               {"tables_changed_ms", tablesChangedMs_},
+              {"tables_changed_unix_ms", changedUnix},
               {"last_publish_latency_ms", latency},
               {"backend_indices",
                {{"max", ix.maxBackends},
