@@ -22,6 +22,7 @@
 #include <string>
 #include <string_view>
 
+#include "../unit/estate_fixture.hpp"
 #include "../unit/fake_control_api.hpp"
 #include "control/api/protocol.hpp"
 #include "control/backends/snapshot_builder.hpp"
@@ -181,46 +182,11 @@ std::string structuredRequest(Choices& c, const CommandSpec*& command) {
   return makeRequest(command->name, args);
 }
 
-constexpr const char* kEstate = R"([dataplane]
-lcores = [1]
-hash_seed = 42
-
-[[port]]
-name = "p0"
-devargs = "net_null0"
-address = "10.0.0.1"
-next_hop_mac = "02:00:00:00:00:01"
-
-[[pool]]
-name = "onprem"
-site = "onprem"
-priority = 0
-
-[[pool]]
-name = "cloud"
-site = "cloud"
-priority = 1
-
-[[vip]]
-name = "v"
-address = "192.0.2.1"
-protocol = "tcp"
-table_size = 251
-pools = ["onprem", "cloud"]
-
-[control]
-state_dir = ""
-
-[[backend]]
-name = "b1"
-address = "10.0.0.11"
-pool = "onprem"
-
-[[backend]]
-name = "b2"
-address = "10.0.0.21"
-pool = "cloud"
-)";
+const std::string kEstate = test::estateHead() + test::poolToml("onprem", "onprem", 0) +
+                            test::poolToml("cloud", "cloud", 1) +
+                            test::vipToml({"onprem", "cloud"}) + "\n[control]\nstate_dir = \"\"\n" +
+                            test::backendToml("b1", "10.0.0.11", "onprem") +
+                            test::backendToml("b2", "10.0.0.21", "cloud");
 
 void againstControlPlane(std::string_view message) {
   static const Config config = [] {

@@ -27,6 +27,7 @@
 #include "control/backends/snapshot_builder.hpp"
 #include "control/config/config.hpp"
 #include "control/plane/control_plane.hpp"
+#include "estate_fixture.hpp"
 
 namespace spillway {
 namespace {
@@ -35,35 +36,9 @@ constexpr Millis kTick = 100;
 constexpr std::uint32_t kTableSize = 251;
 
 std::string estateText(const std::string& portExtra) {
-  return R"([dataplane]
-lcores = [1, 2]
-hash_seed = 42
-
-[[port]]
-name = "p0"
-devargs = "net_null0"
-address = "10.0.0.1"
-)" + portExtra +
-         R"(
-[[pool]]
-name = "a"
-site = "onprem"
-
-[[vip]]
-name = "v"
-address = "192.0.2.1"
-protocol = "tcp"
-table_size = 251
-pools = ["a"]
-
-[policy]
-drain_timeout = 5
-
-[[backend]]
-name = "base"
-address = "10.0.0.11"
-pool = "a"
-)";
+  return test::estateHead(test::Head().lcores("[1, 2]").nextHopMac("").portExtra(portExtra)) +
+         test::poolToml("a", "onprem") + test::vipToml({"a"}) + "\n[policy]\ndrain_timeout = 5\n" +
+         test::backendToml("base", "10.0.0.11", "a");
 }
 
 Config estate(const std::string& portExtra = "next_hop_mac = \"02:00:00:00:00:01\"\n") {

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "estate_fixture.hpp"
+
 namespace spillway {
 namespace {
 
@@ -442,20 +444,8 @@ TEST(Config, TheInvalidTableCoversEveryFixture) {
   EXPECT_EQ(inTable, onDisk);
 }
 
-constexpr const char* kMinimal = R"([dataplane]
-lcores = [1]
-hash_seed = 1
-
-[[port]]
-name = "p0"
-devargs = "net_ring0"
-address = "10.0.0.1"
-next_hop_mac = "02:00:00:00:00:01"
-
-[[pool]]
-name = "a"
-site = "onprem"
-)";
+const std::string kMinimal =
+    test::estateHead(test::Head().seed("1").devargs("net_ring0")) + test::poolToml("a", "onprem");
 
 // kMinimal with its pool at `site` and `extra` after it.
 std::string withPool(const std::string& site, const std::string& extra) {

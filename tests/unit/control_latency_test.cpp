@@ -12,60 +12,17 @@
 #include "control/backends/snapshot_builder.hpp"
 #include "control/config/config.hpp"
 #include "control/plane/control_plane.hpp"
+#include "estate_fixture.hpp"
 
 namespace spillway {
 namespace {
 
-constexpr const char* kEstate = R"([dataplane]
-lcores = [1]
-hash_seed = 42
-
-[[port]]
-name = "p0"
-devargs = "net_null0"
-address = "10.0.0.1"
-next_hop_mac = "02:00:00:00:00:01"
-
-[[pool]]
-name = "onprem"
-site = "onprem"
-priority = 0
-
-[[pool]]
-name = "east"
-site = "cloud"
-priority = 1
-
-[[pool]]
-name = "west"
-site = "cloud"
-priority = 1
-
-[[vip]]
-name = "v"
-address = "192.0.2.1"
-protocol = "tcp"
-table_size = 251
-pools = ["onprem", "east", "west"]
-
-[control]
-state_dir = ""
-
-[[backend]]
-name = "op1"
-address = "10.0.0.11"
-pool = "onprem"
-
-[[backend]]
-name = "e1"
-address = "10.0.0.21"
-pool = "east"
-
-[[backend]]
-name = "w1"
-address = "10.0.0.31"
-pool = "west"
-)";
+const std::string kEstate =
+    test::estateHead() + test::poolToml("onprem", "onprem", 0) +
+    test::poolToml("east", "cloud", 1) + test::poolToml("west", "cloud", 1) +
+    test::vipToml({"onprem", "east", "west"}) + "\n[control]\nstate_dir = \"\"\n" +
+    test::backendToml("op1", "10.0.0.11", "onprem") + test::backendToml("e1", "10.0.0.21", "east") +
+    test::backendToml("w1", "10.0.0.31", "west");
 
 const Json& ok(const ApiResult& r) {
   static const Json kNull;

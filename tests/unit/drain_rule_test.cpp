@@ -14,6 +14,7 @@
 #include "control/backends/backend_state.hpp"
 #include "control/config/config.hpp"
 #include "control/health/conn_scraper.hpp"
+#include "estate_fixture.hpp"
 
 namespace spillway {
 namespace {
@@ -217,20 +218,8 @@ TEST_F(Scraper, NoReportForUnknownOrDisabledTargets) {
 
 // ---------------------------------------------------------------- [pool.connections]
 
-constexpr const char* kPool = R"([dataplane]
-lcores = [1]
-hash_seed = 1
-
-[[port]]
-name = "p0"
-devargs = "net_ring0"
-address = "10.0.0.1"
-next_hop_mac = "02:00:00:00:00:01"
-
-[[pool]]
-name = "a"
-site = "onprem"
-)";
+const std::string kPool =
+    test::estateHead(test::Head().seed("1").devargs("net_ring0")) + test::poolToml("a", "onprem");
 
 TEST(ConnConfig, AbsentMeansOffPresentMeansOnWithEveryKey) {
   ConfigResult r = loadConfigFromString(kPool, "t.toml");

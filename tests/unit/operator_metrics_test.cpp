@@ -18,62 +18,21 @@
 #include "control/backends/snapshot_builder.hpp"
 #include "control/config/config.hpp"
 #include "control/plane/control_plane.hpp"
+#include "estate_fixture.hpp"
 #include "fake_dataplane.hpp"
 
 namespace spillway {
 namespace {
 
 // op1 at a documentation address nobody answers: its probes and scrapes time out.
-constexpr const char* kEstate = R"([dataplane]
-lcores = [1, 2]
-hash_seed = 42
-flow_capacity = 1000
-
-[[port]]
-name = "p0"
-devargs = "net_null0"
-address = "10.0.0.1"
-next_hop_mac = "02:00:00:00:00:01"
-
-[[pool]]
-name = "onprem"
-site = "onprem"
-priority = 0
-[pool.health]
-kind = "tcp"
-port = 1
-interval = 0.1
-timeout = 0.05
-[pool.load]
-port = 1
-interval = 0.1
-timeout = 0.05
-
-[[pool]]
-name = "cloud"
-site = "cloud"
-priority = 1
-
-[[vip]]
-name = "v"
-address = "192.0.2.1"
-protocol = "tcp"
-table_size = 251
-pools = ["onprem", "cloud"]
-
-[control]
-state_dir = ""
-
-[[backend]]
-name = "op1"
-address = "198.51.100.77"
-pool = "onprem"
-
-[[backend]]
-name = "c1"
-address = "10.0.0.21"
-pool = "cloud"
-)";
+const std::string kEstate =
+    test::estateHead(test::Head().lcores("[1, 2]").dataplaneExtra("flow_capacity = 1000\n")) +
+    test::poolToml("onprem", "onprem", 0,
+                   "[pool.health]\nkind = \"tcp\"\nport = 1\ninterval = 0.1\ntimeout = 0.05\n"
+                   "[pool.load]\nport = 1\ninterval = 0.1\ntimeout = 0.05\n") +
+    test::poolToml("cloud", "cloud", 1) + test::vipToml({"onprem", "cloud"}) +
+    "\n[control]\nstate_dir = \"\"\n" + test::backendToml("op1", "198.51.100.77", "onprem") +
+    test::backendToml("c1", "10.0.0.21", "cloud");
 
 struct Rig {
   explicit Rig(const std::string& text = kEstate) {

@@ -112,6 +112,39 @@ constexpr std::uint32_t memoryWord(std::uint32_t b0, std::uint32_t b1, std::uint
   return w;
 }
 
+// The checks on a packet before it is encapsulated, in order (a caller can
+// get each wrong; cheap enough to make always): the parser's verdict, the
+// inner IP version, the frame's bounds and the inner TTL. True, with the
+// reason in result.drop, when the packet may not go.
+// innerLength is view.l3Length.
+template <IpVersion Inner>
+[[gnu::always_inline]] inline bool refused(EncapResult& result, std::span<const std::byte> buffer,
+                                           std::size_t dataOffset, std::size_t frameLength,
+                                           const PacketView& view,
+                                           std::size_t innerLength) noexcept {
+  constexpr std::size_t kInnerHeader =
+      Inner == IpVersion::V4 ? sizeof(Ipv4Header) : sizeof(Ipv6Header);
+  if (!view.ok()) {
+    result.drop = view.drop;
+    return true;
+  }
+  if (view.kind != PacketKind::Ip || view.key.version != Inner) {
+    result.drop = DropReason::BadIpVersion;
+    return true;
+  }
+  if (dataOffset > buffer.size() || frameLength > buffer.size() - dataOffset ||
+      innerLength < kInnerHeader || view.l3Offset > frameLength ||
+      innerLength > frameLength - view.l3Offset) {
+    result.drop = DropReason::Truncated;
+    return true;
+  }
+  if (innerTtl<Inner>(buffer, dataOffset + view.l3Offset) <= 1) {
+    result.drop = DropReason::TtlExhausted;
+    return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 template <EncapKind Kind, IpVersion Inner>
@@ -122,32 +155,13 @@ EncapResult encapsulate(std::span<std::byte> buffer, std::size_t dataOffset,
   constexpr bool kGue = usesGue(Kind);
   constexpr std::size_t kBaseOverhead = encapOverhead(Kind);
   constexpr std::size_t kHopBytes = kGue ? secondChanceBytes(kOuter) : 0;
-  constexpr std::size_t kInnerHeader =
-      Inner == IpVersion::V4 ? sizeof(Ipv4Header) : sizeof(Ipv6Header);
   constexpr std::uint8_t kInnerProto = Inner == IpVersion::V4 ? kProtoIpv4 : kProtoIpv6;
 
   EncapResult result;
   // Preconditions a caller can get wrong; cheap enough to check always.
   const std::size_t innerLength = view.l3Length;
-  if (!view.ok()) {
-    result.drop = view.drop;
-    return result;
-  }
-  if (view.kind != PacketKind::Ip || view.key.version != Inner) {
-    result.drop = DropReason::BadIpVersion;
-    return result;
-  }
-  if (dataOffset > buffer.size() || frameLength > buffer.size() - dataOffset ||
-      innerLength < kInnerHeader || view.l3Offset > frameLength ||
-      innerLength > frameLength - view.l3Offset) {
-    result.drop = DropReason::Truncated;
-    return result;
-  }
+  if (refused<Inner>(result, buffer, dataOffset, frameLength, view, innerLength)) return result;
   const std::size_t l3 = dataOffset + view.l3Offset;
-  if (innerTtl<Inner>(buffer, l3) <= 1) {
-    result.drop = DropReason::TtlExhausted;
-    return result;
-  }
 
   // A hop is written only where its bytes fit both the MTU and the headroom;
   // otherwise the packet goes without it, as any packet would.
@@ -336,32 +350,13 @@ EncapResult writeFromTemplate(const EncapTemplate& t, std::span<std::byte> buffe
   constexpr std::size_t kUdpAt = kIpAt + kOuterIp;
   constexpr std::size_t kGueAt = kUdpAt + sizeof(UdpHeader);
   constexpr std::size_t kHopBytes = kGue ? secondChanceBytes(kOuter) : 0;
-  constexpr std::size_t kInnerHeader =
-      Inner == IpVersion::V4 ? sizeof(Ipv4Header) : sizeof(Ipv6Header);
   constexpr std::uint8_t kInnerProto = Inner == IpVersion::V4 ? kProtoIpv4 : kProtoIpv6;
   static_assert(kHeader <= EncapTemplate::kMaxHeader);
 
   EncapResult result;
   const std::size_t innerLength = view.l3Length;
-  if (!view.ok()) {
-    result.drop = view.drop;
-    return result;
-  }
-  if (view.kind != PacketKind::Ip || view.key.version != Inner) {
-    result.drop = DropReason::BadIpVersion;
-    return result;
-  }
-  if (dataOffset > buffer.size() || frameLength > buffer.size() - dataOffset ||
-      innerLength < kInnerHeader || view.l3Offset > frameLength ||
-      innerLength > frameLength - view.l3Offset) {
-    result.drop = DropReason::Truncated;
-    return result;
-  }
+  if (refused<Inner>(result, buffer, dataOffset, frameLength, view, innerLength)) return result;
   const std::size_t l3 = dataOffset + view.l3Offset;
-  if (innerTtl<Inner>(buffer, l3) <= 1) {
-    result.drop = DropReason::TtlExhausted;
-    return result;
-  }
   // innerLength <= buffer.size(): no overflow in the signed comparisons.
   const auto inner = static_cast<std::int64_t>(innerLength);
   if (inner > t.maxInner) {

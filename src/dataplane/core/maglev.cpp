@@ -1,6 +1,7 @@
 #include "spillway/maglev.hpp"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <utility>
 
@@ -225,6 +226,13 @@ void fillTable(Turns turns, const FillState& f) noexcept {
     return x + d >= m ? x + d - m : x + d;
   };
 
+  // A walk's strides of one to four skips (modulo m), for the unrolled loops.
+  const auto strides = [&](std::uint32_t s) {
+    const std::uint32_t s2 = step(s, s);
+    const std::uint32_t s3 = step(s2, s);
+    return std::array<std::uint32_t, 4>{s, s2, s3, step(s3, s)};
+  };
+
   // Sparse table: the first probe mostly finds an empty slot.
   std::uint32_t remaining = m;
   const std::uint32_t dense = m - m / 3;
@@ -241,10 +249,7 @@ void fillTable(Turns turns, const FillState& f) noexcept {
   const std::uint32_t packed = m / 6;
   for (; remaining > packed && remaining > endgame; --remaining) {
     const std::size_t i = turns.next();
-    const std::uint32_t s = skip[i];
-    const std::uint32_t s2 = step(s, s);
-    const std::uint32_t s3 = step(s2, s);
-    const std::uint32_t s4 = step(s3, s);
+    const auto [s, s2, s3, s4] = strides(skip[i]);
     std::uint32_t c = next[i];
     for (;;) {
       const std::uint32_t c1 = step(c, s), c2 = step(c, s2), c3 = step(c, s3);
@@ -265,10 +270,7 @@ void fillTable(Turns turns, const FillState& f) noexcept {
   // four so the modular steps of a walk do not form one serial chain.
   for (; remaining > endgame; --remaining) {
     const std::size_t i = turns.next();
-    const std::uint32_t s = skip[i];
-    const std::uint32_t s2 = step(s, s);
-    const std::uint32_t s3 = step(s2, s);
-    const std::uint32_t s4 = step(s3, s);
+    const auto [s, s2, s3, s4] = strides(skip[i]);
     std::uint32_t c = next[i];
     for (;;) {
       const std::uint32_t c1 = step(c, s), c2 = step(c, s2), c3 = step(c, s3);
