@@ -4,6 +4,7 @@ judged and the report written (report.py). Times in the report are seconds
 from the start of traffic ("drill time").
 """
 import json
+import math
 import os
 import shutil
 import signal
@@ -232,10 +233,13 @@ class Drill:
             # Seen too late for this step: aim at the next one on the grid
             # (the refined bound's offset from its multiple is the round's
             # own delay), refining the bound while there is time.
-            step_slot = round(seen[0] / interval)
+            # A step falls after its slot's start (the round that notices
+            # the new slot, the build, the export): its slot is the floor.
+            step_slot = math.floor(seen[0] / interval)
             while time.time() + 2 * max(rtts) < (step_slot + 1) * interval + after - 0.05:
                 refine()
                 time.sleep(0.01)
+            step_slot = math.floor(seen[0] / interval)  # a newer step may have been seen
             offset = max(0.0, seen[0] - step_slot * interval)
             aim, how = (step_slot + 1) * interval + offset, "grid"
             rec["grid_offset_ms"] = round(offset * 1000.0, 1)
